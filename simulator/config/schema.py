@@ -1,0 +1,239 @@
+"""Typed, immutable input models (pydantic v2) for workloads, topologies and sweeps.
+
+Units live in field names (``bandwidth_GBps``, ``latency_us``, ``hbm_GiB``) and are converted to
+SI (seconds, bytes, bytes/s) once, by the consumers. Every model forbids unknown keys so a typo
+is an error, not a silently ignored setting; :mod:`simulator.config.load` turns pydantic's
+errors into one-line :class:`~simulator.errors.ConfigError` messages with a did-you-mean.
+
+Cross-field rules that need more than one file (tp*pp*dp against the cluster's GPU count,
+heads divisible by tp, ...) live in :mod:`simulator.config.checks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+
+class Frozen(BaseModel):
+    """Base: immutable, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Workload
+
+
+class ModelConfig(Frozen):
+    """A decoder-only transformer (GPT: GELU MLP and MHA; Llama: SwiGLU MLP and GQA)."""
+
+    layers: PositiveInt = Field(description="number of transformer layers")
+    hidden: PositiveInt = Field(description="model width h")
+    ffn_hidden: PositiveInt | None = Field(
+        None, description="MLP inner width; default 4*hidden (gelu) or the Llama rule (swiglu)"
+    )
+    heads: PositiveInt = Field(description="attention (query) heads")
+    kv_heads: PositiveInt | None = Field(None, description="key/value heads (GQA); default heads")
+    vocab: PositiveInt = Field(description="vocabulary size")
+    seq_len: PositiveInt = Field(description="tokens per sequence")
+    activation: Literal["swiglu", "gelu"] = "swiglu"
+    norm: Literal["rmsnorm", "layernorm"] | None = Field(
+        None, description="default: rmsnorm for swiglu models, layernorm for gelu models"
+    )
+    tied_embeddings: bool = Field(False, description="LM head shares the embedding matrix")
+
+    @model_validator(mode="after")
+    def _kv_heads_divide_heads(self) -> ModelConfig:
+        kv = self.kv_heads or self.heads
+        if kv > self.heads or self.heads % kv:
+            raise ValueError(f"kv_heads={kv} must divide heads={self.heads}")
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} must be divisible by heads={self.heads}")
+        return self
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def ffn(self) -> int:
+        """The MLP inner width actually used."""
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        if self.activation == "gelu":
+            return 4 * self.hidden
+        # Llama rule: 2/3 * 4h rounded up to a multiple of 256 (Touvron et al. 2023).
+        f = int(2 * 4 * self.hidden / 3)
+        return 256 * ((f + 255) // 256)
+
+    @property
+    def norm_kind(self) -> str:
+        return self.norm or ("rmsnorm" if self.activation == "swiglu" else "layernorm")
+
+
+class TrainingConfig(Frozen):
+    """What one optimizer step does."""
+
+    global_batch: PositiveInt = Field(description="sequences per optimizer step")
+    micro_batch: PositiveInt = Field(1, description="sequences per micro-batch per DP rank")
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    param_dtype: Literal["bf16", "fp32"] = Field(
+        "bf16", description="stored working weights; fp32 = AMP autocast (no bf16 copy)"
+    )
+    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    recompute: Literal["none", "selective", "full"] = "none"
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = Field(
+        False, description="ZeRO-1/2: overlap the post-step parameter all-gather with compute"
+    )
+    grad_bucket_MB: PositiveFloat = 25.0
+    optimizer: Literal["adam"] = "adam"
+    tokens: PositiveFloat | None = Field(
+        None, description="tokens of the whole training run, for time/cost to train"
+    )
+
+
+class ParallelismConfig(Frozen):
+    """How the job is split over GPUs."""
+
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    dp: PositiveInt | None = Field(None, description="default: GPUs / (tp * pp)")
+    zero: Literal[0, 1, 2, 3] = 0
+    sequence_parallel: bool = False
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    virtual_stages: PositiveInt = 1
+    stage_layers: tuple[PositiveInt, ...] | None = Field(
+        None, description="layers per pipeline stage (pp * virtual_stages entries)"
+    )
+    order: tuple[Literal["tp", "dp", "pp"], ...] = Field(
+        ("tp", "dp", "pp"), description="rank order, innermost (fastest varying) first"
+    )
+
+    @model_validator(mode="after")
+    def _order_is_permutation(self) -> ParallelismConfig:
+        if sorted(self.order) != ["dp", "pp", "tp"]:
+            raise ValueError(f"order must list tp, dp and pp once each, got {list(self.order)}")
+        return self
+
+
+class ClusterConfig(Frozen):
+    topology: str = Field(description="path of the topology YAML, relative to the workload file")
+
+
+class Straggler(Frozen):
+    """One GPU (or every GPU of a node) whose compute runs ``slowdown`` times longer."""
+
+    gpu: int | None = Field(None, ge=0)
+    node: int | None = Field(None, ge=0)
+    slowdown: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Straggler:
+        if (self.gpu is None) == (self.node is None):
+            raise ValueError("give exactly one of gpu or node")
+        return self
+
+
+class LinkFault(Frozen):
+    """A degraded or failed link, named by the GPU or NIC it attaches.
+
+    ``kind: nvlink`` addresses the GPU's NVLink port (``gpu``); ``kind: nic`` the node's NIC
+    (``node`` and ``nic``) and its cable to the leaf switch.
+    """
+
+    kind: Literal["nvlink", "nic"]
+    gpu: int | None = Field(None, ge=0)
+    node: int | None = Field(None, ge=0)
+    nic: int | None = Field(None, ge=0)
+    bandwidth_factor: float = Field(1.0, ge=0, le=1, description="0 = failed")
+
+
+class Reliability(Frozen):
+    """Failures over a whole run (for goodput and the best checkpoint interval)."""
+
+    gpu_mtbf_hours: PositiveFloat = Field(description="mean time between failures of one GPU")
+    checkpoint_interval_min: PositiveFloat | None = Field(
+        None, description="default: the optimum (Young/Daly)"
+    )
+    checkpoint_write_s: float = Field(60.0, ge=0)
+    restart_s: float = Field(600.0, ge=0)
+
+
+class FaultsConfig(Frozen):
+    stragglers: tuple[Straggler, ...] = ()
+    links: tuple[LinkFault, ...] = ()
+    reliability: Reliability | None = None
+
+
+class WorkloadConfig(Frozen):
+    """A whole workload file."""
+
+    name: str = Field(min_length=1)
+    model: ModelConfig
+    training: TrainingConfig
+    parallelism: ParallelismConfig = ParallelismConfig()
+    cluster: ClusterConfig
+    faults: FaultsConfig = FaultsConfig()
+    seed: int = 0
+
+
+# --------------------------------------------------------------------------------------------
+# Topology (flat, so that `--set topology.nic_bandwidth_Gbps=800` and sweeps reach every knob)
+
+
+class TopologyConfig(Frozen):
+    """A cluster: nodes of GPUs joined by NVLink, nodes joined by NICs and switches.
+
+    Bandwidths are per direction. ``gpu`` is a catalog name or a mapping with ``base`` (a
+    catalog name) and any GPU fields to override.
+    """
+
+    name: str = Field(min_length=1)
+    gpu: str | dict[str, Any]
+    nodes: PositiveInt
+    gpus_per_node: PositiveInt = 8
+    # intra-node
+    intra_node: Literal["nvswitch", "mesh", "pcie"] = Field(
+        "nvswitch", description="nvswitch: every GPU to a switch; mesh: direct NVLink pairs"
+    )
+    nvlink_bandwidth_GBps: PositiveFloat | None = Field(
+        None, description="per GPU per direction; default: the GPU catalog's NVLink figure"
+    )
+    nvlink_latency_us: float = Field(0.8, ge=0)
+    # inter-node
+    nics_per_node: int = Field(8, ge=0)
+    nic_bandwidth_Gbps: PositiveFloat = 400.0
+    network: Literal["fat_tree", "leaf_spine"] = "fat_tree"
+    rail_optimized: bool = True
+    nodes_per_leaf: PositiveInt = Field(
+        32, description="nodes a leaf switch (per rail, when rail-optimised) serves"
+    )
+    oversubscription: float = Field(
+        1.0, ge=1.0, description="leaf downlink:uplink bandwidth ratio (2.0 = 2:1)"
+    )
+    switch_latency_us: float = Field(0.6, ge=0, description="per switch hop")
+    nic_latency_us: float = Field(2.0, ge=0, description="NIC + PCIe, each end")
+    pcie_bandwidth_GBps: PositiveFloat = Field(
+        64.0, description="GPU<->NIC (PCIe Gen5 x16 ~ 64 GB/s per direction)"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Sweep
+
+
+class SweepConfig(Frozen):
+    """Variations of a base workload by dotted key: a cartesian ``grid`` and/or ``points``."""
+
+    name: str = Field(min_length=1)
+    base: str = Field(description="workload YAML, relative to the sweep file")
+    grid: dict[str, tuple[Any, ...]] = Field(default_factory=dict)
+    points: tuple[dict[str, Any], ...] = ()
+    metric: str = Field("tokens_per_s", description="summary key the plots show")
