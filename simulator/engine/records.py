@@ -1,0 +1,73 @@
+"""The records the engine emits, and the tables the reports read.
+
+Every timed op becomes one row of the *events* table; the summary, the breakdown, the plots and
+the Perfetto trace are all views of it.
+
+events (pandas DataFrame, one row per timed event)
+    gpu         int    global index of the GPU the row describes (a simulated process stands
+                       for one or more GPUs; ``gpu`` is its representative)
+    proc        str    the simulated process, e.g. ``"r0.s3"`` (replica class 0, stage 3) or
+                       ``"g17"`` in full-detail mode
+    stage       int    pipeline stage of the GPU
+    stream      str    ``compute`` | ``tp`` | ``dp`` | ``pp`` (the GPU stream the op ran on)
+    kind        str    ``fwd`` | ``bwd`` | ``recompute`` | ``optimizer`` | ``tp_comm`` |
+                       ``dp_comm`` | ``pp_comm`` | ``zero_gather`` (for breakdown colouring)
+    name        str    human-readable, e.g. ``"L12 fwd"``, ``"all_reduce dp bucket 3"``
+    start_s     float
+    end_s       float
+    bytes       float  bytes moved (communication: the collective's full tensor size)
+    flops       float  FLOPs executed (including recomputation)
+    layer       int    transformer layer index, -1 when not a layer op
+    microbatch  int    micro-batch index, -1 when not per micro-batch
+    coalesced   int    number of kernel-level ops this row stands for (1 = not coalesced);
+                       ``parts`` lists them
+    parts       str    ``"name:dur_s;name:dur_s;..."`` of coalesced sub-ops in order, "" if none
+
+memory (pandas DataFrame, one row per allocation change of a simulated process)
+    gpu, proc, t_s, delta_bytes, total_bytes, what (``weights`` | ``gradients`` | ``optimizer``
+    | ``activations`` | ``zero_params``)
+
+links (pandas DataFrame, one row per link that carried traffic)
+    link, kind, src, dst, capacity_GBps, bytes, busy_s, utilization
+"""
+
+from __future__ import annotations
+
+EVENT_COLUMNS = (
+    "gpu",
+    "proc",
+    "stage",
+    "stream",
+    "kind",
+    "name",
+    "start_s",
+    "end_s",
+    "bytes",
+    "flops",
+    "layer",
+    "microbatch",
+    "coalesced",
+    "parts",
+)
+
+MEMORY_COLUMNS = ("gpu", "proc", "t_s", "delta_bytes", "total_bytes", "what")
+
+LINK_COLUMNS = ("link", "kind", "src", "dst", "capacity_GBps", "bytes", "busy_s", "utilization")
+
+#: Breakdown categories of the JSON summary, in the order tables and plots show them.
+BREAKDOWN_KEYS = ("compute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "optimizer", "other")
+
+#: Colours shared by the timeline, compare plots and trace (colour-blind safe, Okabe-Ito).
+KIND_COLOURS = {
+    "fwd": "#0072B2",
+    "bwd": "#56B4E9",
+    "recompute": "#CC79A7",
+    "optimizer": "#009E73",
+    "tp_comm": "#E69F00",
+    "dp_comm": "#D55E00",
+    "pp_comm": "#F0E442",
+    "zero_gather": "#999999",
+    "compute": "#0072B2",
+    "pp_bubble": "#DDDDDD",
+    "other": "#666666",
+}
