@@ -1,0 +1,467 @@
+"""The SimPy engine: simulated GPU processes running a pipeline schedule, with streams.
+
+Each simulated process (:class:`Proc`) stands for one GPU (``detail="full"``) or for a set of
+GPUs that behave identically (``detail="folded"``: a whole TP group, in every DP replica of a
+replica class). A process has a compute stream that walks its stage's pipeline schedule, and
+communication streams (``dp`` for gradient reduction, ``gather`` for ZeRO-3 / ZeRO parameter
+gathers, ``pp`` for point-to-point sends) that run beside it, like CUDA streams.
+
+Collectives rendezvous: the n-th collective a process issues on a group matches the n-th of every
+other member, starts once all have issued it and their stream is free, and takes the time the
+network gives it. In folded mode that time is the collective model's cost on the real groups'
+links (all concurrent equivalent groups sharing them); in full mode every algorithm step is a set
+of flows in the max-min fair :class:`~simulator.network.flows.FlowNetwork`.
+
+Inside a process, back-to-back parts with nothing else depending on them (a layer's kernels and
+its TP collectives in folded mode; a whole chunk's layers when no ZeRO-3 gather interleaves) are
+one SimPy timeout, while the events table still gets one row per layer with the parts listed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import simpy
+
+from simulator.engine.program import Part, Program, StagePrograms, program_time
+from simulator.parallel.schedules import schedule
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it schedules (the reported event count)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n_events = 0
+
+    def schedule(self, event, priority=1, delay=0):  # noqa: D102 (SimPy hook)
+        self.n_events += 1
+        super().schedule(event, priority, delay)
+
+
+@dataclass
+class Proc:
+    """A simulated process: one GPU, or a set of GPUs with identical behaviour."""
+
+    pid: int
+    label: str
+    stage: int
+    replica_class: int
+    replicas: tuple[int, ...]
+    tp_rank: int | None  # None: the whole TP group (folded)
+    gpu: int  # representative GPU
+    slowdown: float
+    programs: StagePrograms
+    # filled while running
+    busy: list[tuple[float, float, float, float, str]] = field(default_factory=list)
+    comm_iv: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    end_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    """A collective (or send) that one process issues on a stream."""
+
+    stream: str  # dp | gather | pp
+    kind: str  # breakdown kind: dp_comm | zero_gather | pp_comm
+    op: str
+    nbytes: float
+    key: tuple  # rendezvous key shared by every participant
+    name: str
+    layer: int = -1
+    microbatch: int = -1
+
+
+@dataclass
+class StepPlan:
+    """Everything the engine needs, prepared by :mod:`simulator.engine.build`."""
+
+    procs: list[Proc]
+    pp: int
+    virtual_stages: int
+    microbatches: int
+    schedule_name: str
+    layers_of: Callable[[int, int], range]
+    zero: int
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    bucket_bytes: float
+    grad_bytes_per_layer: float  # per TP rank, in grad_reduce dtype
+    grad_bytes_extra: Callable[[int], float]  # embedding/head grads of a virtual stage
+    param_bytes_per_layer: float  # layer params per TP rank (ZeRO-3 gather size)
+    stage_param_bytes: Callable[[int], float]  # ZeRO-1/2 param all-gather size of a stage
+    act_bytes_layer: float
+    act_bytes_embed: float
+    act_bytes_head: float
+    static_mem: Callable[[Proc], dict[str, float]]
+    optimizer_program: Callable[[Proc], Program]
+    pp_bytes: float
+    # group resolution: participants (pids) and the cost / executor of a collective
+    participants: Callable[[Proc, str], tuple[int, ...]]
+    peer: Callable[[Proc, str, int], int]  # pid of the process holding the next/prev virtual stage
+    comm_time: Callable[[CommSpec, Proc], float] | None  # folded: cost of a collective
+    comm_exec: Callable[[CommSpec, Proc], object] | None  # full: generator running the steps
+    detail: str = "folded"
+    gather_keep_fraction: float = 0.0  # of a gathered ZeRO-3 layer not already held locally
+
+
+class Engine:
+    """Run one training step of a :class:`StepPlan`."""
+
+    def __init__(self, plan: StepPlan, env: CountingEnvironment | None = None):
+        self.plan = plan
+        self.env = env or CountingEnvironment()
+        self.rows: list[tuple] = []
+        self.mem: list[tuple] = []
+        self._recv: dict[tuple, simpy.Event] = {}
+        self._rdv: dict[tuple, list] = {}
+        self._seq: dict[tuple, int] = defaultdict(int)
+        self._last_done: dict[tuple[int, str], simpy.Event | None] = {}
+        self._pending: dict[int, list[simpy.Event]] = defaultdict(list)
+        self._ptime_cache: dict[tuple[int, float], tuple[float, float, float]] = {}
+
+    # -------------------------------------------------------------------------------- running
+
+    def run(self) -> None:
+        for p in self.plan.procs:
+            for what, nbytes in self.plan.static_mem(p).items():
+                if nbytes:
+                    self.mem.append((0.0, p.pid, nbytes, what))
+            self.env.process(self._compute(p))
+        self.env.run()
+
+    # -------------------------------------------------------------------------------- helpers
+
+    def _ptime(self, prog: Program, slowdown: float) -> tuple[float, float, float]:
+        key = (id(prog), slowdown)
+        hit = self._ptime_cache.get(key)
+        if hit is None:
+            hit = self._ptime_cache[key] = program_time(prog, slowdown)
+        return hit
+
+    def _row(self, p: Proc, stream, kind, name, start, end, nbytes, flops, layer, mb, parts=()):
+        text = ";".join(f"{q.name}:{q.dur:.9g}" for q in parts) if len(parts) > 1 else ""
+        self.rows.append(
+            (p.gpu, p.label, p.stage, stream, kind, name, start, end, nbytes, flops, layer, mb,
+             max(1, len(parts)), text)
+        )
+
+    def _recv_event(self, pid: int, phase: str, vs: int, mb: int) -> simpy.Event:
+        key = (pid, phase, vs, mb)
+        ev = self._recv.get(key)
+        if ev is None:
+            ev = self._recv[key] = self.env.event()
+        return ev
+
+    # -------------------------------------------------------------------------------- compute
+
+    def _segments_folded(self, p: Proc, segs, kind: str, mb: int, mem_after) -> object:
+        """Run segments back to back as one timeout; rows and memory at exact offsets."""
+        env = self.env
+        t = env.now
+        for label, layer, prog in segs:
+            total, comp, tpc = self._ptime(prog, p.slowdown)
+            self._row(p, "compute", kind, label, t, t + total, 0.0, _flops(prog), layer, mb, prog)
+            p.busy.append((t, t + total, comp, tpc, kind))
+            t += total
+            if mem_after is not None:
+                delta = mem_after(label, layer)
+                if delta:
+                    self.mem.append((t, p.pid, delta, "activations"))
+        yield env.timeout(t - env.now)
+
+    def _segment_full(self, p: Proc, label: str, layer: int, prog: Program, kind: str, mb: int):
+        """Run one segment part by part, TP collectives through the network (full mode)."""
+        env = self.env
+        start = env.now
+        comp = tpc = 0.0
+        pending = None
+        for part in prog:
+            if part.kind == "tp":
+                if part.overlap_next:
+                    pending = self._tp_full(part, p)
+                    continue
+                t0 = env.now
+                yield self._tp_full(part, p)
+                tpc += env.now - t0
+                continue
+            d = part.dur * p.slowdown
+            yield env.timeout(d)
+            comp += d
+            if pending is not None:
+                t0 = env.now
+                yield pending
+                tpc += env.now - t0
+                pending = None
+        if pending is not None:
+            t0 = env.now
+            yield pending
+            tpc += env.now - t0
+        self._row(p, "compute", kind, label, start, env.now, 0.0, _flops(prog), layer, mb, prog)
+        p.busy.append((start, env.now, comp, tpc, kind))
+
+    def _run_segments(self, p: Proc, segs, kind: str, mb: int, mem_after=None):
+        if p.tp_rank is None or not any(q.kind == "tp" for _, _, prog in segs for q in prog):
+            yield from self._segments_folded(p, segs, kind, mb, mem_after)
+            return
+        for label, layer, prog in segs:
+            yield from self._segment_full(p, label, layer, prog, kind, mb)
+            if mem_after is not None:
+                delta = mem_after(label, layer)
+                if delta:
+                    self.mem.append((self.env.now, p.pid, delta, "activations"))
+
+    def _compute(self, p: Proc):
+        plan, env = self.plan, self.env
+        progs = p.programs
+        pp, v = plan.pp, plan.virtual_stages
+        last_vs = pp * v - 1
+        order = schedule(plan.schedule_name, p.stage, pp, plan.microbatches, v)
+        m = plan.microbatches
+        buckets: dict[int, float] = defaultdict(float)
+        bucket_id = [0]
+        dp_reduce_op = "all_reduce" if plan.zero == 0 else "reduce_scatter"
+        start_gathers: dict[int, simpy.Event] = {}
+
+        if plan.zero in (1, 2) and plan.overlap_param_gather:
+            for c in range(v):
+                spec = self._spec(p, "gather", "zero_gather", "all_gather",
+                                  plan.stage_param_bytes(c * pp + p.stage), f"param all_gather c{c}")
+                start_gathers[c] = self._issue(p, spec)
+
+        def act_delta(sign: float):
+            def f(label: str, layer: int) -> float:
+                if label == "embed":
+                    return sign * plan.act_bytes_embed
+                if label == "head":
+                    return sign * plan.act_bytes_head
+                return sign * plan.act_bytes_layer
+            return f
+
+        for w in order:
+            vs = w.chunk * pp + p.stage
+            layers = plan.layers_of(p.stage, w.chunk)
+            if w.phase == "F":
+                if vs > 0:
+                    yield self._recv_event(p.pid, "F", vs, w.microbatch)
+                if w.chunk in start_gathers:
+                    yield start_gathers.pop(w.chunk)
+                segs = []
+                if vs == 0:
+                    segs.append(("embed", -1, progs.embed_fwd))
+                segs += [(f"L{layer} fwd", layer, progs.layer_fwd) for layer in layers]
+                if vs == last_vs:
+                    segs.append(("head", -1, progs.head_fwd))
+                if plan.zero == 3:
+                    yield from self._zero3_pass(p, segs, "fwd", w.microbatch, act_delta(+1))
+                else:
+                    yield from self._run_segments(p, segs, "fwd", w.microbatch, act_delta(+1))
+                if vs < last_vs:
+                    self._send(p, "F", vs, w.microbatch)
+            else:
+                if vs < last_vs:
+                    yield self._recv_event(p.pid, "B", vs, w.microbatch)
+                segs = []
+                if vs == last_vs:
+                    segs.append(("head", -1, progs.head_bwd))
+                for layer in reversed(layers):
+                    if progs.layer_recompute:
+                        segs.append((f"L{layer} recompute", layer, progs.layer_recompute))
+                    segs.append((f"L{layer} bwd", layer, progs.layer_bwd))
+                if vs == 0:
+                    segs.append(("embed", -1, progs.embed_bwd))
+                last_mb = w.microbatch == m - 1
+                if plan.zero == 3:
+                    yield from self._zero3_pass(p, segs, "bwd", w.microbatch, act_delta(-1))
+                elif last_mb and plan.overlap_grad_reduce:
+                    # Gradients of the last micro-batch complete layer by layer: launch buckets.
+                    for seg in segs:
+                        yield from self._run_segments(p, [seg], _kind(seg[0]), w.microbatch,
+                                                      act_delta(-1) if "recompute" not in seg[0] else None)
+                        if "recompute" in seg[0]:
+                            continue
+                        buckets[w.chunk] += self._grad_bytes(seg, vs)
+                        if buckets[w.chunk] >= plan.bucket_bytes:
+                            self._dp_bucket(p, dp_reduce_op, buckets[w.chunk], bucket_id)
+                            buckets[w.chunk] = 0.0
+                    if buckets[w.chunk]:
+                        self._dp_bucket(p, dp_reduce_op, buckets[w.chunk], bucket_id)
+                        buckets[w.chunk] = 0.0
+                else:
+                    yield from self._run_backward_segments(p, segs, w.microbatch, act_delta(-1))
+                    if last_mb:
+                        buckets[w.chunk] += sum(self._grad_bytes(s, vs) for s in segs
+                                                if "recompute" not in s[0])
+                if vs > 0:
+                    self._send(p, "B", vs, w.microbatch)
+
+        if plan.zero != 3 and not plan.overlap_grad_reduce:
+            for c in sorted(buckets):
+                left = buckets[c]
+                while left > 0:
+                    chunk_bytes = min(left, plan.bucket_bytes)
+                    self._dp_bucket(p, dp_reduce_op, chunk_bytes, bucket_id)
+                    left -= chunk_bytes
+        pending = self._pending.pop(p.pid, [])
+        if pending:
+            yield env.all_of(pending)
+        # Optimizer step on this GPU's shard.
+        opt = plan.optimizer_program(p)
+        yield from self._segments_folded(p, [("optimizer", -1, opt)], "optimizer", -1, None)
+        if plan.zero in (1, 2) and not plan.overlap_param_gather:
+            evs = []
+            for c in range(v):
+                spec = self._spec(p, "gather", "zero_gather", "all_gather",
+                                  plan.stage_param_bytes(c * pp + p.stage), f"param all_gather c{c}")
+                evs.append(self._issue(p, spec))
+            yield env.all_of(evs)
+        p.end_s = env.now
+
+    def _run_backward_segments(self, p, segs, mb, mem_after):
+        """Backward segments; memory is released only after the layer's backward, not recompute."""
+        def f(label, layer):
+            return 0.0 if "recompute" in label else mem_after(label, layer)
+        # Recompute and backward rows carry their own kinds.
+        run: list = []
+        for seg in segs:
+            if run and _kind(run[-1][0]) != _kind(seg[0]):
+                yield from self._run_segments(p, run, _kind(run[-1][0]), mb, f)
+                run = []
+            run.append(seg)
+        if run:
+            yield from self._run_segments(p, run, _kind(run[-1][0]), mb, f)
+
+    def _grad_bytes(self, seg, vs: int) -> float:
+        label = seg[0]
+        if label in ("embed", "head"):
+            return self.plan.grad_bytes_extra(vs) if label == "embed" or vs else 0.0
+        return self.plan.grad_bytes_per_layer
+
+    # -------------------------------------------------------------------------------- ZeRO-3
+
+    def _zero3_pass(self, p: Proc, segs, kind: str, mb: int, mem_after):
+        """Per layer: wait for its parameter all-gather (prefetched one layer ahead), compute,
+        release the gathered parameters; in backward also reduce-scatter the layer's grads."""
+        plan = self.plan
+        layer_segs = [s for s in segs if s[1] >= 0]
+        gathers: dict[int, simpy.Event] = {}
+
+        def gather(layer: int) -> None:
+            if layer in gathers:
+                return
+            spec = self._spec(p, "gather", "zero_gather", "all_gather", plan.param_bytes_per_layer,
+                              f"L{layer} param all_gather", layer=layer, mb=mb)
+            self.mem.append((self.env.now, p.pid, plan.param_bytes_per_layer * plan.gather_keep_fraction, "zero_params"))
+            gathers[layer] = self._issue(p, spec)
+
+        layer_order = []
+        for s in layer_segs:
+            if s[1] not in layer_order:
+                layer_order.append(s[1])
+        if layer_order:
+            gather(layer_order[0])
+        for seg in segs:
+            label, layer, prog = seg
+            if layer >= 0:
+                idx = layer_order.index(layer)
+                if idx + 1 < len(layer_order):
+                    gather(layer_order[idx + 1])
+                yield gathers[layer]
+            f = mem_after if "recompute" not in label else None
+            yield from self._run_segments(p, [seg], _kind(label) if kind == "bwd" else kind, mb, f)
+            if layer >= 0 and ("bwd" in label or kind == "fwd"):
+                self.mem.append((self.env.now, p.pid, -plan.param_bytes_per_layer * plan.gather_keep_fraction, "zero_params"))
+            if kind == "bwd" and "bwd" in label:
+                spec = self._spec(p, "dp", "dp_comm", "reduce_scatter", plan.grad_bytes_per_layer,
+                                  f"L{layer} grad reduce_scatter", layer=layer, mb=mb)
+                self._pending[p.pid].append(self._issue(p, spec))
+
+    # -------------------------------------------------------------------------------- comm
+
+    def _tp_full(self, part: Part, p: Proc) -> simpy.Event:
+        """Issue a TP collective of one GPU's program (full mode); its completion event."""
+        spec = self._spec(p, "tp", "tp_comm", part.op, part.nbytes, part.name)
+        return self._issue(p, spec)
+
+    def _spec(self, p: Proc, stream, kind, op, nbytes, name, layer=-1, mb=-1) -> CommSpec:
+        members = self.plan.participants(p, stream)
+        seq_key = (stream, members)
+        n = self._seq[(p.pid, seq_key)]
+        self._seq[(p.pid, seq_key)] = n + 1
+        return CommSpec(stream, kind, op, nbytes, (seq_key, n), name, layer, mb)
+
+    def _dp_bucket(self, p: Proc, op: str, nbytes: float, bucket_id: list[int]) -> None:
+        spec = self._spec(p, "dp", "dp_comm", op, nbytes, f"grad {op} bucket {bucket_id[0]}")
+        bucket_id[0] += 1
+        self._pending[p.pid].append(self._issue(p, spec))
+
+    def _issue(self, p: Proc, spec: CommSpec) -> simpy.Event:
+        """Issue a collective on ``p``'s stream; returns the event of its completion on ``p``."""
+        done = self.env.event()
+        prev = self._last_done.get((p.pid, spec.stream))
+        self._last_done[(p.pid, spec.stream)] = done
+        entry = self._rdv.setdefault(spec.key, [])
+        entry.append((p, done, prev, self.env.now))
+        members = spec.key[0][1]
+        if len(entry) == len(members):
+            del self._rdv[spec.key]
+            self.env.process(self._run_collective(spec, entry))
+        return done
+
+    def _run_collective(self, spec: CommSpec, entry):
+        env = self.env
+        prevs = [e[2] for e in entry if e[2] is not None and not e[2].processed]
+        if prevs:
+            yield env.all_of(prevs)
+        start = env.now
+        p0 = entry[0][0]
+        if self.plan.comm_exec is not None:
+            yield env.process(self.plan.comm_exec(spec, p0))
+        else:
+            yield env.timeout(self.plan.comm_time(spec, p0))
+        end = env.now
+        for p, done, _, _ in entry:
+            self._row(p, spec.stream, spec.kind, spec.name, start, end, spec.nbytes, 0.0,
+                      spec.layer, spec.microbatch)
+            p.comm_iv[spec.stream].append((start, end))
+            done.succeed()
+
+    def _send(self, p: Proc, phase: str, vs: int, mb: int) -> None:
+        """Send activations (F) to the next or gradients (B) to the previous virtual stage."""
+        dst_vs = vs + 1 if phase == "F" else vs - 1
+        dst = self.plan.peer(p, phase, dst_vs)
+        spec = CommSpec("pp", "pp_comm", "send", self.plan.pp_bytes, ("pp", p.pid, dst),
+                        f"{'act' if phase == 'F' else 'grad'} mb{mb} -> vs{dst_vs}", -1, mb)
+        recv = self._recv_event(dst, phase, dst_vs, mb)
+        prev = self._last_done.get((p.pid, "pp"))
+        done = self.env.event()
+        self._last_done[(p.pid, "pp")] = done
+        self.env.process(self._run_send(p, dst, spec, prev, done, recv))
+
+    def _run_send(self, p: Proc, dst: int, spec: CommSpec, prev, done, recv):
+        env = self.env
+        if prev is not None and not prev.processed:
+            yield prev
+        start = env.now
+        if self.plan.comm_exec is not None:
+            yield env.process(self.plan.comm_exec(spec, p))
+        else:
+            yield env.timeout(self.plan.comm_time(spec, p))
+        self._row(p, "pp", "pp_comm", spec.name, start, env.now, spec.nbytes, 0.0, -1,
+                  spec.microbatch)
+        dst_proc = self.plan.procs[dst]
+        dst_proc.comm_iv["pp_in"].append((start, env.now))
+        done.succeed()
+        recv.succeed()
+
+
+def _flops(prog: Sequence[Part]) -> float:
+    return float(sum(q.flops for q in prog))
+
+
+def _kind(label: str) -> str:
+    if "recompute" in label:
+        return "recompute"
+    return "bwd"

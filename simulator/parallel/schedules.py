@@ -1,0 +1,86 @@
+"""Pipeline schedules as generators of per-stage work orders.
+
+A schedule gives, for each pipeline stage, the order in which its compute stream runs forward
+(``"F"``) and backward (``"B"``) passes of (micro-batch, model chunk). Dependencies between
+stages are implied: ``F(mb)`` of virtual stage ``vs`` needs ``F(mb)`` of ``vs - 1``; ``B(mb)`` of
+``vs`` needs ``B(mb)`` of ``vs + 1`` (and its own forward).
+
+* GPipe (Huang et al. 2019): all forwards, then all backwards. Bubble fraction
+  ``(p - 1) / (m + p - 1)``; all ``m`` micro-batches' activations are alive at once.
+* 1F1B (PipeDream-Flush, Narayanan et al. 2021): stage ``s`` runs ``p - s - 1`` warm-up
+  forwards, then alternates one forward and one backward, then drains. Same bubble as GPipe, at
+  most ``p - s`` micro-batches in flight.
+* Interleaved 1F1B (Narayanan et al. SC21, Megatron-LM): each stage holds ``v`` model chunks;
+  warm-up ``(p - s - 1) * 2 + (v - 1) * p`` virtual micro-batches; the bubble shrinks by ``v``.
+  The order follows Megatron-LM's ``forward_backward_pipelining_with_interleaving``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Work(NamedTuple):
+    """One pass of one micro-batch through one model chunk on one stage."""
+
+    phase: str  # "F" or "B"
+    microbatch: int
+    chunk: int
+
+
+def gpipe(stage: int, pp: int, m: int) -> list[Work]:
+    return [Work("F", i, 0) for i in range(m)] + [Work("B", i, 0) for i in range(m)]
+
+
+def one_f_one_b(stage: int, pp: int, m: int) -> list[Work]:
+    warmup = min(pp - stage - 1, m)
+    order = [Work("F", i, 0) for i in range(warmup)]
+    for i in range(m - warmup):
+        order.append(Work("F", warmup + i, 0))
+        order.append(Work("B", i, 0))
+    order += [Work("B", i, 0) for i in range(m - warmup, m)]
+    return order
+
+
+def interleaved(stage: int, pp: int, m: int, v: int) -> list[Work]:
+    """Megatron-LM's interleaved 1F1B; needs ``m % pp == 0``."""
+    total = m * v
+    if m == pp:
+        warmup = total
+    else:
+        warmup = min((pp - stage - 1) * 2 + (v - 1) * pp, total)
+
+    def chunk(k: int, forward: bool) -> int:
+        c = (k % (pp * v)) // pp
+        return c if forward else v - c - 1
+
+    def mb(k: int) -> int:
+        return (k // (pp * v)) * pp + k % pp
+
+    order = [Work("F", mb(k), chunk(k, True)) for k in range(warmup)]
+    for k in range(total - warmup):
+        f = warmup + k
+        order.append(Work("F", mb(f), chunk(f, True)))
+        order.append(Work("B", mb(k), chunk(k, False)))
+    order += [Work("B", mb(k), chunk(k, False)) for k in range(total - warmup, total)]
+    return order
+
+
+def schedule(name: str, stage: int, pp: int, m: int, v: int = 1) -> list[Work]:
+    """The work order of ``stage`` for schedule ``name`` (gpipe | 1f1b | interleaved)."""
+    if name == "gpipe":
+        return gpipe(stage, pp, m)
+    if name == "1f1b":
+        return one_f_one_b(stage, pp, m)
+    if name == "interleaved":
+        return interleaved(stage, pp, m, v)
+    raise ValueError(f"unknown pipeline schedule {name!r}")
+
+
+def max_in_flight(order: list[Work]) -> int:
+    """Most (micro-batch, chunk) forwards whose backward has not yet run, along ``order``."""
+    live, peak = 0, 0
+    for w in order:
+        live += 1 if w.phase == "F" else -1
+        peak = max(peak, live)
+    return peak

@@ -1,0 +1,108 @@
+"""The step summary: step time, throughput, MFU, the exposed-time breakdown and peak memory.
+
+Breakdown (exposed time on the critical path). The process that finishes last defines the step.
+Its compute stream is busy with compute, exposed tensor-parallel communication (a TP collective
+the next kernel waits for) or the optimizer; those are disjoint, so each is a plain sum. Every
+instant the compute stream is idle is then charged, in order, to data-parallel / ZeRO
+communication in flight on this GPU (``dp_comm``), to an incoming pipeline transfer
+(``pp_comm``), or else to the pipeline bubble (``pp_bubble``; ``other`` when there is no
+pipeline). The parts add up to the step time by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from simulator.engine.records import BREAKDOWN_KEYS
+from simulator.engine.sim import Proc
+
+GiB = 1024**3
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(a, b) for a, b in out]
+
+
+def _subtract(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]):
+    """Intervals of ``a`` not covered by ``b`` (both sorted, disjoint)."""
+    out, j = [], 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def _length(iv: Sequence[tuple[float, float]]) -> float:
+    return float(sum(e - s for s, e in iv))
+
+
+def breakdown(proc: Proc, step_time: float, has_pipeline: bool) -> dict[str, float]:
+    """Exposed time per category for ``proc`` over ``[0, step_time]``; sums to step_time."""
+    out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    busy = []
+    for s, e, comp, tpc, kind in proc.busy:
+        if kind == "optimizer":
+            out["optimizer"] += e - s
+        else:
+            out["compute"] += comp
+            out["tp_comm"] += tpc
+            # Anything else inside a busy interval (rounding) counts as compute.
+            out["compute"] += max(0.0, (e - s) - comp - tpc)
+        busy.append((s, e))
+    idle = _subtract([(0.0, step_time)], _union(busy))
+    dp_iv = _union([*proc.comm_iv.get("dp", ()), *proc.comm_iv.get("gather", ())])
+    rest = _subtract(idle, dp_iv)
+    out["dp_comm"] = _length(idle) - _length(rest)
+    pp_iv = _union(proc.comm_iv.get("pp_in", ()))
+    rest2 = _subtract(rest, pp_iv)
+    out["pp_comm"] = _length(rest) - _length(rest2)
+    out["pp_bubble" if has_pipeline else "other"] += _length(rest2)
+    # Make the parts add up exactly (floating point) to the step time.
+    drift = step_time - sum(out.values())
+    out["compute"] += drift
+    return out
+
+
+def memory_peak(memory: pd.DataFrame, capacity_bytes: float) -> tuple[dict[str, float], str]:
+    """Peak memory of the worst process, split by category at the moment of the peak (GiB)."""
+    cats = ["weights", "gradients", "optimizer", "activations", "zero_params"]
+    best = None
+    for proc, grp in memory.groupby("proc", sort=True):
+        # Process frees before allocations at the same instant (a layer's backward frees its
+        # activations before the next one allocates).
+        g = grp.sort_values(["t_s", "delta_bytes"], kind="stable")
+        tot = g["delta_bytes"].cumsum().to_numpy()
+        i = int(np.argmax(tot))
+        peak = float(tot[i])
+        if best is None or peak > best[0]:
+            upto = g.iloc[: i + 1]
+            split = upto.groupby("what")["delta_bytes"].sum().to_dict()
+            best = (peak, proc, split)
+    if best is None:
+        return {k: 0.0 for k in ["weights", "gradients", "optimizer", "activations", "total"]}, ""
+    peak, proc, split = best
+    res = {c: float(split.get(c, 0.0)) / GiB for c in cats}
+    res["weights"] += res.pop("zero_params")
+    res["total"] = peak / GiB
+    res["capacity"] = capacity_bytes / GiB
+    return res, proc
