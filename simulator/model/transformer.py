@@ -1,0 +1,623 @@
+"""Model math of a decoder-only transformer: parameters, kernel-level ops, model FLOPs.
+
+Pure functions, no SimPy. Everything here is per *one tensor-parallel rank* unless a name says
+otherwise, following Megatron-LM's tensor parallelism (Shoeybi et al. 2019, arXiv:1909.08053):
+QKV and fc1 are column-parallel (output features split over ``tp``), out_proj and fc2 are
+row-parallel (input features split), the embedding and LM head are vocab-parallel. With
+sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198) the norms, dropouts and
+residual adds run on ``seq/tp`` tokens per rank.
+
+Architecture conventions (the config has no separate switches for them):
+
+* **GPT family** (``activation: gelu``): learned absolute position embeddings (``seq_len x h``
+  parameters), biases on every linear layer, dropout (p > 0) after attention softmax and on
+  both residual branches and the embedding, as in GPT-2/3 and Megatron's GPT recipes.
+* **Llama family** (``activation: swiglu``): rotary position embeddings (no parameters), no
+  biases, no dropout (Touvron et al. 2023).
+
+Norm parameters follow ``model.norm_kind``: LayerNorm has gain and bias (2h), RMSNorm a gain (h).
+
+FLOP conventions: a GEMM ``[m,k] @ [k,n]`` costs ``2mkn``. Attention ``softmax(QK^T)V`` costs
+``4 b s^2 h`` non-causal (two batched GEMMs of ``2 b s^2 h``); a causal flash kernel executes
+half of it, and its backward 2.5x the forward (the convention of the calibration data,
+``shared/calibration/README.md``, and of FlashAttention-2, Dao 2023). Memory-bound ops carry
+``flops = 0``: their time is their HBM bytes over bandwidth, and model FLOPs (MFU) count only
+matrix products (Narayanan et al. 2021, arXiv:2104.04473, Appendix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from simulator.config.schema import ModelConfig
+from simulator.errors import ConfigError
+
+#: Bytes per element of the dtypes the config names (``memory.BYTES`` re-exports it).
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+FP32 = 4
+#: A dropout mask stores one byte per element (Korthikanti et al. 2022, Section 4.1).
+MASK = 1
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel on one tensor-parallel rank.
+
+    ``kind`` is ``gemm`` (``[m,k] @ [k,n]``; ``batch > 0`` means a batched GEMM of ``batch``
+    such products), ``attention`` (a fused flash-attention kernel; ``batch, heads, kv_heads,
+    seq, head_dim`` per rank) or ``memory`` (elementwise / normalisation / reduction, bound by
+    HBM bandwidth). ``flops`` is authoritative for every kind; ``bytes`` counts HBM bytes read
+    plus written (for GEMMs the operands once: ``(mk + kn + mn) * dtype``).
+    Backward GEMMs are named ``<fwd>_dgrad`` (gradient of the left operand, the activation)
+    and ``<fwd>_wgrad`` (gradient of the right operand, the weight).
+    """
+
+    name: str
+    kind: str
+    block: str
+    m: int = 0
+    k: int = 0
+    n: int = 0
+    batch: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    seq: int = 0
+    head_dim: int = 0
+    flops: float = 0.0
+    bytes: float = 0.0
+    backward: bool = False
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The family conventions of a model (see the module docstring)."""
+
+    biases: bool
+    learned_positions: bool
+    dropout: bool
+    rotary: bool
+
+
+def arch(model: ModelConfig) -> Arch:
+    """GPT conventions for GELU models, Llama conventions for SwiGLU models."""
+    gpt = model.activation == "gelu"
+    return Arch(biases=gpt, learned_positions=gpt, dropout=gpt, rotary=not gpt)
+
+
+def dtype_bytes(name: str, field: str = "training.precision") -> int:
+    """Bytes per element of a dtype name; raises ConfigError on an unknown one."""
+    try:
+        return DTYPE_BYTES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown dtype {name!r} (accepted: {', '.join(DTYPE_BYTES)})", field=field
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Per-rank dimensions
+
+
+@dataclass(frozen=True)
+class Local:
+    """Dimensions of one layer on one TP rank for one micro-batch."""
+
+    b: int  # sequences in the micro-batch
+    s: int  # tokens per sequence
+    tokens: int  # b*s: rows of every GEMM (SP gathers the sequence before them)
+    norm_tokens: int  # tokens the norms / dropout / residuals see: b*s/tp with SP, else b*s
+    heads: int  # query heads on this rank
+    kv_heads: int  # key/value heads on this rank (replicated when tp > kv_heads)
+    head_dim: int
+    ffn: int  # MLP inner width on this rank
+    fc1_out: int  # 2*ffn for SwiGLU (gate and up), ffn for GELU
+    vocab: int  # vocabulary rows on this rank, ceil(V/tp)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@lru_cache(maxsize=1024)
+def local_dims(model: ModelConfig, micro_batch: int, tp: int, sequence_parallel: bool) -> Local:
+    """Per-rank shapes. Heads must divide by ``tp``; KV heads are split, or replicated when
+    ``tp`` is a multiple of them (Megatron-LM's GQA rule); ffn and vocab are split with
+    ceiling division (Megatron pads them)."""
+    if tp < 1 or micro_batch < 1:
+        raise ConfigError(
+            f"tp={tp} and micro_batch={micro_batch} must be >= 1", field="parallelism.tp"
+        )
+    if model.heads % tp:
+        raise ConfigError(
+            f"heads={model.heads} is not divisible by tp={tp}", field="parallelism.tp"
+        )
+    kv = model.n_kv_heads
+    if kv % tp == 0:
+        kv_local = kv // tp
+    elif tp % kv == 0:
+        kv_local = 1
+    else:
+        raise ConfigError(
+            f"kv_heads={kv} and tp={tp}: one must divide the other", field="parallelism.tp"
+        )
+    b, s, ffn = micro_batch, model.seq_len, _cdiv(model.ffn, tp)
+    nt = b * _cdiv(s, tp) if sequence_parallel else b * s
+    fc1_out = 2 * ffn if model.activation == "swiglu" else ffn
+    vocab = _cdiv(model.vocab, tp)
+    return Local(b, s, b * s, nt, model.heads // tp, kv_local, model.head_dim, ffn, fc1_out, vocab)
+
+
+# --------------------------------------------------------------------------------------------
+# Op constructors
+
+
+def _gemm(name: str, block: str, m: int, k: int, n: int, d: int, batch: int = 0, bwd=False) -> Op:
+    nb = max(batch, 1)
+    return Op(
+        name, "gemm", block, m=m, k=k, n=n, batch=batch,
+        flops=2.0 * nb * m * k * n, bytes=float(nb * (m * k + k * n + m * n) * d), backward=bwd,
+    )  # fmt: skip
+
+
+def _mem(name: str, block: str, nbytes: float, bwd: bool = False) -> Op:
+    return Op(name, "memory", block, bytes=float(nbytes), backward=bwd)
+
+
+def _grads(op: Op, d: int) -> list[Op]:
+    """dgrad then wgrad of a forward GEMM Y[m,n] = X[m,k] W[k,n]:
+    dX = dY[m,n] @ W^T[n,k] and dW = X^T[k,m] @ dY[m,n], each 2mkn FLOPs (so a layer's
+    backward GEMMs cost twice its forward ones; Narayanan et al. 2021, Appendix)."""
+    return [
+        _gemm(op.name + "_dgrad", op.block, op.m, op.n, op.k, d, op.batch, bwd=True),
+        _gemm(op.name + "_wgrad", op.block, op.k, op.m, op.n, d, op.batch, bwd=True),
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# One transformer layer
+#
+# HBM traffic of the memory-bound ops, in tensors of the named width (T = tokens the op sees):
+#   norm        fwd: read x, write y                                   2 T*h
+#               bwd: read x, dy, write dx (gain/bias grads are small partial sums)  3 T*h
+#   residual    fwd: fused bias-dropout-add: read branch, read skip, write out (+ mask)  3 T*h
+#               bwd: dropout backward (read dy, mask, write dx; absent without dropout) and
+#                    the add that joins the skip and branch gradients (read 2, write 1)
+#   gelu        fwd 2 T*ffn, bwd 3 T*ffn (read x, dy; write dx)
+#   swiglu      fwd 3 T*ffn (read gate, up; write out), bwd 5 T*ffn (read gate, up, dy;
+#               write dgate, dup)
+#   rope        read and write q and k, forward and backward alike
+# so backward moves 1.5-2x the forward bytes.
+
+
+def _attention_forward(L: Local, d: int, dropout: bool, flash: bool) -> list[Op]:
+    hq, hkv, hd, b, s = L.heads, L.kv_heads, L.head_dim, L.b, L.s
+    if flash:
+        # Causal flash attention: QK^T and PV over the lower triangle, 2*b*hq*s^2*hd FLOPs;
+        # reads Q, K, V and writes O once (Dao et al. 2022, arXiv:2205.14135).
+        return [
+            Op(
+                "attn", "attention", "attn", batch=b, heads=hq, kv_heads=hkv, seq=s, head_dim=hd,
+                flops=2.0 * b * hq * s * s * hd, bytes=float(b * s * hd * (2 * hq + 2 * hkv) * d),
+            )
+        ]  # fmt: skip
+    # Unfused core attention of Megatron-LM before flash attention (Korthikanti et al. 2022,
+    # Fig. 4): batched QK^T over the full s x s (the causal mask is applied in the softmax),
+    # fused scale-mask-softmax, dropout, batched PV.
+    sq = b * hq * s * s
+    ops = [
+        _gemm("attn_scores", "attn", s, hd, s, d, batch=b * hq),
+        _mem("softmax", "attn", 2 * sq * d),
+    ]
+    if dropout:
+        ops.append(_mem("attn_dropout", "attn", sq * (2 * d + MASK)))
+    ops.append(_gemm("attn_context", "attn", s, s, hd, d, batch=b * hq))
+    return ops
+
+
+def _attention_backward(fwd: list[Op], L: Local, d: int, dropout: bool) -> list[Op]:
+    if len(fwd) == 1:  # flash
+        a = fwd[0]
+        hq, hkv = L.heads, L.kv_heads
+        # FlashAttention-2 backward: 2.5x the forward FLOPs (5 GEMMs of the forward's 2, with
+        # QK^T recomputed); reads Q, K, V, O, dO and writes dQ, dK, dV.
+        return [
+            Op(
+                "attn", "attention", "attn", batch=a.batch, heads=a.heads, kv_heads=a.kv_heads,
+                seq=a.seq, head_dim=a.head_dim, flops=2.5 * a.flops,
+                bytes=float(L.b * L.s * L.head_dim * (4 * hq + 4 * hkv) * d), backward=True,
+            )
+        ]  # fmt: skip
+    sq = L.b * L.heads * L.s * L.s
+    by = {op.name: op for op in fwd}
+    ops = _grads(by["attn_context"], d)
+    if dropout:
+        ops.append(_mem("attn_dropout", "attn", sq * (2 * d + MASK), bwd=True))
+    ops.append(_mem("softmax", "attn", 3 * sq * d, bwd=True))  # read y, dy; write dx
+    return ops + _grads(by["attn_scores"], d)
+
+
+@lru_cache(maxsize=1024)
+def _layer_forward(
+    model: ModelConfig, b: int, tp: int, sp: bool, d: int, flash: bool
+) -> tuple[Op, ...]:
+    L = local_dims(model, b, tp, sp)
+    A = arch(model)
+    h, T, NT = model.hidden, L.tokens, L.norm_tokens
+    q_w, kv_w = L.heads * L.head_dim, L.kv_heads * L.head_dim
+    res = NT * h * (3 * d + (MASK if A.dropout else 0))
+    act = (3 if model.activation == "swiglu" else 2) * T * L.ffn * d
+    ops = [_mem("norm1", "attn", 2 * NT * h * d), _gemm("qkv", "attn", T, h, q_w + 2 * kv_w, d)]
+    if A.rotary:
+        ops.append(_mem("rope", "attn", 2 * T * (q_w + kv_w) * d))
+    ops += _attention_forward(L, d, A.dropout, flash)
+    ops += [
+        _gemm("out_proj", "attn", T, q_w, h, d),
+        _mem("residual1", "attn", res),
+        _mem("norm2", "mlp", 2 * NT * h * d),
+        _gemm("fc1", "mlp", T, h, L.fc1_out, d),
+        _mem("act", "mlp", act),
+        _gemm("fc2", "mlp", T, L.ffn, h, d),
+        _mem("residual2", "mlp", res),
+    ]
+    return tuple(ops)
+
+
+@lru_cache(maxsize=1024)
+def _layer_backward(
+    model: ModelConfig, b: int, tp: int, sp: bool, d: int, flash: bool
+) -> tuple[Op, ...]:
+    L = local_dims(model, b, tp, sp)
+    A = arch(model)
+    h, T, NT = model.hidden, L.tokens, L.norm_tokens
+    fwd = _layer_forward(model, b, tp, sp, d, flash)
+    by = {op.name: op for op in fwd}
+    res = NT * h * ((2 * d + MASK if A.dropout else 0) + 3 * d)
+    act = (5 if model.activation == "swiglu" else 3) * T * L.ffn * d
+    norm = 3 * NT * h * d
+    attn_fwd = _attention_forward(L, d, A.dropout, flash)
+    ops = [
+        _mem("residual2", "mlp", res, True),
+        *_grads(by["fc2"], d),
+        _mem("act", "mlp", act, True),
+    ]
+    ops += [
+        *_grads(by["fc1"], d),
+        _mem("norm2", "mlp", norm, True),
+        _mem("residual1", "attn", res, True),
+    ]
+    ops += _grads(by["out_proj"], d)
+    ops += _attention_backward(attn_fwd, L, d, A.dropout)
+    if A.rotary:
+        ops.append(_mem("rope", "attn", by["rope"].bytes, True))
+    ops += [*_grads(by["qkv"], d), _mem("norm1", "attn", norm, True)]
+    return tuple(ops)
+
+
+def layer_forward_ops(
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype_bytes: int = 2,
+    flash_attention: bool = True,
+) -> list[Op]:
+    """Kernels of one transformer layer's forward on one TP rank, in execution order.
+
+    ``norm1, qkv, [rope], attn, out_proj, residual1, norm2, fc1, act, fc2, residual2`` (pre-norm
+    block). ``flash_attention=False`` replaces ``attn`` by Megatron's unfused core attention
+    (``attn_scores, softmax, [attn_dropout], attn_context``). TP collectives go where
+    :func:`tp_comm_points` says.
+    """
+    return list(
+        _layer_forward(model, micro_batch, tp, sequence_parallel, dtype_bytes, flash_attention)
+    )
+
+
+def layer_backward_ops(
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype_bytes: int = 2,
+    flash_attention: bool = True,
+) -> list[Op]:
+    """Kernels of one layer's backward on one TP rank, in execution order (the forward
+    reversed; each GEMM becomes ``_dgrad`` then ``_wgrad``)."""
+    return list(
+        _layer_backward(model, micro_batch, tp, sequence_parallel, dtype_bytes, flash_attention)
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Embedding, LM head, loss, optimizer
+
+
+def embedding_forward_ops(
+    model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int = 2
+) -> list[Op]:
+    """Vocab-parallel lookup (each rank reads the rows of its vocabulary shard, about 1/tp of
+    the tokens, and writes a full ``[b*s, h]`` partial sum that the TP all-reduce or, with SP,
+    reduce-scatter completes), then the position-embedding add and dropout (GPT family)."""
+    L, A = local_dims(model, micro_batch, tp, sequence_parallel), arch(model)
+    h, d = model.hidden, dtype_bytes
+    ops = [_mem("embed", "embed", L.tokens * h * d * (1 + 1 / tp))]
+    if A.learned_positions:
+        ops.append(_mem("pos_embed", "embed", 3 * L.norm_tokens * h * d))
+    if A.dropout:
+        ops.append(_mem("embed_dropout", "embed", L.norm_tokens * h * (2 * d + MASK)))
+    return ops
+
+
+def embedding_backward_ops(
+    model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int = 2
+) -> list[Op]:
+    """Dropout backward, position-embedding gradient (read dY, write the summed rows), and
+    the word-embedding gradient: read the full dY and read-modify-write the rows of the local
+    shard (about 1/tp of the tokens)."""
+    L, A = local_dims(model, micro_batch, tp, sequence_parallel), arch(model)
+    h, d = model.hidden, dtype_bytes
+    ops = []
+    if A.dropout:
+        ops.append(_mem("embed_dropout", "embed", L.norm_tokens * h * (2 * d + MASK), True))
+    if A.learned_positions:
+        ops.append(_mem("pos_embed", "embed", 2 * L.norm_tokens * h * d, True))
+    ops.append(_mem("embed", "embed", L.tokens * h * d * (1 + 2 / tp), True))
+    return ops
+
+
+# Megatron-LM's vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py) per logit:
+# forward: cast to fp32 (read d, write 4), max (read 4), subtract max (read 4, write 4),
+# exp (read 4, write 4), sum (read 4), divide in place to the softmax it keeps (read 4, write 4):
+# d + 36 bytes. Backward: softmax - one_hot scaled by dloss (read 4, write 4), cast back to the
+# logits' dtype (read 4, write d): 12 + d bytes. The max / sum / target-logit all-reduces are
+# b*s fp32 each (see cross_entropy_comm_bytes).
+CE_FWD_FP32_BYTES, CE_BWD_FP32_BYTES = 36, 12
+
+
+def head_forward_ops(
+    model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int = 2
+) -> list[Op]:
+    """Final norm, the vocab-parallel LM head ``[b*s, h] @ [h, V/tp]`` and the fp32
+    cross-entropy over ``V/tp`` logits (memory-bound)."""
+    L, h, d = local_dims(model, micro_batch, tp, sequence_parallel), model.hidden, dtype_bytes
+    return [
+        _mem("final_norm", "head", 2 * L.norm_tokens * h * d),
+        _gemm("lm_head", "head", L.tokens, h, L.vocab, d),
+        _mem("cross_entropy", "head", L.tokens * L.vocab * (d + CE_FWD_FP32_BYTES)),
+    ]
+
+
+def head_backward_ops(
+    model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int = 2
+) -> list[Op]:
+    """Cross-entropy backward, LM head dgrad and wgrad, final-norm backward."""
+    L, h, d = local_dims(model, micro_batch, tp, sequence_parallel), model.hidden, dtype_bytes
+    lm = _gemm("lm_head", "head", L.tokens, h, L.vocab, d)
+    return [
+        _mem("cross_entropy", "head", L.tokens * L.vocab * (d + CE_BWD_FP32_BYTES), True),
+        *_grads(lm, d),
+        _mem("final_norm", "head", 3 * L.norm_tokens * h * d, True),
+    ]
+
+
+def optimizer_ops(n_params_local: float, *, param_dtype: str, grad_dtype: str) -> list[Op]:
+    """The optimizer step of the parameters this rank updates, memory-bound.
+
+    ``grad_norm`` (for gradient clipping) reads every gradient once. ``adam`` (a multi-tensor
+    fused Adam) with bf16/fp16 working weights reads grad, fp32 master, m, v and writes
+    master, m, v and the working copy: g + 12 + 12 + p bytes per parameter (Rajbhandari et al.
+    2020, ZeRO, Section 3.1: 16 bytes of state per parameter); with fp32 weights (AMP) there
+    is no master copy: read g, p, m, v, write p, m, v (g + 24).
+    """
+    p = dtype_bytes(param_dtype, "training.param_dtype")
+    g = dtype_bytes(grad_dtype, "training.grad_reduce_dtype")
+    if p == FP32:
+        g, per = FP32, FP32 + 6 * FP32
+    else:
+        per = g + 24 + p
+    return [
+        _mem("grad_norm", "optimizer", n_params_local * g),
+        _mem("adam", "optimizer", n_params_local * per),
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Communication volumes
+
+
+def tp_comm_bytes(model: ModelConfig, *, micro_batch: int, dtype_bytes: int = 2) -> float:
+    """The ``[b, s, h]`` tensor a TP all-reduce sums (or an SP reduce-scatter / all-gather
+    splits), in bytes, full size as nccl-tests counts it. Megatron does two per layer in the
+    forward and two in the backward (Shoeybi et al. 2019, Fig. 4)."""
+    return float(micro_batch * model.seq_len * model.hidden * dtype_bytes)
+
+
+def pp_activation_bytes(
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype_bytes: int = 2,
+    scatter_gather: bool = False,
+) -> float:
+    """Bytes one TP rank sends to the next pipeline stage per micro-batch (and the same
+    gradient back). With SP the hidden state is already split ``s/tp``; without it each rank
+    sends the full ``b*s*h`` unless Megatron's scatter/gather optimisation (Narayanan et al.
+    2021, Section 4.1) splits it ``1/tp`` and the receiver all-gathers over NVLink."""
+    full = micro_batch * model.seq_len * model.hidden * dtype_bytes
+    return float(full / tp if (sequence_parallel or scatter_gather) else full)
+
+
+@dataclass(frozen=True)
+class TPComm:
+    """A TP collective placed ``where`` (``before``/``after``) the named op."""
+
+    where: str
+    op: str
+    collective: str  # all_reduce | all_gather | reduce_scatter
+    bytes: float  # full (unsharded) tensor size
+
+
+def tp_comm_points(
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    sequence_parallel: bool,
+    backward: bool,
+    dtype_bytes: int = 2,
+) -> list[TPComm]:
+    """Where Megatron-LM's TP collectives sit in a layer (Shoeybi et al. 2019; with SP,
+    Korthikanti et al. 2022, Section 4.2.2): forward ``g`` after the row-parallel GEMMs
+    (all-reduce, or reduce-scatter with SP) and, with SP, ``g-bar`` all-gathers before the
+    column-parallel ones; backward the conjugates. With SP Megatron keeps the scattered input
+    of qkv/fc1 and all-gathers it again for their wgrad (Korthikanti Section 4.2.3)."""
+    x = tp_comm_bytes(model, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
+    if not backward:
+        if sequence_parallel:
+            pts = [("before", "qkv", "all_gather"), ("after", "out_proj", "reduce_scatter")]
+            pts += [("before", "fc1", "all_gather"), ("after", "fc2", "reduce_scatter")]
+        else:
+            pts = [("after", "out_proj", "all_reduce"), ("after", "fc2", "all_reduce")]
+    elif sequence_parallel:
+        pts = [("before", "fc2_dgrad", "all_gather"), ("before", "fc1_wgrad", "all_gather")]
+        pts += [
+            ("after", "fc1_dgrad", "reduce_scatter"),
+            ("before", "out_proj_dgrad", "all_gather"),
+        ]
+        pts += [("before", "qkv_wgrad", "all_gather"), ("after", "qkv_dgrad", "reduce_scatter")]
+    else:
+        pts = [("after", "fc1_dgrad", "all_reduce"), ("after", "qkv_dgrad", "all_reduce")]
+    return [TPComm(w, o, c, x) for w, o, c in pts]
+
+
+def cross_entropy_comm_bytes(model: ModelConfig, *, micro_batch: int) -> list[float]:
+    """The three small TP all-reduces of the vocab-parallel loss (max logit, sum of exp,
+    target logit), ``b*s`` fp32 each (Megatron-LM tensor_parallel/cross_entropy.py)."""
+    return [float(micro_batch * model.seq_len * FP32)] * 3
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters
+
+
+def _norm_params(model: ModelConfig) -> int:
+    return (2 if model.norm_kind == "layernorm" else 1) * model.hidden
+
+
+@lru_cache(maxsize=256)
+def layer_params(model: ModelConfig) -> int:
+    """Parameters of one transformer layer: Q, K, V, O projections (GQA: K and V have
+    ``kv_heads * head_dim`` outputs), the MLP (SwiGLU three ``h x ffn`` matrices, GELU two),
+    two norms, and for the GPT family the biases. For GPT (ffn = 4h) this is
+    ``12h^2 + 13h`` (Narayanan et al. 2021, Section 5.1)."""
+    h, hd = model.hidden, model.head_dim
+    q, kv = model.heads * hd, model.n_kv_heads * hd
+    n = h * (q + 2 * kv) + q * h
+    n += (3 if model.activation == "swiglu" else 2) * h * model.ffn
+    n += 2 * _norm_params(model)
+    if arch(model).biases:
+        fc1_out = 2 * model.ffn if model.activation == "swiglu" else model.ffn
+        n += (q + 2 * kv) + h + fc1_out + h
+    return n
+
+
+def embedding_params(model: ModelConfig) -> int:
+    """Word embedding ``V x h`` plus learned positions ``s x h`` (GPT family)."""
+    pos = model.seq_len * model.hidden if arch(model).learned_positions else 0
+    return model.vocab * model.hidden + pos
+
+
+def head_params(model: ModelConfig) -> int:
+    """LM head ``h x V`` (no bias); 0 when tied to the embedding."""
+    return 0 if model.tied_embeddings else model.vocab * model.hidden
+
+
+def final_norm_params(model: ModelConfig) -> int:
+    """The norm before the LM head."""
+    return _norm_params(model)
+
+
+def total_params(model: ModelConfig) -> int:
+    """All parameters (unpadded vocabulary, the convention of published counts)."""
+    return (
+        model.layers * layer_params(model)
+        + embedding_params(model)
+        + head_params(model)
+        + final_norm_params(model)
+    )
+
+
+def stage_params(model: ModelConfig, n_layers: int, *, first: bool, last: bool) -> int:
+    """Parameters one pipeline stage holds, all TP ranks together: its layers, the embedding
+    on the first stage, the final norm and head on the last. With tied embeddings and more
+    than one stage the last stage keeps its own copy of the word embedding for the head,
+    kept in sync by an all-reduce of its gradient (Megatron-LM; Narayanan et al. 2021)."""
+    n = n_layers * layer_params(model)
+    if first:
+        n += embedding_params(model)
+    if last:
+        n += head_params(model) + final_norm_params(model)
+        if model.tied_embeddings and not first:
+            n += model.vocab * model.hidden
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# Model and hardware FLOPs
+
+
+def _layer_matmul_flops_per_token(model: ModelConfig) -> int:
+    """Forward FLOPs of a layer's weight GEMMs per token: 2 x its weight-matrix entries."""
+    h, hd = model.hidden, model.head_dim
+    q, kv = model.heads * hd, model.n_kv_heads * hd
+    mats = h * (q + 2 * kv) + q * h + (3 if model.activation == "swiglu" else 2) * h * model.ffn
+    return 2 * mats
+
+
+def _attention_flops_per_token(model: ModelConfig) -> int:
+    """Forward QK^T and PV FLOPs per token, non-causal: 2*s*(heads*hd) each."""
+    return 4 * model.seq_len * model.heads * model.head_dim
+
+
+def layer_forward_flops(model: ModelConfig, tokens: int, *, causal: bool = False) -> int:
+    """Forward matmul FLOPs of one layer over ``tokens`` tokens (all TP ranks together).
+    GPT: ``24 t h^2 + 4 t s h`` non-causal (Narayanan et al. 2021, Appendix)."""
+    att = _attention_flops_per_token(model)
+    return tokens * (_layer_matmul_flops_per_token(model) + (att // 2 if causal else att))
+
+
+def model_flops_per_step(model: ModelConfig, global_batch: int) -> float:
+    """Model FLOPs of one optimizer step: 3 x the forward matmul FLOPs (forward, plus a
+    backward of twice the forward), attention counted non-causal, no recomputation.
+
+    For GPT this is ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` (Narayanan et al. 2021, eq. 3
+    without recomputation; Korthikanti et al. 2022, Section 6); for Llama the same counting
+    with GQA projections and three SwiGLU matrices. Computed in exact integers.
+    """
+    tokens = global_batch * model.seq_len
+    fwd = (
+        model.layers * layer_forward_flops(model, tokens) + tokens * 2 * model.hidden * model.vocab
+    )
+    return float(3 * fwd)
+
+
+def hardware_flops_per_step(model: ModelConfig, global_batch: int, recompute: str) -> float:
+    """Model FLOPs plus the recomputed forward: ``full`` recomputes every layer's forward
+    (for GPT: ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))``, Narayanan et al. 2021, eq. 3);
+    ``selective`` recomputes the attention core, ``4 B s^2 h`` per layer non-causal
+    (Korthikanti et al. 2022, Section 5)."""
+    tokens = global_batch * model.seq_len
+    extra = {
+        "none": 0,
+        "selective": model.layers * tokens * _attention_flops_per_token(model),
+        "full": model.layers * layer_forward_flops(model, tokens),
+    }
+    if recompute not in extra:
+        raise ConfigError(
+            f"recompute={recompute!r} (accepted: none, selective, full)", field="training.recompute"
+        )
+    return model_flops_per_step(model, global_batch) + float(extra[recompute])
