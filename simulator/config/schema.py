@@ -94,6 +94,9 @@ class TrainingConfig(Frozen):
     )
     grad_bucket_MB: PositiveFloat = 25.0
     optimizer: Literal["adam"] = "adam"
+    flash_attention: bool = Field(
+        True, description="fused flash attention (False: Megatron's older unfused softmax path)"
+    )
     tokens: PositiveFloat | None = Field(
         None, description="tokens of the whole training run, for time/cost to train"
     )

@@ -128,7 +128,7 @@ def build_plan(
 
             prog_cache[key] = build_stage_programs(
                 model=m, micro_batch=t.micro_batch, tp=tp, sp=sp, recompute=t.recompute,
-                dtype=dtype, cm=cm, tp_cost=tp_cost,
+                dtype=dtype, cm=cm, tp_cost=tp_cost, flash_attention=t.flash_attention,
             )
         return prog_cache[key]
 
@@ -202,7 +202,9 @@ def build_plan(
         return tuple(_compute(cm, op, dtype) for op in ops)
 
     kw = dict(micro_batch=t.micro_batch, tp=tp, sequence_parallel=sp)
-    act_layer = mem.activation_bytes_per_layer(m, recompute=t.recompute, **kw)
+    act_layer = mem.activation_bytes_per_layer(
+        m, recompute=t.recompute, flash_attention=t.flash_attention, **kw
+    )
     act_embed = mem.embedding_activation_bytes(m, **kw)
     act_head = mem.head_activation_bytes(m, **kw)
 

@@ -116,7 +116,7 @@ def build_layer_backward(
     parts: list[Part] = []
     seen_row: set[str] = set()
     for op in ops:
-        base = op.name.split("_")[0] if op.kind == "gemm" else op.name
+        base = op.name.rsplit("_", 1)[0] if op.kind == "gemm" else op.name
         if tp_part and op.kind == "gemm" and _is_row_parallel(op) and sp and base not in seen_row:
             parts.append(tp_part("all_gather"))
             seen_row.add(base)
@@ -145,6 +145,7 @@ def build_stage_programs(
     dtype: str,
     cm: ComputeModel,
     tp_cost: Callable[[str, float], float] | None,
+    flash_attention: bool = True,
 ) -> StagePrograms:
     """Price every program of one stage.
 
@@ -160,18 +161,19 @@ def build_stage_programs(
         def tp_part(op: str) -> Part:
             return Part(f"tp_{op}", "tp", tp_cost(op, nbytes), 0.0, op, nbytes)
 
-    fwd_ops = tf.layer_forward_ops(model, **kw)
-    bwd_ops = tf.layer_backward_ops(model, **kw)
+    fwd_ops = tf.layer_forward_ops(model, flash_attention=flash_attention, **kw)
+    bwd_ops = tf.layer_backward_ops(model, flash_attention=flash_attention, **kw)
     layer_fwd = build_layer_forward(fwd_ops, cm, dtype, tp_part, sp)
     layer_bwd = build_layer_backward(bwd_ops, cm, dtype, tp_part, sp)
     if recompute == "full":
         layer_re = tuple(Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes) for p in layer_fwd)
     elif recompute == "selective":
         # Korthikanti et al. 2022: recompute only the core attention (QK^T, softmax, AV).
+        core = {"attn", "attn_scores", "softmax", "attn_dropout", "attn_context"}
         layer_re = tuple(
             Part(f"re_{op.name}", "compute", _op_time(cm, op, dtype), op.flops)
             for op in fwd_ops
-            if op.kind == "attention"
+            if op.name in core
         )
     else:
         layer_re = ()

@@ -1,0 +1,73 @@
+"""``simulator collective OP --bytes N --topology FILE``: predict one collective."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from simulator.config.load import load_topology
+from simulator.errors import ConfigError
+from simulator.hardware.catalog import load_gpu
+from simulator.network.collectives import OPS, collective_summary
+from simulator.network.topology import Topology
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> float:
+    """``1073741824``, ``1GiB``, ``64MB`` -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"cannot read {text!r} as a size (e.g. 1048576, 64MiB, 1GB)",
+                          file="--bytes")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value <= 0:
+        raise ConfigError(f"size must be positive, got {text!r}", file="--bytes")
+    return value
+
+
+def register(sub) -> None:
+    p = sub.add_parser("collective", help="predict one NCCL collective (nccl-tests figures)")
+    p.add_argument("op", help=" | ".join(OPS))
+    p.add_argument("--bytes", required=True,
+                   help="message size as nccl-tests counts it: 1073741824, 64MiB, 1GB")
+    p.add_argument("--topology", required=True, help="topology YAML")
+    p.add_argument("--gpus", type=int, help="GPUs taking part, 0..N-1 (default all)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a topology key (topology.nodes=4)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    if args.op not in OPS:
+        raise ConfigError(f"unknown collective {args.op!r} (accepted: {', '.join(OPS)})",
+                          file="collective")
+    nbytes = parse_bytes(args.bytes)
+    cfg = load_topology(args.topology, args.overrides)
+    gpu = load_gpu(cfg.gpu, file=args.topology, field="gpu")
+    topo = Topology(cfg, gpu)
+    if args.gpus is not None and not (2 <= args.gpus <= topo.n_gpus):
+        raise ConfigError(f"--gpus must be in 2..{topo.n_gpus} for this topology, got {args.gpus}",
+                          file="--gpus")
+    res = collective_summary(topo, args.op, nbytes, args.gpus)
+    if args.json:
+        sys.stdout.write(json.dumps(res) + "\n")
+        return 0
+    t = Table(title=f"{args.op} of {nbytes:.4g} bytes on {args.gpus or topo.n_gpus} GPUs "
+                    f"({cfg.name})")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_row("time", f"{res['time_s'] * 1e6:,.1f} us")
+    t.add_row("algbw", f"{res['algbw_GBps']:,.1f} GB/s")
+    t.add_row("busbw", f"{res['busbw_GBps']:,.1f} GB/s")
+    for k, v in res.items():
+        if k not in {"time_s", "algbw_GBps", "busbw_GBps"}:
+            t.add_row(k, str(v))
+    Console().print(t)
+    return 0

@@ -1,0 +1,185 @@
+"""One simulated training step, end to end: configs -> plan -> engine -> tables and summary.
+
+:func:`simulate` is the library entry point every command uses (``run``, ``compare``,
+``sweep``, ``plan``, ``validate``); :func:`write_outputs` writes a run's files atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simulator.config.checks import Resolved, resolve
+from simulator.config.load import LoadedWorkload
+from simulator.engine.build import Machine, build_plan
+from simulator.engine.records import EVENT_COLUMNS, LINK_COLUMNS, MEMORY_COLUMNS
+from simulator.engine.sim import CountingEnvironment, Engine
+from simulator.hardware.catalog import GPUSpec, load_gpu
+from simulator.hardware.compute import ComputeModel
+from simulator.model import transformer as tf
+from simulator.network.collectives import CollectiveModel
+from simulator.network.topology import Topology
+from simulator.report.summary import GiB, breakdown, memory_peak
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced: the summary dict and the three tables."""
+
+    summary: dict
+    events: pd.DataFrame
+    memory: pd.DataFrame
+    links: pd.DataFrame
+    extras: dict = field(default_factory=dict)
+
+
+def make_machine(loaded: LoadedWorkload) -> Machine:
+    """GPU spec, topology graph and the compute/collective models of a loaded workload."""
+    topo_cfg = loaded.topology
+    gpu: GPUSpec = load_gpu(topo_cfg.gpu, file=str(loaded.topology_path), field="gpu")
+    topology = Topology(topo_cfg, gpu, loaded.workload.faults.links)
+    return Machine(gpu, topology, ComputeModel(gpu), CollectiveModel(topology))
+
+
+def resolve_loaded(loaded: LoadedWorkload) -> Resolved:
+    return resolve(
+        loaded.workload,
+        loaded.topology,
+        file=str(loaded.workload_path),
+        topo_file=str(loaded.topology_path),
+    )
+
+
+def simulate(
+    loaded: LoadedWorkload, *, detail: str = "folded", machine: Machine | None = None
+) -> SimResult:
+    """Simulate one optimizer step of ``loaded``; raises ConfigError / PlanError on bad input."""
+    t0 = time.perf_counter()
+    work = loaded.workload
+    res = resolve_loaded(loaded)
+    machine = machine or make_machine(loaded)
+    env = CountingEnvironment()
+    plan, layout, net = build_plan(work, loaded.topology, res, machine, detail=detail, env=env)
+    engine = Engine(plan, env)
+    engine.run()
+
+    procs = plan.procs
+    step = max(p.end_s for p in procs)
+    crit = max(procs, key=lambda p: (p.end_s, -p.pid))
+    bd = breakdown(crit, step, res.pp > 1)
+
+    events = pd.DataFrame.from_records(engine.rows, columns=list(EVENT_COLUMNS))
+    events = events.sort_values(["start_s", "gpu", "stream", "end_s"], kind="stable").reset_index(
+        drop=True
+    )
+    memory = _memory_table(engine.mem, procs)
+    mem_gib, worst_proc = memory_peak(memory, machine.gpu.hbm_GiB * GiB)
+    links = _links_table(engine, machine, net, step)
+
+    m, t = work.model, work.training
+    n = res.n_gpus
+    tokens = t.global_batch * m.seq_len
+    model_flops = tf.model_flops_per_step(m, t.global_batch)
+    hw_flops = tf.hardware_flops_per_step(m, t.global_batch, t.recompute)
+    peak = machine.gpu.peak_flops(t.precision)
+    fits = mem_gib["total"] <= mem_gib["capacity"]
+    warnings = []
+    if not fits:
+        warnings.append(
+            f"does not fit: {mem_gib['total']:.1f} GiB needed per GPU (worst: {worst_proc}), "
+            f"{mem_gib['capacity']:.1f} GiB available"
+        )
+    summary = {
+        "name": work.name,
+        "step_time_s": step,
+        "tokens_per_s": tokens / step,
+        "mfu": model_flops / (step * n * peak),
+        "hfu": hw_flops / (step * n * peak),
+        "tflops_per_gpu": model_flops / (step * n) / 1e12,
+        "breakdown_s": bd,
+        "memory_gib": mem_gib,
+        "fits": bool(fits),
+        "n_gpus": n,
+        "gpu": machine.gpu.name,
+        "topology": loaded.topology.name,
+        "layout": {
+            "tp": res.tp,
+            "pp": res.pp,
+            "dp": res.dp,
+            "zero": work.parallelism.zero,
+            "sequence_parallel": work.parallelism.sequence_parallel,
+            "pp_schedule": work.parallelism.pp_schedule,
+            "virtual_stages": res.virtual_stages,
+            "micro_batch": t.micro_batch,
+            "microbatches": res.microbatches,
+            "recompute": t.recompute,
+        },
+        "model_params": tf.total_params(m),
+        "model_flops_per_step": model_flops,
+        "detail": detail,
+        "simulated_processes": len(procs),
+        "critical_process": crit.label,
+        "busiest_links": _busiest(links),
+        "warnings": warnings,
+        "events": int(env.n_events),
+        "trace_rows": len(events),
+        "sim_wall_s": time.perf_counter() - t0,
+    }
+    return SimResult(summary, events, memory, links)
+
+
+def _memory_table(mem_rows, procs) -> pd.DataFrame:
+    df = pd.DataFrame.from_records(mem_rows, columns=["t_s", "pid", "delta_bytes", "what"])
+    df["proc"] = [procs[i].label for i in df["pid"]]
+    df["gpu"] = [procs[i].gpu for i in df["pid"]]
+    df = df.sort_values(["pid", "t_s", "delta_bytes"], kind="stable").reset_index(drop=True)
+    df["total_bytes"] = df.groupby("pid")["delta_bytes"].cumsum()
+    return df[list(MEMORY_COLUMNS)]
+
+
+def _links_table(engine: Engine, machine: Machine, net, step: float) -> pd.DataFrame:
+    topo = machine.topology
+    if net is not None:
+        nbytes = np.asarray(net.link_bytes, dtype=float)
+        busy = np.asarray(net.link_busy_s, dtype=float)
+    else:
+        nbytes = np.zeros(topo.n_links)
+        busy = np.zeros(topo.n_links)
+    rows = []
+    for i in np.nonzero(nbytes)[0]:
+        rows.append(
+            (
+                topo.link_names[i],
+                topo.link_kinds[i],
+                *(topo.link_names[i].split("->", 1) + [""])[:2],
+                topo.capacity[i] / 1e9,
+                float(nbytes[i]),
+                float(busy[i]),
+                float(busy[i] / step) if step else 0.0,
+            )
+        )
+    df = pd.DataFrame.from_records(rows, columns=list(LINK_COLUMNS))
+    return df.sort_values(["utilization", "link"], ascending=[False, True]).reset_index(drop=True)
+
+
+def _busiest(links: pd.DataFrame, k: int = 5) -> list[dict]:
+    out = []
+    for row in links.head(k).itertuples(index=False):
+        out.append(
+            {
+                "link": row.link,
+                "kind": row.kind,
+                "utilization": round(float(row.utilization), 6),
+                "bytes": float(row.bytes),
+            }
+        )
+    return out
+
+
+def kinds_count(events: pd.DataFrame) -> Counter:
+    return Counter(events["kind"])

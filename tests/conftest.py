@@ -1,0 +1,41 @@
+"""Shared fixtures: paths and small workloads built in memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT
+
+
+def write_case(tmp_path: Path, workload: dict, topology: dict) -> Path:
+    """Write a workload and its topology into tmp_path; return the workload path."""
+    (tmp_path / "topo.yaml").write_text(yaml.safe_dump(topology))
+    workload = {**workload, "cluster": {"topology": "topo.yaml"}}
+    path = tmp_path / "work.yaml"
+    path.write_text(yaml.safe_dump(workload))
+    return path
+
+
+SMALL_MODEL = {
+    "layers": 8,
+    "hidden": 1024,
+    "ffn_hidden": 4096,
+    "heads": 16,
+    "kv_heads": 16,
+    "vocab": 32000,
+    "seq_len": 1024,
+    "activation": "gelu",
+}
+
+
+def small_topology(nodes: int = 1, gpus_per_node: int = 8, **kw) -> dict:
+    return {"name": "t", "gpu": "H100-SXM-80GB", "nodes": nodes, "gpus_per_node": gpus_per_node,
+            "nodes_per_leaf": 2, **kw}

@@ -1,0 +1,169 @@
+"""Engine mechanics against closed forms, with stub compute and network models.
+
+With every kernel priced at FLOPs / 1 PFLOP/s and free communication, a pipeline's step time
+and bubble follow from the schedule alone: GPipe and 1F1B both take (m + p - 1) * (t_f + t_b)
+per step, a bubble fraction of (p - 1) / (m + p - 1) (Huang et al. 2019; Narayanan et al.
+2021), and the interleaved schedule shrinks the bubble by the number of chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from simulator.config.load import load_workload
+from simulator.engine.build import Machine
+from simulator.run import simulate
+from tests.conftest import SMALL_MODEL, small_topology, write_case
+
+RATE = 1e15
+
+
+@dataclass
+class _Gpu:
+    name: str = "stub"
+    kernel_launch_s: float = 0.0
+    hbm_GiB: float = 80.0
+
+    def peak_flops(self, dtype):
+        return RATE
+
+
+class StubCompute:
+    gpu = _Gpu()
+
+    def gemm_s(self, m, k, n, dtype="bf16"):
+        return 2.0 * m * k * n / RATE
+
+    def attention_s(self, batch, heads, seq, head_dim, **kw):
+        f = 2.0 * batch * heads * seq * seq * head_dim
+        return f * (2.5 if kw.get("backward") else 1.0) / RATE
+
+    def memory_s(self, nbytes):
+        return 0.0
+
+
+@dataclass
+class _Cost:
+    time_s: float
+
+
+class StubCollectives:
+    """Every collective costs ``alpha + nbytes / bw``; sends likewise."""
+
+    def __init__(self, alpha=0.0, bw=float("inf")):
+        self.alpha, self.bw = alpha, bw
+
+    def cost(self, op, groups, nbytes, algorithm=None):
+        return _Cost(self.alpha + nbytes / self.bw)
+
+    def p2p_cost(self, pairs, nbytes):
+        return _Cost(self.alpha + nbytes / self.bw)
+
+
+class _Topo:
+    n_links = 0
+    link_names: list = []
+    link_kinds: list = []
+    capacity = np.zeros(0)
+
+
+def stub_machine(**kw) -> Machine:
+    return Machine(_Gpu(), _Topo(), StubCompute(), StubCollectives(**kw))
+
+
+def run_case(tmp_path, *, model=None, training=None, parallelism=None, nodes=1, gpn=8, **mkw):
+    model = {**SMALL_MODEL, "vocab": 8, **(model or {})}
+    work = {
+        "name": "t",
+        "model": model,
+        "training": {"global_batch": 8, "micro_batch": 1, **(training or {})},
+        "parallelism": parallelism or {},
+    }
+    path = write_case(tmp_path, work, small_topology(nodes, gpn))
+    return simulate(load_workload(path), machine=stub_machine(**mkw))
+
+
+def layer_times(model=SMALL_MODEL, b=1):
+    """t_f, t_b of one GELU layer at RATE (non-fused attention counted causal: 2bs^2h)."""
+    h, s, f = model["hidden"], model["seq_len"], model["ffn_hidden"]
+    gemm = 2 * b * s * (3 * h * h + h * h + 2 * h * f)
+    attn = 2 * b * s * s * h
+    return (gemm + attn) / RATE, (2 * gemm + 2.5 * attn) / RATE
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("pp,m", [(4, 8), (2, 2), (8, 16)])
+def test_pipeline_bubble_closed_form(tmp_path, schedule, pp, m):
+    res = run_case(
+        tmp_path,
+        training={"global_batch": m},
+        parallelism={"pp": pp, "dp": 1, "tp": 1, "pp_schedule": schedule},
+        gpn=pp,
+    )
+    s = res.summary
+    tf_, tb_ = layer_times()
+    per_stage = SMALL_MODEL["layers"] // pp
+    expected_step = (m + pp - 1) * per_stage * (tf_ + tb_)
+    assert s["step_time_s"] == pytest.approx(expected_step, rel=1e-3)
+    bubble = s["breakdown_s"]["pp_bubble"] / s["step_time_s"]
+    assert bubble == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-3)
+    assert sum(s["breakdown_s"].values()) == pytest.approx(s["step_time_s"], rel=1e-12)
+
+
+def test_interleaved_shrinks_bubble_by_v(tmp_path):
+    pp, m, v = 4, 8, 2
+    res = run_case(
+        tmp_path,
+        training={"global_batch": m},
+        parallelism={"pp": pp, "dp": 1, "tp": 1, "pp_schedule": "interleaved",
+                     "virtual_stages": v},
+        gpn=pp,
+    )
+    s = res.summary
+    tf_, tb_ = layer_times()
+    per_chunk = SMALL_MODEL["layers"] // (pp * v)
+    # Narayanan et al. SC21: bubble time (p - 1) * (t_f + t_b) / v, ideal time m * (t_f + t_b).
+    ideal = m * v * per_chunk * (tf_ + tb_)
+    bubble = (pp - 1) * v * per_chunk * (tf_ + tb_) / v
+    assert s["step_time_s"] == pytest.approx(ideal + bubble, rel=1e-3)
+
+
+def test_1f1b_activation_memory_bounded_by_p(tmp_path):
+    pp, m = 4, 16
+    out = {}
+    for sched in ("gpipe", "1f1b"):
+        res = run_case(
+            tmp_path,
+            training={"global_batch": m},
+            parallelism={"pp": pp, "dp": 1, "tp": 1, "pp_schedule": sched},
+            gpn=pp,
+        )
+        mem = res.memory[(res.memory["what"] == "activations") & (res.memory["proc"] == "c0.s0")]
+        out[sched] = mem.sort_values(["t_s", "delta_bytes"])["delta_bytes"].cumsum().max()
+    # Stage 0 holds p micro-batches under 1F1B and all m under GPipe.
+    assert out["1f1b"] == pytest.approx(out["gpipe"] * pp / m, rel=1e-9)
+
+
+def test_dp_reduction_exposed_only_after_backward(tmp_path):
+    # A slow network: gradient all-reduce of each layer takes longer than the layer's backward.
+    res_overlap = run_case(
+        tmp_path,
+        parallelism={"pp": 1, "dp": 8, "tp": 1},
+        training={"global_batch": 8, "overlap_grad_reduce": True, "grad_bucket_MB": 1},
+        bw=20e9,
+    )
+    res_serial = run_case(
+        tmp_path,
+        parallelism={"pp": 1, "dp": 8, "tp": 1},
+        training={"global_batch": 8, "overlap_grad_reduce": False, "grad_bucket_MB": 1},
+        bw=20e9,
+    )
+    a, b = res_overlap.summary, res_serial.summary
+    assert a["step_time_s"] < b["step_time_s"]
+    assert a["breakdown_s"]["compute"] == pytest.approx(b["breakdown_s"]["compute"], rel=1e-9)
+    # Without overlap all the reduction is exposed: bytes / bw in total (fp32 grads).
+    grads = 4 * (12 * 1024**2 + 13 * 1024) * 8  # 8 GELU layers' weights and biases, fp32
+    assert b["breakdown_s"]["dp_comm"] >= grads / 20e9 * 0.99
