@@ -16,7 +16,7 @@ import pandas as pd
 
 from simulator.config.checks import Resolved, resolve
 from simulator.config.load import LoadedWorkload
-from simulator.engine.build import Machine, build_plan
+from simulator.engine.build import Machine, build_plan, folded_link_bytes
 from simulator.engine.records import EVENT_COLUMNS, LINK_COLUMNS, MEMORY_COLUMNS
 from simulator.engine.sim import CountingEnvironment, Engine
 from simulator.hardware.catalog import GPUSpec, load_gpu
@@ -79,7 +79,7 @@ def simulate(
     )
     memory = _memory_table(engine.mem, procs)
     mem_gib, worst_proc = memory_peak(memory, machine.gpu.hbm_GiB * GiB)
-    links = _links_table(engine, machine, net, step)
+    links = _links_table(engine, machine, net, layout, step)
 
     m, t = work.model, work.training
     n = res.n_gpus
@@ -142,14 +142,16 @@ def _memory_table(mem_rows, procs) -> pd.DataFrame:
     return df[list(MEMORY_COLUMNS)]
 
 
-def _links_table(engine: Engine, machine: Machine, net, step: float) -> pd.DataFrame:
+def _links_table(engine: Engine, machine: Machine, net, layout, step: float) -> pd.DataFrame:
     topo = machine.topology
     if net is not None:
         nbytes = np.asarray(net.link_bytes, dtype=float)
         busy = np.asarray(net.link_busy_s, dtype=float)
+    elif topo.n_links:
+        nbytes = folded_link_bytes(engine, layout, machine.collectives, topo.n_links)
+        busy = nbytes / np.maximum(topo.capacity, 1e-30)
     else:
-        nbytes = np.zeros(topo.n_links)
-        busy = np.zeros(topo.n_links)
+        nbytes = busy = np.zeros(0)
     rows = []
     for i in np.nonzero(nbytes)[0]:
         rows.append(

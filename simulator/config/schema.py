@@ -86,7 +86,7 @@ class TrainingConfig(Frozen):
     param_dtype: Literal["bf16", "fp32"] = Field(
         "bf16", description="stored working weights; fp32 = AMP autocast (no bf16 copy)"
     )
-    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     recompute: Literal["none", "selective", "full"] = "none"
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = Field(
@@ -114,6 +114,11 @@ class ParallelismConfig(Frozen):
     virtual_stages: PositiveInt = 1
     stage_layers: tuple[PositiveInt, ...] | None = Field(
         None, description="layers per pipeline stage (pp * virtual_stages entries)"
+    )
+    pp_scatter_gather: bool = Field(
+        True,
+        description="send 1/tp of a stage boundary activation per TP rank and all-gather it over "
+        "NVLink at the receiver (Narayanan et al. SC21, Sec. 4.1)",
     )
     order: tuple[Literal["tp", "dp", "pp"], ...] = Field(
         ("tp", "dp", "pp"), description="rank order, innermost (fastest varying) first"

@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import simpy
 
 from simulator.config.checks import Resolved
@@ -267,7 +268,7 @@ def build_plan(
         act_bytes_head=act_head,
         static_mem=static_mem,
         optimizer_program=optimizer_program,
-        pp_bytes=tf.pp_activation_bytes(m, **kw),
+        pp_bytes=tf.pp_activation_bytes(m, scatter_gather=par.pp_scatter_gather, **kw),
         participants=participants,
         peer=peer,
         comm_time=None if detail == "full" else comm_time,
@@ -275,6 +276,40 @@ def build_plan(
         detail=detail,
     )
     return plan, layout, net
+
+
+def folded_link_bytes(engine, layout: Layout, coll: CollectiveModel, n_links: int):
+    """Bytes every link carried in a folded run: each collective's and each program's TP
+    collectives' per-link bytes (over all the concurrent groups a process stands for), times
+    how often it ran."""
+    out = np.zeros(n_links)
+    procs = engine.plan.procs
+    by_id = {}
+    for p in procs:
+        for prog in vars(p.programs).values():
+            by_id[(p.pid, id(prog))] = prog
+    for (pid, pid_prog), runs in engine.prog_runs.items():
+        prog = by_id.get((pid, pid_prog))
+        if not prog:
+            continue
+        p = procs[pid]
+        groups = tuple(layout.tp_group(d, p.stage) for d in p.replicas)
+        for part in prog:
+            if part.kind == "tp":
+                for link, b in coll.cost(part.op, groups, part.nbytes).link_bytes.items():
+                    out[link] += runs * b
+    for p, spec in engine.comm_log:
+        if spec.stream == "pp":
+            dst = procs[spec.key[2]]
+            pairs = [(layout.rank(r, d, p.stage), layout.rank(r, d, dst.stage))
+                     for d in p.replicas for r in range(layout.tp)]
+            cost = coll.p2p_cost(pairs, spec.nbytes)
+        else:
+            groups = tuple(layout.dp_group(r, p.stage) for r in range(layout.tp))
+            cost = coll.cost(spec.op, groups, spec.nbytes)
+        for link, b in cost.link_bytes.items():
+            out[link] += b
+    return out
 
 
 def _layer_span(stage_layers: Sequence[int], vs: int) -> tuple[int, int]:

@@ -59,7 +59,9 @@ class StagePrograms:
 
 def _op_time(cm: ComputeModel, op: Op, dtype: str) -> float:
     if op.kind == "gemm":
-        t = cm.gemm_s(op.m, op.k, op.n, dtype)
+        # A batched GEMM (unfused attention: one product per head) fills the GPU like one
+        # GEMM with the batch folded into m.
+        t = cm.gemm_s(op.m * max(op.batch, 1), op.k, op.n, dtype)
     elif op.kind == "attention":
         t = cm.attention_s(
             op.batch,

@@ -121,6 +121,9 @@ class Engine:
         self._last_done: dict[tuple[int, str], simpy.Event | None] = {}
         self._pending: dict[int, list[simpy.Event]] = defaultdict(list)
         self._ptime_cache: dict[tuple[int, float], tuple[float, float, float]] = {}
+        #: executions of each program per process, and every collective run (for link accounting)
+        self.prog_runs: dict[tuple[int, int], int] = defaultdict(int)
+        self.comm_log: list[tuple[Proc, CommSpec]] = []
 
     # -------------------------------------------------------------------------------- running
 
@@ -162,6 +165,7 @@ class Engine:
         env = self.env
         t = env.now
         for label, layer, prog in segs:
+            self.prog_runs[(p.pid, id(prog))] += 1
             total, comp, tpc = self._ptime(prog, p.slowdown)
             self._row(p, "compute", kind, label, t, t + total, 0.0, _flops(prog), layer, mb, prog)
             p.busy.append((t, t + total, comp, tpc, kind))
@@ -422,6 +426,7 @@ class Engine:
         else:
             yield env.timeout(self.plan.comm_time(spec, p0))
         end = env.now
+        self.comm_log.append((p0, spec))
         for p, done, _, _ in entry:
             self._row(p, spec.stream, spec.kind, spec.name, start, end, spec.nbytes, 0.0,
                       spec.layer, spec.microbatch)
@@ -451,6 +456,7 @@ class Engine:
             yield env.timeout(self.plan.comm_time(spec, p))
         self._row(p, "pp", "pp_comm", spec.name, start, env.now, spec.nbytes, 0.0, -1,
                   spec.microbatch)
+        self.comm_log.append((p, spec))
         dst_proc = self.plan.procs[dst]
         dst_proc.comm_iv["pp_in"].append((start, env.now))
         done.succeed()

@@ -1,0 +1,76 @@
+"""``simulator validate [SUITE.yaml ...]``: predicted vs measured, with errors and MAPE."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from simulator.errors import ConfigError
+from simulator.validate import SuiteResult, run_suite, suite_size
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def default_suites() -> list[Path]:
+    """Every suite shipped in validation/ (the repository's, else the current directory's)."""
+    for base in (REPO / "validation", Path("validation")):
+        if base.is_dir():
+            return sorted([*base.glob("*.yaml"), *base.glob("*/suite.yaml")])
+    return []
+
+
+def register(sub) -> None:
+    p = sub.add_parser("validate", help="run validation suites: predicted vs measured")
+    p.add_argument("suites", nargs="*", help="suite YAML files (default: validation/*.yaml and "
+                                             "validation/*/suite.yaml)")
+    p.add_argument("--quiet", action="store_true", help="only the per-suite verdicts")
+    p.set_defaults(func=main)
+
+
+def _fmt(metric: str, v: float) -> str:
+    if metric.endswith("_s"):
+        return f"{v * 1e6:,.1f} us" if v < 1e-2 else f"{v:,.3f} s"
+    return f"{v:,.4g}"
+
+
+def render(res: SuiteResult, console: Console, quiet: bool) -> None:
+    if not quiet:
+        t = Table(title=f"validation suite: {res.name}", title_justify="left")
+        t.add_column("case")
+        t.add_column("predicted", justify="right")
+        t.add_column("measured", justify="right")
+        t.add_column("error", justify="right")
+        for c in res.cases:
+            colour = "green" if abs(c.error) <= 0.10 else "yellow" if abs(c.error) <= 0.2 else "red"
+            t.add_row(c.name, _fmt(c.metric, c.predicted), _fmt(c.metric, c.measured),
+                      f"[{colour}]{c.error:+.1%}[/{colour}]")
+        console.print(t)
+    for what, value, limit in res.checks:
+        ok = value <= limit
+        mark = "[green]PASS[/green]" if ok else "[red]FAIL[/red]"
+        console.print(f"  {mark} {res.name}: {what} = {value:.1%} (limit {limit:.0%})")
+
+
+def main(args) -> int:
+    suites = [Path(s) for s in args.suites] or default_suites()
+    if not suites:
+        raise ConfigError("no suites given and no validation/ folder found", file="validate")
+    console = Console(width=max(100, Console().width), highlight=False)
+    failed = []
+    for path in suites:
+        with Progress(TextColumn(f"validating {path.name}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True) as bar:
+            task = bar.add_task("", total=suite_size(path))
+            res = run_suite(path, progress=lambda: bar.advance(task))
+        render(res, console, args.quiet)
+        if not res.passed:
+            failed.append(res.name)
+    if failed:
+        console.print(f"[red]{len(failed)} suite(s) outside tolerance: {', '.join(failed)}[/red]")
+        return 1
+    console.print(f"[green]all {len(suites)} suite(s) within tolerance[/green]")
+    return 0
