@@ -145,7 +145,12 @@ class Engine:
         return hit
 
     def _row(self, p: Proc, stream, kind, name, start, end, nbytes, flops, layer, mb, parts=()):
-        text = ";".join(f"{q.name}:{q.dur:.9g}" for q in parts) if len(parts) > 1 else ""
+        # '~' marks a collective that ran beside the next kernel (overlap_next).
+        text = (
+            ";".join(f"{'~' if q.overlap_next else ''}{q.name}:{q.dur:.9g}" for q in parts)
+            if len(parts) > 1
+            else ""
+        )
         self.rows.append(
             (p.gpu, p.label, p.stage, stream, kind, name, start, end, nbytes, flops, layer, mb,
              max(1, len(parts)), text)

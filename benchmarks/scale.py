@@ -1,0 +1,85 @@
+"""Simulator speed: the shipped workloads and a GPU-count ladder for one model.
+
+    python benchmarks/scale.py            # everything
+    python benchmarks/scale.py --ladder   # only the ladder
+
+Each case runs in a fresh subprocess so that its peak memory (max RSS) is its own. Prints, per
+case: GPUs, simulated processes, simulator wall time, peak memory, SimPy events, events/s.
+The ladder keeps the work per data-parallel replica fixed (Llama-2-70B, TP 8, PP 4, 16
+micro-batches per replica) and grows the number of replicas, so a simulator whose cost follows
+the distinct ranks, not the GPUs, shows a flat wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LADDER = [  # (GPUs, tp, pp, dp, nodes)
+    (8, 8, 1, 1, 1),
+    (64, 8, 4, 2, 8),
+    (512, 8, 4, 16, 64),
+    (4096, 8, 4, 128, 512),
+    (16384, 8, 4, 512, 2048),
+]
+
+
+def _child(args: list[str]) -> None:
+    """Run one simulation in this process and print its figures as JSON."""
+    from simulator.config.load import load_workload
+    from simulator.run import simulate
+
+    workload, *overrides = args
+    t0 = time.perf_counter()
+    res = simulate(load_workload(workload, overrides))
+    wall = time.perf_counter() - t0
+    s = res.summary
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"n_gpus": s["n_gpus"], "procs": s["simulated_processes"], "wall_s": wall,
+                      "peak_MiB": peak_mib, "events": s["events"], "step_time_s": s["step_time_s"],
+                      "mfu": s["mfu"]}))
+
+
+def run_case(workload: str, overrides: list[str]) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", workload, *overrides],
+                         capture_output=True, text=True, cwd=ROOT, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ladder", action="store_true", help="only the GPU-count ladder")
+    ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        _child(a.child)
+        return
+    cases: list[tuple[str, str, list[str]]] = []
+    if not a.ladder:
+        for w in sorted((ROOT / "workloads").glob("*.yaml")):
+            cases.append((w.stem, str(w), []))
+    for n, tp, pp, dp, nodes in LADDER:
+        cases.append((f"ladder {n}", str(ROOT / "workloads/llama70b.yaml"), [
+            f"parallelism.tp={tp}", f"parallelism.pp={pp}", f"parallelism.dp={dp}",
+            f"training.global_batch={dp * 16}", f"topology.nodes={nodes}",
+            "topology.nodes_per_leaf=32"]))
+    head = f"{'case':<28}{'GPUs':>7}{'procs':>7}{'wall s':>9}{'peak MiB':>10}{'events':>9}" \
+           f"{'events/s':>10}{'step s':>9}{'MFU':>7}"
+    print(head)
+    print("-" * len(head))
+    for name, w, ov in cases:
+        r = run_case(w, ov)
+        print(f"{name:<28}{r['n_gpus']:>7}{r['procs']:>7}{r['wall_s']:>9.2f}{r['peak_MiB']:>10.0f}"
+              f"{r['events']:>9}{r['events'] / r['wall_s']:>10.0f}{r['step_time_s']:>9.3f}"
+              f"{r['mfu']:>7.1%}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
