@@ -1,0 +1,554 @@
+"""Collective algorithms as NCCL runs them, and their cost on a topology.
+
+A collective expands into *steps*; a step is a set of transfers that run at the same time
+(sharing links max-min fairly, :mod:`simulator.network.flows`) followed by a fixed latency.
+The time of a collective is
+
+    launch_s + sum over steps of ( fluid completion of the step's transfers + step.latency_s )
+
+and the full-detail engine executes exactly these steps through
+:class:`~simulator.network.flows.FlowNetwork`, so both agree.
+
+Algorithms (``algorithm`` strings are ``"<algorithm>/<protocol>"``, e.g. ``"ring/Simple"``):
+
+* ``ring`` (all-reduce, all-gather, reduce-scatter): reduce-scatter then all-gather, 2(n-1)
+  steps of S/n per rank to the ring successor (n-1 steps for all-gather or reduce-scatter)
+  (Patarasuk & Yuan 2009; NCCL). Ranks are ordered node by node as NCCL builds its rings.
+  Across nodes NCCL runs one ring per NIC ("channel"), each carrying S/C; here each channel
+  enters a node on one rail and leaves it on another, alternating node by node ("snake") so
+  that every network hop stays on one rail, and every NIC carries one channel's traffic.
+* ``tree`` (all-reduce across nodes): NCCL's double binary tree (Sanders et al. 2009; NCCL 2.4):
+  in every node a chain to the channel's head GPU, across nodes two binary trees each reducing
+  and broadcasting half the data. It is pipelined, so it is one step holding every hop's
+  traffic, whose latency is the pipeline's depth.
+* ``hierarchical`` (all-reduce, on request): intra-node reduce-scatter ring, inter-node ring
+  all-reduce per rail on S/k, intra-node all-gather.
+* ``direct`` (all-to-all): every pair exchanges S/n at once. ``chain`` (broadcast): NCCL's
+  pipelined ring from the root, one step. ``p2p`` (send): one transfer.
+
+A step's ``latency_s`` is the route's link latency (a ring's mean edge, a pipeline's sum of
+hops), plus the protocol's per-step overhead, plus -- for steps that move data only over
+NVLink/PCIe, where NCCL's own SMs do the stores -- the kernel's extra local memory work
+(reading the receive buffer, reading the input for a reduction, writing the output) at
+``copy_GBps``; the bytes per primitive are counted from NCCL's ring primitives. Over the
+network the NIC's DMA overlaps that work, so it is not charged.
+
+Protocols (NCCL's LL and Simple) scale the bytes a step puts on the links by
+1/bandwidth_fraction and add per-step overheads (``fabrics.yaml``). Like NCCL's tuner,
+:meth:`CollectiveModel.algorithm` picks the algorithm and protocol with the lowest predicted
+time for one group. NVLS/SHARP, CollNet, PAT and LL128 are not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.errors import ConfigError
+from simulator.network.flows import fluid_completion
+from simulator.network.topology import Topology, load_fabrics
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send")
+ALGORITHMS = {
+    "all_reduce": ("ring", "tree", "hierarchical"),
+    "all_gather": ("ring",),
+    "reduce_scatter": ("ring",),
+    "all_to_all": ("direct",),
+    "broadcast": ("chain",),
+    "send": ("p2p",),
+}
+#: Algorithms the automatic choice considers (NCCL's defaults without NVLS/CollNet).
+AUTO = {**ALGORITHMS, "all_reduce": ("ring", "tree")}
+#: nccl-tests bus-bandwidth factors (nccl-tests doc/PERFORMANCE.md).
+BUSBW = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "send": lambda n: 1.0,
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """Transfers ``(src_gpu, dst_gpu, nbytes)`` started together, then ``latency_s``.
+
+    ``nbytes`` are bytes on the wire (the protocol's overhead included); ``latency_s`` is the
+    step's fixed time (link latency, protocol overhead, local copies).
+    """
+
+    transfers: tuple[tuple[int, int, float], ...]
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """Predicted time of one collective call (or of identical concurrent calls)."""
+
+    time_s: float
+    algorithm: str
+    n_steps: int
+    launch_s: float
+    link_bytes: Mapping[int, float]  # bytes per link id (all groups, all steps)
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """``repeat`` identical steps. Bytes are data bytes (before the protocol's factor)."""
+
+    transfers: tuple[tuple[int, int, float], ...]
+    repeat: int
+    path_s: float  # link latency per step (ring: mean edge; pipeline: sum of hops)
+    intra_hops: float  # protocol overheads per step, intra-node ...
+    net_hops: float  # ... and network
+    local_bytes: float  # extra local memory bytes of the slowest GPU per step (0: hidden)
+    family: str = "ring"  # which overhead table: ring | tree
+    bw_fraction: float = 1.0
+
+
+@dataclass(frozen=True)
+class _Proto:
+    name: str
+    fraction: float
+    ring: tuple[float, float]  # (intra, net) seconds per step
+    tree: tuple[float, float]
+
+
+class CollectiveModel:
+    """Cost of collectives on a topology (see the module docstring)."""
+
+    def __init__(self, topology: Topology):
+        self.topology = topology
+        fab = load_fabrics()["nccl"]
+        self.capacity = topology.effective_capacity()
+        self._launch = float(fab["launch_us"]) * 1e-6
+        self.copy_Bps = float(fab["copy_GBps"]) * 1e9
+        self.tree_fraction = float(fab["tree_bandwidth_fraction"])
+        self.protocols = tuple(
+            _Proto(
+                name,
+                float(p["bandwidth_fraction"]),
+                (p["ring_step_us"]["intra"] * 1e-6, p["ring_step_us"]["net"] * 1e-6),
+                (p["tree_hop_us"]["intra"] * 1e-6, p["tree_hop_us"]["net"] * 1e-6),
+            )
+            for name, p in fab["protocols"].items()
+        )
+        self._cost_cache: dict[tuple, CollectiveCost] = {}
+        self._steps_cache: dict[tuple, list[Step]] = {}
+        self._plan_cache: dict[tuple, tuple[str, _Proto, list[tuple[_Phase, float]]]] = {}
+        self._rings: dict[tuple[int, ...], list[list[int]]] = {}
+
+    # ------------------------------------------------------------------ public API
+
+    def algorithm(self, op: str, group: Sequence[int], nbytes: float) -> str:
+        """The ``"algorithm/protocol"`` NCCL would pick: the lowest predicted time."""
+        return self._plan(op, tuple(group), nbytes, None)[0]
+
+    def launch_s(self, op: str, group: Sequence[int]) -> float:
+        """Fixed cost of one collective call (host + kernel launch), 0 for a 1-GPU group."""
+        self._check(op, group)
+        return self._launch if len(group) > 1 else 0.0
+
+    def steps(
+        self, op: str, group: Sequence[int], nbytes: float, algorithm: str | None = None
+    ) -> list[Step]:
+        """The steps of one collective, transfers in bytes on the wire (protocol included).
+
+        Identical consecutive steps (a ring's) are one shared :class:`Step` object. Cached.
+        """
+        key = (op, tuple(group), float(nbytes), algorithm)
+        out = self._steps_cache.get(key)
+        if out is None:
+            _, proto, phases = self._plan(*key)
+            out = []
+            for ph, _ in phases:
+                w = self._wire(ph, proto)
+                st = Step(tuple((s, d, b * w) for s, d, b in ph.transfers), self._lat(ph, proto))
+                out.extend([st] * ph.repeat)
+            self._steps_cache[key] = out
+        return list(out)
+
+    def cost(
+        self,
+        op: str,
+        groups: Sequence[Sequence[int]],
+        nbytes: float,
+        algorithm: str | None = None,
+    ) -> CollectiveCost:
+        """Time of identical collectives running at once on ``groups`` (their transfers share
+        links); the time is the slowest group's. Cached."""
+        key = (op, tuple(tuple(g) for g in groups), float(nbytes), algorithm)
+        hit = self._cost_cache.get(key)
+        if hit is None:
+            hit = self._cost(*key)
+            self._cost_cache[key] = hit
+        return hit
+
+    def p2p_cost(self, pairs: Sequence[tuple[int, int]], nbytes: float) -> CollectiveCost:
+        """Concurrent sends of ``nbytes`` each, from ``src`` to ``dst`` of every pair."""
+        return self.cost("send", [tuple(p) for p in pairs], nbytes)
+
+    # ------------------------------------------------------------------ costing
+
+    def _cost(self, op, groups, nbytes, algorithm) -> CollectiveCost:
+        plans = [self._plan(op, g, nbytes, algorithm) for g in groups if len(g) > 1]
+        plans = [p for p in plans if p[2]]
+        if not plans:
+            return CollectiveCost(0.0, "none", 0, 0.0, {})
+        # Walk all groups' step sequences together; cut where any group changes phase.
+        seqs = [
+            [(ph, self._wire(ph, pr), self._lat(ph, pr), f) for ph, f in ps] for _, pr, ps in plans
+        ]
+        bounds = sorted({0} | {c for s in seqs for c in np.cumsum([p[0].repeat for p in s])})
+        total, n_steps = 0.0, bounds[-1]
+        link_bytes = np.zeros(self.topology.n_links)
+        memo: dict[tuple, tuple[float, np.ndarray]] = {}
+        for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+            active = tuple(_phase_at(s, a) for s in seqs)
+            ids = tuple(None if x is None else id(x[0]) for x in active)
+            if ids not in memo:
+                flows, lat = [], 0.0
+                live = [x for x in active if x is not None]
+                for ph, w, lt, _ in live:
+                    lat = max(lat, lt)
+                    flows += [(self.topology.route(s, d), nb * w) for s, d, nb in ph.transfers]
+                if len(live) == 1:  # one group alone: its fluid time is known from planning
+                    fmax = live[0][3] * live[0][1]
+                else:
+                    fmax = float(fluid_completion(flows, self.capacity).max()) if flows else 0.0
+                lens = [len(r) for r, _ in flows]
+                ln = np.fromiter((x for r, _ in flows for x in r), dtype=np.int64, count=sum(lens))
+                wt = np.repeat([nb for _, nb in flows], lens)
+                memo[ids] = (fmax + lat, np.bincount(ln, wt, self.topology.n_links))
+            dt, lb = memo[ids]
+            total += (b - a) * dt
+            link_bytes += (b - a) * lb
+        names = sorted({p[0] for p in plans})
+        nz = np.nonzero(link_bytes)[0]
+        return CollectiveCost(
+            time_s=self._launch + total,
+            algorithm=",".join(names),
+            n_steps=int(n_steps),
+            launch_s=self._launch,
+            link_bytes={int(i): float(link_bytes[i]) for i in nz},
+        )
+
+    def _wire(self, ph: _Phase, proto: _Proto) -> float:
+        return 1.0 / (proto.fraction * ph.bw_fraction)
+
+    def _lat(self, ph: _Phase, proto: _Proto) -> float:
+        intra, net = proto.tree if ph.family == "tree" else proto.ring
+        return (
+            ph.path_s + ph.intra_hops * intra + ph.net_hops * net + ph.local_bytes / self.copy_Bps
+        )
+
+    def _plan(self, op, group, nbytes, algorithm):
+        """(algorithm/protocol, protocol, [(phase, fluid time of its data bytes)])."""
+        key = (op, group, float(nbytes), algorithm)
+        hit = self._plan_cache.get(key)
+        if hit is not None:
+            return hit
+        self._check(op, group)
+        algs, protos = AUTO[op], self.protocols
+        if algorithm is not None:
+            name, _, pname = algorithm.partition("/")
+            if name not in ALGORITHMS[op]:
+                raise ConfigError(
+                    f"{op} has no algorithm {name!r} (accepted: {', '.join(ALGORITHMS[op])})",
+                    field="algorithm",
+                )
+            algs = (name,)
+            if pname:
+                protos = tuple(p for p in self.protocols if p.name == pname)
+                if not protos:
+                    raise ConfigError(
+                        f"unknown protocol {pname!r} (accepted: "
+                        f"{', '.join(p.name for p in self.protocols)})",
+                        field="algorithm",
+                    )
+        best = None
+        if len(group) < 2 or nbytes <= 0:
+            best = (f"{algs[0]}/{protos[0].name}", protos[0], [])
+        else:
+            for alg in algs:
+                phases = self._phases(alg, op, list(group), float(nbytes))
+                if phases is None:
+                    continue
+                timed = [(ph, self._fluid(ph)) for ph in phases]
+                for pr in protos:
+                    t = sum(
+                        ph.repeat * (f * self._wire(ph, pr) + self._lat(ph, pr)) for ph, f in timed
+                    )
+                    if best is None or t < best[0]:
+                        best = (t, f"{alg}/{pr.name}", pr, timed)
+            if best is None:
+                raise ConfigError(
+                    f"algorithm {algorithm!r} does not apply to this group", field="algorithm"
+                )
+            best = best[1:]
+        self._plan_cache[key] = best
+        return best
+
+    def _fluid(self, ph: _Phase) -> float:
+        flows = [(self.topology.route(s, d), b) for s, d, b in ph.transfers]
+        return float(fluid_completion(flows, self.capacity).max()) if flows else 0.0
+
+    def _check(self, op: str, group: Sequence[int]) -> None:
+        if op not in OPS:
+            raise ConfigError(f"unknown collective {op!r} (accepted: {', '.join(OPS)})", field="op")
+        if len(set(group)) != len(group):
+            raise ValueError(f"{op}: group lists a GPU twice: {list(group)}")
+        if op == "send" and len(group) != 2:
+            raise ValueError(f"send needs a (src, dst) pair, got {list(group)}")
+
+    # ------------------------------------------------------------------ algorithms
+
+    def _phases(self, alg: str, op: str, g: list[int], S: float) -> list[_Phase] | None:
+        """The phases of ``alg`` for ``op`` on group ``g``, or None when it does not apply."""
+        n = len(g)
+        if alg == "ring":
+            steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+            # local bytes per rank, counted from NCCL's ring primitives (prims_simple.h):
+            # all-reduce: send, (n-2) recvReduceSend, recvReduceCopySend, (n-2) recvCopySend,
+            # recv -> 2n chunks of S/n beyond the remote stores; all-gather: copySend,
+            # (n-2) recvCopySend, recv -> n+1; reduce-scatter: send, (n-2) recvReduceSend,
+            # recvReduceCopy -> n+1.
+            local = 2 * S if op == "all_reduce" else (n + 1) * S / n
+            return [self._ring_phase(self._ring(g), S, steps, local / steps)]
+        by_node = self._by_node(g)
+        k = len(by_node[0])
+        uniform = all(len(x) == k for x in by_node)
+        if alg == "tree":
+            return [self._tree_phase(by_node, S)] if len(by_node) > 1 and uniform else None
+        if alg == "hierarchical":
+            if len(by_node) < 2 or k < 2 or not uniform:
+                return None
+            intra = [self._ring(x) for x in by_node]
+            rails = [self._ring([x[i] for x in by_node]) for i in range(k)]
+            local = (k + 1) * S / k / (k - 1)
+            rs = _merge([self._ring_phase(r, S, k - 1, local) for r in intra])
+            ar = _merge([self._ring_phase(r, S / k, 2 * (len(by_node) - 1), 0.0) for r in rails])
+            return [rs, ar, rs]
+        topo = self.topology
+        if alg == "direct":  # all-to-all: every rank sends S/n to every other at once
+            tr = tuple((a, b, S / n) for a in g for b in g if a != b)
+            return [self._direct_phase(tr, (n - 1) * S / n)]
+        if alg == "chain":  # broadcast from g[0], pipelined along the ring channels
+            chans = self._ring(g)
+            tr, path, hops = [], 0.0, [0, 0]
+            for c, ring in enumerate(chans):
+                r0 = ring.index(g[0])
+                o = ring[r0:] + ring[:r0]
+                for a, b in zip(o[:-1], o[1:], strict=False):
+                    tr.append((a, b, S / len(chans)))
+                    if c == 0:
+                        path += topo.route_latency(a, b)
+                        hops[topo.crosses_network(a, b)] += 1
+            net = any(topo.crosses_network(a, b) for a, b, _ in tr)
+            return [_Phase(tuple(tr), 1, path, hops[0], hops[1], 0.0 if net else S)]
+        if alg == "p2p":
+            return [self._direct_phase(((g[0], g[1], S),), S)]
+        raise AssertionError(alg)
+
+    def _direct_phase(self, tr, local: float) -> _Phase:
+        topo = self.topology
+        net = any(topo.crosses_network(a, b) for a, b, _ in tr)
+        path = max(topo.route_latency(a, b) for a, b, _ in tr)
+        # received bytes pass once more through the receiver's SMs (FIFO -> output)
+        return _Phase(tr, 1, path, 0 if net else 1, 1 if net else 0, 0.0 if net else local)
+
+    def _ring_phase(self, chans: list[list[int]], S: float, steps: int, local: float) -> _Phase:
+        """``steps`` ring steps: every rank of every channel sends S/(n*C) to its successor.
+
+        A ring is a pipeline, so a step's latency is the mean edge latency of the ring (a chunk
+        crosses every edge once per lap), not the slowest edge's.
+        """
+        topo, C, n = self.topology, len(chans), len(chans[0])
+        tr = tuple((ring[i], ring[(i + 1) % n], S / (n * C)) for ring in chans for i in range(n))
+        ring = chans[0]
+        edges = list(zip(ring, ring[1:] + ring[:1], strict=True))
+        net_edges = sum(topo.crosses_network(a, b) for a, b in edges)
+        path = sum(topo.route_latency(a, b) for a, b in edges) / n
+        return _Phase(
+            tr, steps, path, (n - net_edges) / n, net_edges / n, 0.0 if net_edges else local
+        )
+
+    def _tree_phase(self, by_node: list[list[int]], S: float) -> _Phase:
+        """NCCL's double binary tree: per channel an intra-node chain to the head GPU and two
+        binary trees over the nodes, each carrying half of the channel's data, reduce and
+        broadcast pipelined together (one step)."""
+        topo, N, k = self.topology, len(by_node), len(by_node[0])
+        heads = [self._heads(x) for x in by_node]
+        C = min(len(h) for h in heads)
+        tr: list[tuple[int, int, float]] = []
+        intra_lat, net_lat = [], []
+        for c in range(C):
+            for x, h in zip(by_node, heads, strict=True):
+                hd = h[c]
+                i = x.index(hd)
+                chain = x[i + 1 :] + x[:i] + [hd]  # ... -> head
+                for a, b in zip(chain[:-1], chain[1:], strict=False):
+                    tr += [(a, b, S / C), (b, a, S / C)]
+                    if c == 0:
+                        intra_lat.append(topo.route_latency(a, b))
+            for parent in _double_binary_tree(N):
+                for child, par in enumerate(parent):
+                    if par >= 0:
+                        a, b = heads[child][c], heads[par][c]
+                        tr += [(a, b, S / (2 * C)), (b, a, S / (2 * C))]
+                        if c == 0:
+                            net_lat.append(topo.route_latency(a, b))
+        depth = _depth(_double_binary_tree(N)[0])
+        il = float(np.mean(intra_lat)) if intra_lat else 0.0
+        nl = float(np.mean(net_lat)) if net_lat else 0.0
+        path = 2 * ((k - 1) * il + depth * nl)
+        return _Phase(tuple(tr), 1, path, 2 * (k - 1), 2 * depth, 0.0, "tree", self.tree_fraction)
+
+    # ------------------------------------------------------------------ ring construction
+
+    def _by_node(self, g: Sequence[int]) -> list[list[int]]:
+        nodes: dict[int, list[int]] = {}
+        for x in sorted(g):
+            nodes.setdefault(self.topology.node_of(x), []).append(x)
+        return [nodes[n] for n in sorted(nodes)]
+
+    def _heads(self, gpus: list[int]) -> list[int]:
+        """One GPU per distinct NIC among ``gpus`` (the channels' entry points)."""
+        out: dict[int, int] = {}
+        if self.topology.nics_per_node:
+            for x in gpus:
+                out.setdefault(self.topology.nic_of(x), x)
+        return list(out.values()) or gpus[:1]
+
+    def _ring(self, g: Sequence[int]) -> list[list[int]]:
+        """The channels' rank orders: node by node; across nodes one channel per rail pair,
+        snaking so that each network hop leaves and enters on the same rail."""
+        key = tuple(g)
+        hit = self._rings.get(key)
+        if hit is not None:
+            return hit
+        by_node = self._by_node(g)
+        heads = [self._heads(x) for x in by_node]
+        C = min(len(h) for h in heads)
+        flat = [x for node in by_node for x in node]
+        n = len(flat)
+        if len(by_node) == 1 and self.topology.intra == "mesh":
+            # direct links only: one ring per stride coprime to n, so that several of each
+            # GPU's links carry traffic (NCCL likewise builds several rings on NVLink meshes)
+            chans = [
+                [flat[i * s % n] for i in range(n)] for s in range(1, n) if math.gcd(s, n) == 1
+            ]
+        elif len(by_node) == 1 or C < 2 or any(len(x) != len(by_node[0]) for x in by_node):
+            chans = [flat]
+        else:
+            chans = []
+            for c in range(C):
+                order = []
+                for pos, (x, h) in enumerate(zip(by_node, heads, strict=True)):
+                    a, b = h[c], h[(c + C // 2) % C]
+                    if pos % 2:
+                        a, b = b, a
+                    i = x.index(a)
+                    rest = [y for y in x[i + 1 :] + x[:i] if y != b]
+                    order += [a, *rest, b]
+                chans.append(order)
+        self._rings[key] = chans
+        return chans
+
+
+def _merge(phases: list[_Phase]) -> _Phase:
+    """Concurrent identical-length phases (e.g. one per node) as one phase."""
+    p0 = phases[0]
+    return _Phase(
+        tuple(t for p in phases for t in p.transfers),
+        p0.repeat,
+        max(p.path_s for p in phases),
+        max(p.intra_hops for p in phases),
+        max(p.net_hops for p in phases),
+        max(p.local_bytes for p in phases),
+    )
+
+
+def _phase_at(seq, step: int):
+    for item in seq:
+        if step < item[0].repeat:
+            return item
+        step -= item[0].repeat
+    return None
+
+
+def _binary_tree(n: int) -> list[int]:
+    """Parent of each position 0..n-1 in NCCL's in-order binary tree (root: -1).
+
+    With 1-based positions p and b = the lowest set bit of p, p's parent is p + b or p - b,
+    whichever is a multiple of 4b (the next level up); parents past n are skipped upwards.
+    The leaves are the odd p (even 0-based positions); the root is the largest power of 2
+    <= n (Sanders, Speck & Traeff 2009, as used by NCCL's double binary tree).
+    """
+    parent = [-1] * n
+    for p in range(1, n + 1):
+        q = p
+        while True:
+            b = q & -q
+            q = q - b if q & (2 * b) else q + b
+            if q > 2 * n:
+                q = -1
+                break
+            if q <= n:
+                break
+        parent[p - 1] = q - 1 if q > 0 else -1
+    return parent
+
+
+def _double_binary_tree(n: int) -> tuple[list[int], list[int]]:
+    """NCCL's two complementary trees over n nodes: the second mirrors the first (n even) or
+    shifts it by one position (n odd), so that a leaf of one tree is an inner node of the other.
+    """
+    t1 = _binary_tree(n)
+    t2 = [-1] * n
+    for pos, par in enumerate(t1):
+        if n % 2 == 0:
+            t2[n - 1 - pos] = -1 if par < 0 else n - 1 - par
+        else:
+            t2[(pos + 1) % n] = -1 if par < 0 else (par + 1) % n
+    return t1, t2
+
+
+def _depth(parent: list[int]) -> int:
+    best = 0
+    for i in range(len(parent)):
+        d, j = 0, i
+        while parent[j] >= 0:
+            j, d = parent[j], d + 1
+        best = max(best, d)
+    return max(best, 1)
+
+
+def collective_summary(topology: Topology, op: str, nbytes: float, gpus: int | None = None) -> dict:
+    """One collective on GPUs 0..gpus-1 (default all), with nccl-tests' figures.
+
+    ``send`` runs nccl-tests' sendrecv pattern: every GPU sends ``nbytes`` to the next one
+    (in a ring) at once. Returns ``time_s``, ``algbw_GBps`` (bytes / time), ``busbw_GBps``
+    (algbw x the nccl-tests factor), ``algorithm``, ``n_steps``, ``launch_s`` and ``gpus``.
+    """
+    n = int(gpus or topology.n_gpus)
+    model = CollectiveModel(topology)
+    group = list(range(n))
+    if op == "send":
+        c = model.p2p_cost([(g, group[(i + 1) % n]) for i, g in enumerate(group)], nbytes)
+    else:
+        c = model.cost(op, [group], nbytes)
+    algbw = nbytes / c.time_s / 1e9 if c.time_s > 0 else math.inf
+    return {
+        "time_s": float(c.time_s),
+        "algbw_GBps": float(algbw),
+        "busbw_GBps": float(algbw * BUSBW[op](n)),
+        "algorithm": c.algorithm,
+        "n_steps": c.n_steps,
+        "launch_s": float(c.launch_s),
+        "gpus": n,
+    }

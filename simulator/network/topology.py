@@ -1,0 +1,435 @@
+"""The cluster as a graph of links: GPUs, NVSwitches, NICs, leaf switches and the spine tier.
+
+Every physical link is two directed links (one per direction), each with an integer id, a
+capacity in bytes/s and a latency in seconds. The flow model (:mod:`simulator.network.flows`)
+and the collective model (:mod:`simulator.network.collectives`) work on link ids only; the
+networkx graph is the same information for inspection, plots and invariant tests.
+
+Modelling choices (documented here once):
+
+* **Inside a node.** ``nvswitch``: each GPU has one up link and one down link of its NVLink
+  bandwidth to a non-blocking switch (the third-generation NVSwitch is non-blocking, NVIDIA
+  DGX H100 user guide), so intra-node traffic is ``gpu -> nvsw -> gpu``. ``mesh``: direct
+  NVLink between every pair of GPUs of the node; the GPU's NVLink bandwidth is split evenly over
+  its ``gpus_per_node - 1`` peers. ``pcie``: every GPU hangs off one PCIe switch (link of
+  ``pcie_bandwidth_GBps``), which also serves the node's NICs.
+* **Between nodes.** ``gpu -> PCIe -> NIC -> leaf [-> spine -> leaf] -> NIC -> PCIe -> gpu``.
+  GPU ``g`` (local index) uses NIC ``g * nics_per_node // gpus_per_node``. Rail-optimised: NIC
+  ``i`` of every node in a group of ``nodes_per_leaf`` nodes goes to leaf ``i`` of that group
+  (NVIDIA DGX SuperPOD reference architecture); otherwise all NICs of a node go to the group's
+  single leaf. Traffic between different leaves, including different rails of the same group
+  (no PXN), crosses the spine tier.
+* **Spine tier at flow level.** ``fat_tree`` and ``leaf_spine`` are modelled alike: each leaf
+  has one aggregated up link and one aggregated down link to a single, non-blocking spine
+  node, of capacity ``(sum of the leaf's NIC link capacities) / oversubscription``. This is
+  ECMP as ideal load balancing over the leaf's uplinks (the standard flow-level abstraction of
+  a folded Clos, e.g. SimGrid's fat-tree model); hash collisions and a third switch tier are
+  not modelled.
+* **Latency.** An intra-node hop costs ``nvlink_latency_us`` (split over up and down link on
+  NVSwitch); each PCIe GPU<->NIC crossing costs ``nic_latency_us`` ("NIC + PCIe, each end");
+  each switch traversed costs ``switch_latency_us`` (1 for same-leaf traffic, 3 via the
+  spine).
+* **Faults.** A :class:`~simulator.config.schema.LinkFault` scales a GPU's NVLink port or a
+  NIC's cable to its leaf, both directions, by ``bandwidth_factor``. A factor of 0 removes the
+  link (capacity 0, dropped from :attr:`Topology.graph`). A GPU whose NIC failed sends and
+  receives through the next working NIC of its node, reached over NVLink via a GPU that owns
+  that NIC (what NCCL's PXN does) or, on a PCIe node, through the PCIe switch. A pair of GPUs
+  with no remaining path raises :class:`~simulator.errors.PlanError` naming them.
+* **Efficiency.** Link capacities here are line rates. :meth:`Topology.effective_capacity`
+  applies the per-link-kind efficiencies of ``fabrics.yaml`` (what a bulk transfer achieves),
+  shared by the collective model and the full-detail flow network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cache, cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import networkx as nx
+import numpy as np
+import yaml
+
+from simulator.config.schema import LinkFault, TopologyConfig
+from simulator.errors import ConfigError, PlanError
+
+if TYPE_CHECKING:  # the hardware catalog is only needed for the annotation
+    from simulator.hardware.catalog import GPUSpec
+
+FABRICS_FILE = Path(__file__).with_name("fabrics.yaml")
+
+#: Link kinds, in the order their ids are allocated.
+LINK_KINDS = ("nvlink", "pcie", "nic", "leaf_up", "leaf_down")
+
+
+@cache
+def load_fabrics(path: str | None = None) -> dict[str, Any]:
+    """The calibration constants of ``fabrics.yaml`` (per-link-kind efficiency, NCCL protocol
+    latencies, launch overhead), parsed once."""
+    p = Path(path) if path else FABRICS_FILE
+    with open(p) as f:
+        data = yaml.safe_load(f)
+    for key in ("links", "nccl"):
+        if key not in data:
+            raise ConfigError(f"missing section {key!r}", file=str(p), field=key)
+    return data
+
+
+class Topology:
+    """A cluster's links, routes and latencies.
+
+    Args:
+        cfg: the topology configuration.
+        gpu: the GPU spec (only ``name`` and ``nvlink_GBps`` are used; ``cfg`` may override
+            the NVLink bandwidth).
+        link_faults: degraded or failed links (``faults.links`` of the workload).
+
+    Attributes:
+        cfg, gpu, n_gpus, nodes, gpus_per_node, nics_per_node
+        n_links: number of directed links; ids are ``0 .. n_links-1``.
+        capacity: bytes/s per link id (line rate, after faults).
+        latency: seconds per link id.
+        link_names: ``"src->dst"`` per link id; link_kinds: kind per link id
+            (``nvlink``, ``pcie``, ``nic``, ``leaf_up``, ``leaf_down``).
+        n_leaves: number of leaf switches.
+    """
+
+    def __init__(self, cfg: TopologyConfig, gpu: GPUSpec, link_faults: Sequence[LinkFault] = ()):
+        self.cfg = cfg
+        self.gpu = gpu
+        self.nodes = int(cfg.nodes)
+        self.gpus_per_node = int(cfg.gpus_per_node)
+        self.n_gpus = self.nodes * self.gpus_per_node
+        self.nics_per_node = int(cfg.nics_per_node) if self.nodes > 1 else 0
+        if self.nodes > 1 and cfg.nics_per_node < 1:
+            raise ConfigError(
+                f"{self.nodes} nodes need at least one NIC per node, got 0",
+                field="topology.nics_per_node",
+            )
+        nvl = cfg.nvlink_bandwidth_GBps or getattr(gpu, "nvlink_GBps", None)
+        if cfg.intra_node != "pcie" and not nvl:
+            raise ConfigError(
+                f"GPU {getattr(gpu, 'name', gpu)!r} has no NVLink bandwidth; set "
+                "nvlink_bandwidth_GBps or intra_node: pcie",
+                field="topology.nvlink_bandwidth_GBps",
+            )
+        self.nvlink_Bps = float(nvl or 0.0) * 1e9
+        self.pcie_Bps = cfg.pcie_bandwidth_GBps * 1e9
+        self.nic_Bps = cfg.nic_bandwidth_Gbps * 1e9 / 8
+        self._build_links()
+        self._apply_faults(link_faults)
+        self._cap_list: list[float] = self.capacity.tolist()  # fast scalar access for routing
+        self._lat_list: list[float] = self.latency.tolist()
+        self._leaf_list: list[int] = self._leaf_of_nic.tolist() if self.nics_per_node else []
+        self._used_nics = sorted({self.nic_index(x) for x in range(self.gpus_per_node)})
+        self._nic_cache: dict[int, int] = {}
+        self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._route_lat: dict[tuple[int, int], float] = {}
+
+    # ------------------------------------------------------------------ construction
+
+    def _build_links(self) -> None:
+        cfg, k, N = self.cfg, self.gpus_per_node, self.nodes
+        G = self.n_gpus
+        names: list[str] = []
+        kinds: list[str] = []
+        caps: list[np.ndarray] = []
+        lats: list[np.ndarray] = []
+        hop = cfg.nvlink_latency_us * 1e-6
+
+        def add(src: list[str], dst: list[str], kind: str, cap, lat) -> int:
+            base = len(names)
+            names.extend(f"{s}->{d}" for s, d in zip(src, dst, strict=True))
+            kinds.extend([kind] * len(src))
+            caps.append(np.broadcast_to(np.asarray(cap, float), (len(src),)).copy())
+            lats.append(np.broadcast_to(np.asarray(lat, float), (len(src),)).copy())
+            return base
+
+        gname = [f"gpu{g}" for g in range(G)]
+        node_of = np.arange(G) // k
+        self.intra = cfg.intra_node
+        # intra-node fabric
+        if cfg.intra_node in ("nvswitch", "pcie"):
+            sw = [f"{'nvsw' if cfg.intra_node == 'nvswitch' else 'pcisw'}{n}" for n in node_of]
+            kind = "nvlink" if cfg.intra_node == "nvswitch" else "pcie"
+            bw = self.nvlink_Bps if kind == "nvlink" else self.pcie_Bps
+            self._up = add(gname, sw, kind, bw, hop / 2)
+            self._down = add(sw, gname, kind, bw, hop / 2)
+        else:  # mesh: k*(k-1) directed links per node
+            self._mesh = len(names)
+            src, dst = [], []
+            for n in range(N):
+                for i in range(k):
+                    for j in range(k):
+                        if i != j:
+                            src.append(gname[n * k + i])
+                            dst.append(gname[n * k + j])
+            add(src, dst, "nvlink", self.nvlink_Bps / max(k - 1, 1), hop)
+        # inter-node fabric
+        m = self.nics_per_node
+        self.n_leaves = 0
+        if m:
+            nic_lat = cfg.nic_latency_us * 1e-6
+            sw_lat = cfg.switch_latency_us * 1e-6
+            nics = [f"nic{n}.{i}" for n in range(N) for i in range(m)]
+            if cfg.intra_node == "pcie":  # NICs hang off the node's PCIe switch
+                psw = [f"pcisw{n}" for n in range(N) for _ in range(m)]
+                self._pcie_up = add(psw, nics, "pcie", self.pcie_Bps, nic_lat)
+                self._pcie_down = add(nics, psw, "pcie", self.pcie_Bps, nic_lat)
+            else:  # one PCIe link per GPU to its own NIC (DGX: GPU and NIC share a PCIe switch)
+                own = [nics[g // k * m + self.nic_index(g % k)] for g in range(G)]
+                self._pcie_up = add(gname, own, "pcie", self.pcie_Bps, nic_lat)
+                self._pcie_down = add(own, gname, "pcie", self.pcie_Bps, nic_lat)
+            groups = -(-N // cfg.nodes_per_leaf)
+            per_group = [min(cfg.nodes_per_leaf, N - q * cfg.nodes_per_leaf) for q in range(groups)]
+            if cfg.rail_optimized:
+                self.n_leaves = groups * m
+                leaf_of = [(n // cfg.nodes_per_leaf) * m + i for n in range(N) for i in range(m)]
+                down_sum = [per_group[q] * self.nic_Bps for q in range(groups) for _ in range(m)]
+            else:
+                self.n_leaves = groups
+                leaf_of = [n // cfg.nodes_per_leaf for n in range(N) for _ in range(m)]
+                down_sum = [per_group[q] * m * self.nic_Bps for q in range(groups)]
+            self._leaf_of_nic = np.asarray(leaf_of)
+            leaves = [f"leaf{x}" for x in leaf_of]
+            self._nic_up = add(nics, leaves, "nic", self.nic_Bps, sw_lat)
+            self._nic_down = add(leaves, nics, "nic", self.nic_Bps, 0.0)
+            lname = [f"leaf{x}" for x in range(self.n_leaves)]
+            up_cap = np.asarray(down_sum) / cfg.oversubscription
+            spine = ["spine"] * self.n_leaves
+            self._leaf_up = add(lname, spine, "leaf_up", up_cap, sw_lat)
+            self._leaf_down = add(spine, lname, "leaf_down", up_cap, sw_lat)
+        self.link_names = names
+        self.link_kinds = kinds
+        self._kind_id = np.array([LINK_KINDS.index(kd) for kd in kinds], dtype=np.int64)
+        self.n_links = len(names)
+        self.capacity = np.concatenate(caps) if caps else np.zeros(0)
+        self.latency = np.concatenate(lats) if lats else np.zeros(0)
+        self._nominal = self.capacity.copy()
+
+    def _apply_faults(self, faults: Sequence[LinkFault]) -> None:
+        m = self.nics_per_node
+        for idx, f in enumerate(faults):
+            where = f"faults.links.{idx}"
+            if f.kind == "nvlink":
+                if f.gpu is None or f.gpu >= self.n_gpus:
+                    raise ConfigError(
+                        f"gpu must be in 0..{self.n_gpus - 1}, got {f.gpu}", field=f"{where}.gpu"
+                    )
+                ids = self._gpu_port_links(f.gpu)
+            else:
+                if f.node is None or f.node >= self.nodes:
+                    raise ConfigError(
+                        f"node must be in 0..{self.nodes - 1}, got {f.node}", field=f"{where}.node"
+                    )
+                if f.nic is None or not 0 <= f.nic < max(m, 1) or not m:
+                    raise ConfigError(
+                        f"nic must be in 0..{m - 1}, got {f.nic}"
+                        if m
+                        else "this topology has no NICs (single node)",
+                        field=f"{where}.nic",
+                    )
+                j = f.node * m + f.nic
+                ids = [self._nic_up + j, self._nic_down + j]
+            for i in ids:
+                self.capacity[i] *= f.bandwidth_factor
+
+    def _gpu_port_links(self, g: int) -> list[int]:
+        """Ids of GPU ``g``'s intra-node links (both directions)."""
+        if self.intra == "mesh":
+            n, i = divmod(g, self.gpus_per_node)
+            out = []
+            for j in range(self.gpus_per_node):
+                if j != i:
+                    out += [self._mesh_link(n, i, j), self._mesh_link(n, j, i)]
+            return out
+        return [self._up + g, self._down + g]
+
+    # ------------------------------------------------------------------ structure
+
+    def node_of(self, gpu: int) -> int:
+        """Node index of a global GPU index."""
+        return gpu // self.gpus_per_node
+
+    def nic_index(self, local_gpu: int) -> int:
+        """The NIC (0-based, within the node) a GPU of that local index uses."""
+        return local_gpu * self.nics_per_node // self.gpus_per_node if self.nics_per_node else 0
+
+    def nic_of(self, gpu: int) -> int:
+        """The NIC (within its node) GPU ``gpu`` actually uses: its own, or after a NIC
+        failure the next working one. Raises PlanError when the node has none left."""
+        hit = self._nic_cache.get(gpu)
+        if hit is not None:
+            return hit
+        n, i = divmod(gpu, self.gpus_per_node)
+        m = self.nics_per_node
+        own = self.nic_index(i)
+        used = self._used_nics
+        start = used.index(own)
+        for d in range(len(used)):
+            j = used[(start + d) % len(used)]
+            if self._cap_list[self._nic_up + n * m + j] > 0:
+                self._nic_cache[gpu] = j
+                return j
+        raise PlanError(f"gpu {gpu}: every NIC of node {n} has failed; it cannot reach other nodes")
+
+    def leaf_of(self, node: int, nic: int) -> int:
+        """Leaf switch of NIC ``nic`` of node ``node``."""
+        return self._leaf_list[node * self.nics_per_node + nic]
+
+    def _mesh_link(self, n: int, i: int, j: int) -> int:
+        k = self.gpus_per_node
+        return self._mesh + n * k * (k - 1) + i * (k - 1) + (j if j < i else j - 1)
+
+    def _intra(self, a: int, b: int) -> tuple[int, ...]:
+        if self.intra == "mesh":
+            n, i = divmod(a, self.gpus_per_node)
+            return (self._mesh_link(n, i, b % self.gpus_per_node),)
+        return (self._up + a, self._down + b)
+
+    def _to_nic(self, g: int, j: int) -> tuple[int, ...]:
+        """Links from GPU g to NIC j of its node (its own NIC, or another via a peer GPU)."""
+        n, i = divmod(g, self.gpus_per_node)
+        if self.intra == "pcie":
+            return (self._up + g, self._pcie_up + n * self.nics_per_node + j)
+        if j == self.nic_index(i):
+            return (self._pcie_up + g,)
+        h = n * self.gpus_per_node + self._first_gpu_on(j)
+        return self._intra(g, h) + (self._pcie_up + h,)
+
+    def _from_nic(self, j: int, g: int) -> tuple[int, ...]:
+        n, i = divmod(g, self.gpus_per_node)
+        if self.intra == "pcie":
+            return (self._pcie_down + n * self.nics_per_node + j, self._down + g)
+        if j == self.nic_index(i):
+            return (self._pcie_down + g,)
+        h = n * self.gpus_per_node + self._first_gpu_on(j)
+        return (self._pcie_down + h,) + self._intra(h, g)
+
+    def _first_gpu_on(self, j: int) -> int:
+        k, m = self.gpus_per_node, self.nics_per_node
+        return -(-j * k // m)
+
+    # ------------------------------------------------------------------ routing
+
+    def route(self, src: int, dst: int) -> tuple[int, ...]:
+        """Link ids from GPU ``src`` to GPU ``dst`` (empty when equal); cached.
+
+        Raises PlanError (naming both GPUs) when failed links leave no path.
+        """
+        key = (src, dst)
+        r = self._routes.get(key)
+        if r is None:
+            r = self._compute_route(src, dst)
+            self._routes[key] = r
+        return r
+
+    def _compute_route(self, src: int, dst: int) -> tuple[int, ...]:
+        for g in (src, dst):
+            if not 0 <= g < self.n_gpus:
+                raise PlanError(f"gpu {g} does not exist (the topology has {self.n_gpus} GPUs)")
+        if src == dst:
+            return ()
+        na, nb = self.node_of(src), self.node_of(dst)
+        if na == nb:
+            r = self._intra(src, dst)
+        else:
+            try:
+                i, j = self.nic_of(src), self.nic_of(dst)
+            except PlanError as e:
+                raise PlanError(f"no path from gpu {src} to gpu {dst}: {e}") from None
+            m = self.nics_per_node
+            r = self._to_nic(src, i) + (self._nic_up + na * m + i,)
+            la, lb = self.leaf_of(na, i), self.leaf_of(nb, j)
+            if la != lb:
+                r += (self._leaf_up + la, self._leaf_down + lb)
+            r += (self._nic_down + nb * m + j,) + self._from_nic(j, dst)
+        dead = [self.link_names[x] for x in r if self._cap_list[x] <= 0]
+        if dead:
+            raise PlanError(
+                f"no path from gpu {src} to gpu {dst}: failed link(s) {', '.join(dead)}"
+            )
+        return r
+
+    def route_latency(self, src: int, dst: int) -> float:
+        """Sum of the link latencies along ``route(src, dst)``, seconds."""
+        key = (src, dst)
+        v = self._route_lat.get(key)
+        if v is None:
+            lat = self._lat_list
+            v = sum(lat[i] for i in self.route(src, dst))
+            self._route_lat[key] = v
+        return v
+
+    def crosses_network(self, src: int, dst: int) -> bool:
+        """Whether traffic from src to dst leaves the node (goes through a NIC)."""
+        return self.node_of(src) != self.node_of(dst)
+
+    # ------------------------------------------------------------------ efficiency
+
+    def effective_capacity(
+        self, efficiency: float | Mapping[str, float] | np.ndarray | None = None
+    ) -> np.ndarray:
+        """Capacity a bulk transfer achieves per link: line rate x efficiency.
+
+        ``efficiency``: None (the per-kind figures of ``fabrics.yaml``), one number for every
+        link, a mapping link kind -> factor (missing kinds: 1), or an array per link id.
+        """
+        if efficiency is None:
+            links = load_fabrics()["links"]
+            efficiency = {kind: float(v["efficiency"]) for kind, v in links.items()}
+        if isinstance(efficiency, Mapping):
+            per_kind = np.array([efficiency.get(kd, 1.0) for kd in LINK_KINDS])
+            return self.capacity * per_kind[self._kind_id]
+        eff = np.asarray(efficiency, dtype=float)
+        if eff.ndim and eff.shape != self.capacity.shape:
+            raise ValueError(f"efficiency array has shape {eff.shape}, need ({self.n_links},)")
+        return self.capacity * eff
+
+    # ------------------------------------------------------------------ graph
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """The links as a networkx DiGraph (built on first use).
+
+        Nodes carry ``kind`` (``gpu``, ``nvswitch``, ``pcie_switch``, ``nic``, ``leaf``,
+        ``spine``); edges carry ``link`` (id), ``bandwidth_Bps``, ``latency_s`` and ``kind``.
+        Failed links (capacity 0) are left out.
+        """
+        g = nx.DiGraph()
+        prefixes = (
+            ("gpu", "gpu"),
+            ("nvsw", "nvswitch"),
+            ("pcisw", "pcie_switch"),
+            ("nic", "nic"),
+            ("leaf", "leaf"),
+            ("spine", "spine"),
+        )
+        seen: set[str] = set()
+        for name in self.link_names:
+            seen.update(name.split("->"))
+        for name in sorted(seen):
+            kind = next(kd for p, kd in prefixes if name.startswith(p))
+            g.add_node(name, kind=kind)
+        g.add_edges_from(
+            (
+                *name.split("->"),
+                {
+                    "link": i,
+                    "bandwidth_Bps": float(self.capacity[i]),
+                    "latency_s": float(self.latency[i]),
+                    "kind": self.link_kinds[i],
+                },
+            )
+            for i, name in enumerate(self.link_names)
+            if self.capacity[i] > 0
+        )
+        return g
+
+    def __repr__(self) -> str:
+        return (
+            f"Topology({self.cfg.name!r}: {self.nodes} nodes x {self.gpus_per_node} GPUs, "
+            f"{self.intra}, {self.nics_per_node} NICs/node, {self.n_leaves} leaves, "
+            f"{self.n_links} links)"
+        )
