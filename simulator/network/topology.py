@@ -124,6 +124,8 @@ class Topology:
         self._leaf_list: list[int] = self._leaf_of_nic.tolist() if self.nics_per_node else []
         self._used_nics = sorted({self.nic_index(x) for x in range(self.gpus_per_node)})
         self._nic_cache: dict[int, int] = {}
+        self._eg: dict[int, tuple[tuple[int, ...], int]] = {}
+        self._ig: dict[int, tuple[tuple[int, ...], int]] = {}
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
         self._route_lat: dict[tuple[int, int], float] = {}
 
@@ -326,31 +328,51 @@ class Topology:
         return r
 
     def _compute_route(self, src: int, dst: int) -> tuple[int, ...]:
-        for g in (src, dst):
-            if not 0 <= g < self.n_gpus:
-                raise PlanError(f"gpu {g} does not exist (the topology has {self.n_gpus} GPUs)")
+        G, k = self.n_gpus, self.gpus_per_node
+        if not (0 <= src < G and 0 <= dst < G):
+            bad = src if not 0 <= src < G else dst
+            raise PlanError(f"gpu {bad} does not exist (the topology has {G} GPUs)")
         if src == dst:
             return ()
-        na, nb = self.node_of(src), self.node_of(dst)
-        if na == nb:
+        if src // k == dst // k:
             r = self._intra(src, dst)
         else:
             try:
-                i, j = self.nic_of(src), self.nic_of(dst)
+                up, la = self._egress(src)
+                down, lb = self._ingress(dst)
             except PlanError as e:
                 raise PlanError(f"no path from gpu {src} to gpu {dst}: {e}") from None
-            m = self.nics_per_node
-            r = self._to_nic(src, i) + (self._nic_up + na * m + i,)
-            la, lb = self.leaf_of(na, i), self.leaf_of(nb, j)
             if la != lb:
-                r += (self._leaf_up + la, self._leaf_down + lb)
-            r += (self._nic_down + nb * m + j,) + self._from_nic(j, dst)
-        dead = [self.link_names[x] for x in r if self._cap_list[x] <= 0]
+                r = up + (self._leaf_up + la, self._leaf_down + lb) + down
+            else:
+                r = up + down
+        cap = self._cap_list
+        dead = [self.link_names[x] for x in r if cap[x] <= 0]
         if dead:
             raise PlanError(
                 f"no path from gpu {src} to gpu {dst}: failed link(s) {', '.join(dead)}"
             )
         return r
+
+    def _egress(self, g: int) -> tuple[tuple[int, ...], int]:
+        """Links from GPU g up to and including its NIC's cable to the leaf, and that leaf."""
+        hit = self._eg.get(g)
+        if hit is None:
+            n, m = g // self.gpus_per_node, self.nics_per_node
+            j = self.nic_of(g)
+            hit = (self._to_nic(g, j) + (self._nic_up + n * m + j,), self._leaf_list[n * m + j])
+            self._eg[g] = hit
+        return hit
+
+    def _ingress(self, g: int) -> tuple[tuple[int, ...], int]:
+        """Links from the leaf down to GPU g, and that leaf."""
+        hit = self._ig.get(g)
+        if hit is None:
+            n, m = g // self.gpus_per_node, self.nics_per_node
+            j = self.nic_of(g)
+            hit = ((self._nic_down + n * m + j,) + self._from_nic(j, g), self._leaf_list[n * m + j])
+            self._ig[g] = hit
+        return hit
 
     def route_latency(self, src: int, dst: int) -> float:
         """Sum of the link latencies along ``route(src, dst)``, seconds."""
