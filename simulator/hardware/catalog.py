@@ -1,0 +1,409 @@
+"""GPU hardware catalog: one immutable description per GPU model.
+
+Every figure lives in ``data/gpus.yaml`` next to its source (datasheet, whitepaper or a measured
+file under ``data/<GPU>/``); this module only loads, overrides and validates them. The same
+description serves every workload: the kernel-time model in :mod:`simulator.hardware.compute`
+reads its calibrated parameters (``gemm``, ``attention``) from here and nothing else.
+
+Units are in the field names and are decimal for rates (``hbm_TBps``: 1e12 B/s,
+``nvlink_GBps``: 1e9 B/s) and binary for capacity (``hbm_GiB``: 2**30 B), as the vendors and
+``nvidia-smi`` print them.
+
+A GPU is named three ways (:func:`load_gpu`):
+
+* a catalog name: ``"H100-SXM-80GB"``;
+* a base plus overrides: ``{"base": "H100-SXM-80GB", "hbm_GiB": 94, "gemm": {"eta": 0.7}}``
+  (mappings such as ``peak_tflops``, ``sources``, ``gemm`` merge key by key);
+* a full inline mapping with every required field (``gemm``/``attention`` default to the
+  catalog's generic parameters, ``sm_count`` to 132).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from simulator.errors import ConfigError
+
+DATA_DIR = Path(__file__).parent / "data"
+CATALOG_FILE = DATA_DIR / "gpus.yaml"
+
+DTYPES = ("bf16", "fp16", "fp8", "tf32")
+
+
+@dataclass(frozen=True)
+class GemmParams:
+    """Calibrated parameters of the GEMM kernel-time model (see compute.py for the formula).
+
+    eta: fraction of the dtype's dense peak that a full tile's main loop sustains.
+    t0_s: fixed time of one GEMM kernel (ramp-up, first loads, last stores).
+    write_exposed: fraction of the output write to HBM not hidden behind the main loop.
+    overlap_p: exponent of the soft maximum that joins compute time and operand-read time.
+    tile_ai0: tile arithmetic intensity (FLOP per byte of bf16 operands loaded from L2) under
+        which a tile's main loop is limited by L2->SM bandwidth; a tile Tm x Tn has
+        intensity Tm*Tn/(Tm+Tn).
+    streamk_overhead: relative cost of spreading a partial last wave over all SMs (stream-K
+        with fix-up of partial sums) instead of running it as a whole wave.
+    tiles: output tile shapes (Tm, Tn) the GEMM library chooses among.
+    """
+
+    eta: float
+    t0_s: float
+    write_exposed: float
+    overlap_p: float
+    tile_ai0: float
+    streamk_overhead: float
+    tiles: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class AttentionPassParams:
+    """Calibrated parameters of one flash-attention pass (forward or backward).
+
+    eta: fraction of the dtype's dense peak reached at head_dim 128 with long sequences.
+    t0_s: fixed time of the pass (its kernels' ramp-up; the backward has several kernels).
+    block: rows of one thread-block tile (queries for the forward, keys for the backward).
+    block_overhead: per-tile fixed work, in units of keys (loading Q, writing O, dQ atomics).
+    head_dim_overhead: non-matmul work per score (softmax, rescaling) in head-dim units.
+    tail: fraction of the longest tile's time left exposed after the last full wave.
+    """
+
+    eta: float
+    t0_s: float
+    block: int
+    block_overhead: float
+    head_dim_overhead: float
+    tail: float
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    """Forward and backward flash-attention parameters."""
+
+    fwd: AttentionPassParams
+    bwd: AttentionPassParams
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU model. Immutable; build variants with :func:`load_gpu` overrides."""
+
+    name: str
+    peak_tflops: Mapping[str, float]  # dense, no sparsity: bf16, fp16, fp8, tf32
+    hbm_GiB: float  # usable capacity as the driver reports it
+    hbm_TBps: float  # datasheet HBM bandwidth
+    hbm_efficiency: float  # achievable fraction of hbm_TBps for streaming kernels
+    nvlink_GBps: float  # per GPU per direction
+    power_W: float  # TDP
+    price_per_gpu_hour: float  # USD, typical on-demand
+    kernel_launch_s: float  # per-kernel launch/gap overhead on the GPU stream
+    sources: Mapping[str, str]  # field -> citation
+    sm_count: int = 132
+    gemm: GemmParams | None = None
+    attention: AttentionParams | None = None
+    calibration: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak of ``dtype`` in FLOP/s (datasheet, no sparsity)."""
+        try:
+            return self.peak_tflops[dtype] * 1e12
+        except KeyError:
+            known = ", ".join(self.peak_tflops)
+            raise ConfigError(
+                f"{self.name} has no {dtype!r} tensor-core peak (it has: {known})",
+                field="peak_tflops",
+            ) from None
+
+    @property
+    def hbm_bytes(self) -> float:
+        """Usable HBM capacity in bytes."""
+        return self.hbm_GiB * 2**30
+
+    @property
+    def hbm_Bps(self) -> float:
+        """Achievable streaming HBM bandwidth in bytes/s (datasheet x hbm_efficiency)."""
+        return self.hbm_TBps * 1e12 * self.hbm_efficiency
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.name,
+                tuple(sorted(self.peak_tflops.items())),
+                self.hbm_GiB,
+                self.hbm_TBps,
+                self.hbm_efficiency,
+                self.nvlink_GBps,
+                self.kernel_launch_s,
+                self.sm_count,
+                self.gemm,
+                self.attention,
+            )
+        )
+
+
+_REQUIRED = (
+    "peak_tflops",
+    "hbm_GiB",
+    "hbm_TBps",
+    "hbm_efficiency",
+    "nvlink_GBps",
+    "power_W",
+    "price_per_gpu_hour",
+    "kernel_launch_s",
+)
+_FIELDS = tuple(f.name for f in fields(GPUSpec))
+_MERGED = ("peak_tflops", "sources", "gemm", "attention")  # overrides merge key by key
+
+
+# --------------------------------------------------------------------------------------------
+# Catalog file
+
+
+@functools.lru_cache(maxsize=1)
+def _catalog_raw() -> dict[str, Any]:
+    with open(CATALOG_FILE) as fh:
+        return yaml.safe_load(fh)
+
+
+@functools.cache
+def _catalog_spec(name: str) -> GPUSpec:
+    raw = _catalog_raw()
+    entry = dict(raw["gpus"][name])
+    return _build(name, entry, file=str(CATALOG_FILE), field=f"gpus.{name}")
+
+
+def gpu_names() -> list[str]:
+    """Names of the catalog's GPUs, in file order."""
+    return list(_catalog_raw()["gpus"])
+
+
+def default_kernel_params() -> dict[str, Any]:
+    """The generic ``gemm``/``attention`` parameters used where a GPU gives none (a copy)."""
+    return _deep_copy(_catalog_raw()["defaults"])
+
+
+def load_gpu(spec: str | Mapping, *, file: str | None = None, field: str = "gpu") -> GPUSpec:
+    """Resolve a GPU description.
+
+    ``spec`` is a catalog name, a mapping ``{base: <name>, <field>: value, ...}`` that overrides
+    fields of a catalog entry, or a full inline mapping. ``file`` and ``field`` only label
+    errors: an unknown name raises :class:`ConfigError` with a did-you-mean and the list of
+    names; an unknown key raises one naming ``f"{field}.{key}"``.
+    """
+    if isinstance(spec, GPUSpec):
+        return spec
+    if isinstance(spec, str):
+        return _catalog_spec(_check_name(spec, file=file, field=field))
+    if not isinstance(spec, Mapping):
+        raise ConfigError(
+            f"expected a GPU name or a mapping, got {type(spec).__name__} {spec!r} "
+            f"(catalog: {', '.join(gpu_names())})",
+            file=file,
+            field=field,
+        )
+    spec = dict(spec)
+    base_name = spec.pop("base", None)
+    if base_name is None:
+        name = spec.pop("name", "custom-gpu")
+        return _build(str(name), spec, file=file, field=field)
+    base_name = _check_name(base_name, file=file, field=f"{field}.base")
+    merged = _deep_copy(_catalog_raw()["gpus"][base_name])
+    for key, value in spec.items():
+        if key in _MERGED and isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    name = str(merged.pop("name", base_name))
+    return _build(name, merged, file=file, field=field)
+
+
+def with_overrides(gpu: GPUSpec, **changes: Any) -> GPUSpec:
+    """A copy of ``gpu`` with some fields replaced (no validation; for programmatic what-ifs)."""
+    return replace(gpu, **changes)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+
+
+def _check_name(name: Any, *, file: str | None, field: str) -> str:
+    names = gpu_names()
+    if isinstance(name, str) and name in names:
+        return name
+    hint = _closest(str(name), names)
+    did = f"; did you mean {hint!r}?" if hint else ""
+    raise ConfigError(
+        f"unknown GPU {name!r}{did} (catalog: {', '.join(names)})", file=file, field=field
+    )
+
+
+def _closest(name: str, names: list[str]) -> str | None:
+    """Case-insensitive: an exact match, then a prefix ('H100' -> 'H100-SXM-80GB'), then a
+    substring, then difflib's closest at ratio >= 0.6."""
+    low = {n.lower(): n for n in names}
+    key = name.lower()
+    for test in (
+        lambda n: n == key,
+        lambda n: n.startswith(key) or key.startswith(n),
+        lambda n: key in n or n in key,
+    ):
+        found = [low[n] for n in low if test(n)]
+        if found:
+            return found[0]
+    close = difflib.get_close_matches(key, list(low), n=1, cutoff=0.6)
+    return low[close[0]] if close else None
+
+
+def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) -> GPUSpec:
+    for key in entry:
+        if key not in _FIELDS or key == "name":
+            close = difflib.get_close_matches(key, _FIELDS, n=1)
+            did = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"unknown GPU field {key!r}{did} (fields: {', '.join(_FIELDS[1:])})",
+                file=file,
+                field=f"{field}.{key}",
+            )
+    missing = [k for k in _REQUIRED if k not in entry]
+    if missing:
+        raise ConfigError(
+            f"GPU {name!r} lacks {', '.join(missing)} (give a catalog name, a 'base', or every "
+            f"field: {', '.join(_REQUIRED)})",
+            file=file,
+            field=field,
+        )
+    peaks = entry["peak_tflops"]
+    if not isinstance(peaks, Mapping) or "bf16" not in peaks:
+        raise ConfigError(
+            f"peak_tflops must map dtypes ({', '.join(DTYPES)}) to TFLOP/s, bf16 included",
+            file=file,
+            field=f"{field}.peak_tflops",
+        )
+    for dt, v in peaks.items():
+        if dt not in DTYPES:
+            raise ConfigError(
+                f"unknown dtype {dt!r} (accepted: {', '.join(DTYPES)})",
+                file=file,
+                field=f"{field}.peak_tflops.{dt}",
+            )
+        _positive(v, file=file, field=f"{field}.peak_tflops.{dt}")
+    values: dict[str, Any] = {"name": name}
+    values["peak_tflops"] = MappingProxyType({k: float(v) for k, v in peaks.items()})
+    for key in _REQUIRED[1:]:
+        values[key] = _positive(entry[key], file=file, field=f"{field}.{key}")
+    if values["hbm_efficiency"] > 1:
+        raise ConfigError(
+            f"hbm_efficiency must be in (0, 1], got {values['hbm_efficiency']}",
+            file=file,
+            field=f"{field}.hbm_efficiency",
+        )
+    sources = entry.get("sources", {})
+    if not isinstance(sources, Mapping):
+        raise ConfigError("sources must map field -> citation", file=file, field=f"{field}.sources")
+    values["sources"] = MappingProxyType({str(k): str(v) for k, v in sources.items()})
+    sm = entry.get("sm_count", 132)
+    if not isinstance(sm, int) or isinstance(sm, bool) or sm <= 0:
+        raise ConfigError(
+            f"sm_count must be a positive integer, got {sm!r}", file=file, field=f"{field}.sm_count"
+        )
+    values["sm_count"] = sm
+    defaults = _catalog_raw()["defaults"]
+    gemm = _merge(defaults["gemm"], entry.get("gemm") or {})
+    attn = _merge(defaults["attention"], entry.get("attention") or {})
+    values["gemm"] = _gemm_params(gemm, file=file, field=f"{field}.gemm")
+    values["attention"] = AttentionParams(
+        fwd=_attn_params(attn.get("fwd", {}), file=file, field=f"{field}.attention.fwd"),
+        bwd=_attn_params(attn.get("bwd", {}), file=file, field=f"{field}.attention.bwd"),
+    )
+    for key in attn:
+        if key not in ("fwd", "bwd"):
+            raise ConfigError(
+                f"unknown attention pass {key!r} (accepted: fwd, bwd)",
+                file=file,
+                field=f"{field}.attention.{key}",
+            )
+    values["calibration"] = tuple(MappingProxyType(dict(c)) for c in entry.get("calibration", ()))
+    return GPUSpec(**values)
+
+
+def _gemm_params(raw: Mapping[str, Any], *, file: str | None, field: str) -> GemmParams:
+    names = [f.name for f in fields(GemmParams)]
+    _no_unknown(raw, names, file=file, field=field)
+    tiles = raw.get("tiles")
+    if not tiles or not all(
+        isinstance(t, (list, tuple))
+        and len(t) == 2
+        and all(isinstance(x, int) and x > 0 for x in t)
+        for t in tiles
+    ):
+        raise ConfigError(
+            "tiles must be a non-empty list of [rows, cols] positive integers",
+            file=file,
+            field=f"{field}.tiles",
+        )
+    kw = {
+        n: _positive(raw.get(n), file=file, field=f"{field}.{n}", zero_ok=True)
+        for n in names
+        if n != "tiles"
+    }
+    if kw["overlap_p"] < 1:
+        raise ConfigError("overlap_p must be >= 1", file=file, field=f"{field}.overlap_p")
+    return GemmParams(tiles=tuple((int(a), int(b)) for a, b in tiles), **kw)
+
+
+def _attn_params(raw: Mapping[str, Any], *, file: str | None, field: str) -> AttentionPassParams:
+    names = [f.name for f in fields(AttentionPassParams)]
+    _no_unknown(raw, names, file=file, field=field)
+    kw = {n: _positive(raw.get(n), file=file, field=f"{field}.{n}", zero_ok=True) for n in names}
+    kw["block"] = int(kw["block"])
+    if kw["block"] <= 0:
+        raise ConfigError("block must be a positive integer", file=file, field=f"{field}.block")
+    return AttentionPassParams(**kw)
+
+
+def _no_unknown(raw: Mapping[str, Any], names: list[str], *, file: str | None, field: str) -> None:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"expected a mapping of {', '.join(names)}", file=file, field=field)
+    for key in raw:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            did = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"unknown key {key!r}{did} (accepted: {', '.join(names)})",
+                file=file,
+                field=f"{field}.{key}",
+            )
+
+
+def _positive(value: Any, *, file: str | None, field: str, zero_ok: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not zero_ok):
+        want = "a non-negative number" if zero_ok else "a positive number"
+        raise ConfigError(f"expected {want}, got {value!r}", file=file, field=field)
+    return float(value)
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = _deep_copy(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _deep_copy(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {k: _deep_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_deep_copy(v) for v in obj]
+    return obj
