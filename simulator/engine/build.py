@@ -211,9 +211,10 @@ def build_plan(
 
     # ---- communication: folded costs, or full-detail executors
     net = FlowNetwork(env, machine.topology) if detail == "full" else None
-    cost_cache: dict[tuple, float] = {}
+    cost_cache: dict[tuple, object] = {}
 
-    def comm_time(spec: CommSpec, p: Proc) -> float:
+    def comm_cost(spec: CommSpec, p: Proc):
+        """The CollectiveCost of a folded collective or send (memoised)."""
         if spec.stream == "pp":
             dst = procs[spec.key[2]]
             key = ("pp", p.pid, dst.pid, spec.nbytes)
@@ -223,13 +224,16 @@ def build_plan(
                     for d in p.replicas
                     for r in range(tp)
                 ]
-                cost_cache[key] = coll.p2p_cost(pairs, spec.nbytes).time_s
+                cost_cache[key] = coll.p2p_cost(pairs, spec.nbytes)
             return cost_cache[key]
         key = (spec.op, p.stage, spec.nbytes)
         if key not in cost_cache:
             groups = tuple(layout.dp_group(r, p.stage) for r in range(tp))
-            cost_cache[key] = coll.cost(spec.op, groups, spec.nbytes).time_s
+            cost_cache[key] = coll.cost(spec.op, groups, spec.nbytes)
         return cost_cache[key]
+
+    def comm_time(spec: CommSpec, p: Proc) -> float:
+        return comm_cost(spec, p).time_s
 
     def comm_exec(spec: CommSpec, p: Proc):
         if spec.stream == "pp":
@@ -272,6 +276,7 @@ def build_plan(
         participants=participants,
         peer=peer,
         comm_time=None if detail == "full" else comm_time,
+        comm_cost=None if detail == "full" else comm_cost,
         comm_exec=comm_exec if detail == "full" else None,
         detail=detail,
     )
@@ -299,15 +304,7 @@ def folded_link_bytes(engine, layout: Layout, coll: CollectiveModel, n_links: in
                 for link, b in coll.cost(part.op, groups, part.nbytes).link_bytes.items():
                     out[link] += runs * b
     for p, spec in engine.comm_log:
-        if spec.stream == "pp":
-            dst = procs[spec.key[2]]
-            pairs = [(layout.rank(r, d, p.stage), layout.rank(r, d, dst.stage))
-                     for d in p.replicas for r in range(layout.tp)]
-            cost = coll.p2p_cost(pairs, spec.nbytes)
-        else:
-            groups = tuple(layout.dp_group(r, p.stage) for r in range(layout.tp))
-            cost = coll.cost(spec.op, groups, spec.nbytes)
-        for link, b in cost.link_bytes.items():
+        for link, b in engine.plan.comm_cost(spec, p).link_bytes.items():
             out[link] += b
     return out
 

@@ -104,6 +104,7 @@ class StepPlan:
     comm_time: Callable[[CommSpec, Proc], float] | None  # folded: cost of a collective
     comm_exec: Callable[[CommSpec, Proc], object] | None  # full: generator running the steps
     detail: str = "folded"
+    comm_cost: Callable[[CommSpec, Proc], object] | None = None  # folded: the CollectiveCost
     gather_keep_fraction: float = 0.0  # of a gathered ZeRO-3 layer not already held locally
 
 

@@ -35,6 +35,13 @@ def _incidence(flow_links: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndar
     return links, np.repeat(np.arange(n), lens), lens
 
 
+def _compress(links: np.ndarray, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Renumber the links the flows use as 0..k-1 (work then scales with the flows, not with
+    the whole fabric): (local link ids, their capacities)."""
+    used, local = np.unique(links, return_inverse=True)
+    return local.astype(np.int64), np.asarray(capacity, dtype=float)[used]
+
+
 def _fill(
     links: np.ndarray, fidx: np.ndarray, active: np.ndarray, capacity: np.ndarray
 ) -> np.ndarray:
@@ -70,7 +77,8 @@ def maxmin_rates(flow_links: Sequence[Sequence[int]], capacity: np.ndarray) -> n
     Flows that cross no link get rate ``inf``; flows through a link of capacity 0 get 0.
     """
     links, fidx, lens = _incidence(flow_links)
-    rate = _fill(links, fidx, lens > 0, np.asarray(capacity, dtype=float))
+    links, cap = _compress(links, capacity)
+    rate = _fill(links, fidx, lens > 0, cap)
     rate[lens == 0] = np.inf
     return rate
 
@@ -85,8 +93,8 @@ def fluid_completion(
     """
     if not flows:
         return np.zeros(0)
-    cap = np.asarray(capacity, dtype=float)
     links, fidx, lens = _incidence([f[0] for f in flows])
+    links, cap = _compress(links, capacity)
     left = np.array([float(f[1]) for f in flows])
     done = np.zeros(len(flows))
     alive = (lens > 0) & (left > 0)
