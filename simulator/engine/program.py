@@ -75,7 +75,8 @@ def _op_time(cm: ComputeModel, op: Op, dtype: str) -> float:
         )
     else:
         t = cm.memory_s(op.bytes)
-    return max(t, cm.gpu.kernel_launch_s)
+    # kernel_launch_s: the measured gap between back-to-back kernels on one stream.
+    return t + cm.gpu.kernel_launch_s
 
 
 def _compute(cm: ComputeModel, op: Op, dtype: str) -> Part:
