@@ -144,14 +144,18 @@ def _memory_table(mem_rows, procs) -> pd.DataFrame:
 
 def _links_table(engine: Engine, machine: Machine, net, layout, step: float) -> pd.DataFrame:
     topo = machine.topology
-    if net is not None:
+    if not topo.n_links:
+        nbytes = busy = np.zeros(0)
+    elif engine.plan.detail == "full":
         nbytes = np.asarray(net.link_bytes, dtype=float)
         busy = np.asarray(net.link_busy_s, dtype=float)
-    elif topo.n_links:
-        nbytes = folded_link_bytes(engine, layout, machine.collectives, topo.n_links)
-        busy = nbytes / np.maximum(topo.capacity, 1e-30)
     else:
-        nbytes = busy = np.zeros(0)
+        # Statically priced traffic (TP, pipeline sends) counts as busy at the link's rate.
+        static = folded_link_bytes(engine, layout, machine.collectives, topo.n_links)
+        nbytes = static + (net.link_bytes if net is not None else 0.0)
+        busy = static / np.maximum(topo.capacity, 1e-30) + (
+            net.link_busy_s if net is not None else 0.0
+        )
     rows = []
     for i in np.nonzero(nbytes)[0]:
         rows.append(

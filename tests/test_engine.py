@@ -15,6 +15,7 @@ import pytest
 
 from simulator.config.load import load_workload
 from simulator.engine.build import Machine
+from simulator.network.collectives import Step
 from simulator.run import simulate
 from tests.conftest import SMALL_MODEL, small_topology, write_case
 
@@ -62,12 +63,22 @@ class StubCollectives:
     def p2p_cost(self, pairs, nbytes):
         return _Cost(self.alpha + nbytes / self.bw)
 
+    def launch_s(self, op, group):
+        return 0.0
+
+    def bundles(self, op, groups, nbytes):
+        # No flows: the whole cost is a fixed delay.
+        return [Step((), self.alpha + nbytes / self.bw)]
+
 
 class _Topo:
     n_links = 0
     link_names: list = []
     link_kinds: list = []
     capacity = np.zeros(0)
+
+    def effective_capacity(self, efficiency=None):
+        return np.zeros(0)
 
 
 def stub_machine(**kw) -> Machine:

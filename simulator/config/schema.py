@@ -94,6 +94,12 @@ class TrainingConfig(Frozen):
     )
     grad_bucket_MB: PositiveFloat = 25.0
     optimizer: Literal["adam"] = "adam"
+    kernels: Literal["fused", "eager"] = Field(
+        "fused",
+        description="fused: Megatron-LM / Transformer Engine kernels (fused norms, RoPE, "
+        "activations, bf16 residual stream); eager: plain PyTorch modules in eager mode (norm "
+        "math in fp32, unfused RoPE and activations, fp32 residual stream)",
+    )
     flash_attention: bool = Field(
         True, description="fused flash attention (False: Megatron's older unfused softmax path)"
     )

@@ -210,7 +210,12 @@ def build_plan(
     act_head = mem.head_activation_bytes(m, **kw)
 
     # ---- communication: folded costs, or full-detail executors
-    net = FlowNetwork(env, machine.topology) if detail == "full" else None
+    # Folded mode runs data-parallel / ZeRO collectives (every concurrent group's flows, steps
+    # merged into bundles) through the same dynamic network, so that collectives overlapping
+    # each other -- ZeRO-3 gathers beside gradient reduce-scatters, buckets of different
+    # stages -- share links as they do in full detail. Pipeline sends and TP collectives are
+    # priced in isolation (their own concurrent groups only).
+    net = FlowNetwork(env, machine.topology)
     cost_cache: dict[tuple, object] = {}
 
     def comm_cost(spec: CommSpec, p: Proc):
@@ -234,6 +239,17 @@ def build_plan(
 
     def comm_time(spec: CommSpec, p: Proc) -> float:
         return comm_cost(spec, p).time_s
+
+    def comm_exec_folded(spec: CommSpec, p: Proc):
+        if spec.stream == "pp":
+            yield env.timeout(comm_time(spec, p))
+            return
+        groups = tuple(layout.dp_group(r, p.stage) for r in range(tp))
+        yield env.timeout(coll.launch_s(spec.op, groups[0]))
+        for st in coll.bundles(spec.op, groups, spec.nbytes):
+            yield net.transfer(st.transfers)
+            if st.latency_s:
+                yield env.timeout(st.latency_s)
 
     def comm_exec(spec: CommSpec, p: Proc):
         if spec.stream == "pp":
@@ -277,7 +293,7 @@ def build_plan(
         peer=peer,
         comm_time=None if detail == "full" else comm_time,
         comm_cost=None if detail == "full" else comm_cost,
-        comm_exec=comm_exec if detail == "full" else None,
+        comm_exec=comm_exec if detail == "full" else comm_exec_folded,
         detail=detail,
     )
     return plan, layout, net
@@ -304,6 +320,8 @@ def folded_link_bytes(engine, layout: Layout, coll: CollectiveModel, n_links: in
                 for link, b in coll.cost(part.op, groups, part.nbytes).link_bytes.items():
                     out[link] += runs * b
     for p, spec in engine.comm_log:
+        if spec.stream != "pp":
+            continue  # data-parallel collectives ran in the flow network, which counted them
         for link, b in engine.plan.comm_cost(spec, p).link_bytes.items():
             out[link] += b
     return out

@@ -139,6 +139,7 @@ class CollectiveModel:
         )
         self._cost_cache: dict[tuple, CollectiveCost] = {}
         self._steps_cache: dict[tuple, list[Step]] = {}
+        self._bundle_cache: dict[tuple, list[Step]] = {}
         self._plan_cache: dict[tuple, tuple[str, _Proto, list[tuple[_Phase, float]]]] = {}
         self._rings: dict[tuple[int, ...], list[list[int]]] = {}
 
@@ -187,6 +188,44 @@ class CollectiveModel:
             hit = self._cost(*key)
             self._cost_cache[key] = hit
         return hit
+
+    def bundles(
+        self,
+        op: str,
+        groups: Sequence[Sequence[int]],
+        nbytes: float,
+        algorithm: str | None = None,
+    ) -> list[Step]:
+        """The collectives on ``groups`` as few flow sets as possible, for a dynamic network.
+
+        Consecutive identical steps (a ring's 2(n-1)) merge into one :class:`Step` whose flows
+        carry all their bytes and whose latency is the steps' sum: in a fluid network flows
+        that start together finish in time proportional to their bytes, so run alone the
+        bundles take exactly ``cost(op, groups, nbytes).time_s - launch_s``. Run beside other
+        traffic they share links with it. Cached.
+        """
+        key = (op, tuple(tuple(g) for g in groups), float(nbytes), algorithm)
+        hit = self._bundle_cache.get(key)
+        if hit is not None:
+            return hit
+        plans = [self._plan(op, tuple(g), nbytes, algorithm) for g in key[1] if len(g) > 1]
+        plans = [p for p in plans if p[2]]
+        out: list[Step] = []
+        if plans:
+            seqs = [
+                [(ph, self._wire(ph, pr), self._lat(ph, pr), f) for ph, f in ps]
+                for _, pr, ps in plans
+            ]
+            bounds = sorted({0} | {c for s in seqs for c in np.cumsum([p[0].repeat for p in s])})
+            for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+                live = [x for x in (_phase_at(s, a) for s in seqs) if x is not None]
+                k = b - a
+                transfers = tuple(
+                    (src, dst, nb * w * k) for ph, w, _, _ in live for src, dst, nb in ph.transfers
+                )
+                out.append(Step(transfers, k * max(lt for _, _, lt, _ in live)))
+        self._bundle_cache[key] = out
+        return out
 
     def p2p_cost(self, pairs: Sequence[tuple[int, int]], nbytes: float) -> CollectiveCost:
         """Concurrent sends of ``nbytes`` each, from ``src`` to ``dst`` of every pair."""

@@ -119,11 +119,25 @@ def fluid_completion(
 
 
 class _Batch:
-    __slots__ = ("event", "pending")
+    """The flows of one :meth:`FlowNetwork.transfer` call, as flat numpy arrays."""
 
-    def __init__(self, event: simpy.Event, pending: int):
+    __slots__ = ("event", "links", "lens", "left", "size", "rate")
+
+    def __init__(self, event: simpy.Event, routes: list[tuple[int, ...]], sizes: list[float]):
         self.event = event
-        self.pending = pending
+        self.lens = np.fromiter((len(r) for r in routes), dtype=np.int64, count=len(routes))
+        self.links = np.fromiter(
+            chain.from_iterable(routes), dtype=np.int64, count=int(self.lens.sum())
+        )
+        self.size = np.asarray(sizes, dtype=float)
+        self.left = self.size.copy()
+        self.rate = np.zeros(len(sizes))
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Drop the flows where ``mask`` is False."""
+        self.links = self.links[np.repeat(mask, self.lens)]
+        self.lens, self.left, self.size = self.lens[mask], self.left[mask], self.size[mask]
+        self.rate = self.rate[mask]
 
 
 class FlowNetwork:
@@ -140,6 +154,10 @@ class FlowNetwork:
     Attributes:
         link_bytes: bytes carried per link id so far.
         link_busy_s: seconds each link carried at least one flow.
+
+    Each start or finish re-solves the rates of every active flow (progressive filling over
+    the links they use); flows are kept as numpy arrays per transfer batch, so a batch of
+    thousands of flows (a folded collective's concurrent groups) costs a few array operations.
     """
 
     def __init__(
@@ -153,66 +171,68 @@ class FlowNetwork:
         self.capacity = topology.effective_capacity(efficiency)
         self.link_bytes = np.zeros(topology.n_links)
         self.link_busy_s = np.zeros(topology.n_links)
-        self._routes: list[tuple[int, ...]] = []
-        self._left: list[float] = []
-        self._size: list[float] = []
-        self._batch: list[_Batch] = []
-        self._rate = np.zeros(0)
-        self._load = np.zeros(topology.n_links)
+        self._batches: list[_Batch] = []
+        self._used = np.zeros(0, dtype=np.int64)  # global ids of the links in use
+        self._load = np.zeros(0)  # bytes/s on each of them
         self._t = env.now
         self._version = 0
 
     @property
     def active(self) -> int:
         """Number of flows in progress."""
-        return len(self._routes)
+        return int(sum(len(b.left) for b in self._batches))
 
     def transfer(self, transfers: Sequence[tuple[int, int, float]]) -> simpy.Event:
         """Start ``(src_gpu, dst_gpu, nbytes)`` transfers now; the event fires when all of
         them have completed (bandwidth part only: latency is the caller's)."""
         ev = self.env.event()
-        self._advance()
-        batch = _Batch(ev, 0)
+        routes, sizes = [], []
+        route = self.topology.route
         for src, dst, nbytes in transfers:
-            route = self.topology.route(src, dst)
-            if nbytes <= 0 or not route:
-                continue
-            self._routes.append(route)
-            self._left.append(float(nbytes))
-            self._size.append(float(nbytes))
-            self._batch.append(batch)
-            batch.pending += 1
-        if batch.pending == 0:
+            r = route(src, dst)
+            if nbytes > 0 and r:
+                routes.append(r)
+                sizes.append(float(nbytes))
+        if not routes:
             ev.succeed()
-        else:
-            self._reshare()
+            return ev
+        self._advance()
+        self._batches.append(_Batch(ev, routes, sizes))
+        self._reshare()
         return ev
 
     def _advance(self) -> None:
         """Move every flow forward to ``env.now`` at its current rate; account link usage."""
         dt = self.env.now - self._t
         self._t = self.env.now
-        if dt <= 0 or not self._routes:
+        if dt <= 0 or not self._batches:
             return
-        for i in range(len(self._left)):
-            self._left[i] -= self._rate[i] * dt
-        self.link_bytes += self._load * dt
-        self.link_busy_s[self._load > 0] += dt
+        for b in self._batches:
+            b.left -= b.rate * dt
+        self.link_bytes[self._used] += self._load * dt
+        self.link_busy_s[self._used[self._load > 0]] += dt
 
     def _reshare(self) -> None:
         """Recompute the max-min rates and schedule the next completion."""
         self._version += 1
-        if not self._routes:
-            self._rate = np.zeros(0)
-            self._load[:] = 0.0
+        if not self._batches:
+            self._used, self._load = np.zeros(0, dtype=np.int64), np.zeros(0)
             return
-        links, fidx, lens = _incidence(self._routes)
-        self._rate = _fill(links, fidx, lens > 0, self.capacity)
-        self._load = np.bincount(links, weights=self._rate[fidx], minlength=len(self.capacity))
-        left = np.asarray(self._left)
-        with np.errstate(divide="ignore"):
-            ttf = np.where(self._rate > 0, left / np.where(self._rate > 0, self._rate, 1), np.inf)
-        dt = float(ttf.min())
+        links = np.concatenate([b.links for b in self._batches])
+        lens = np.concatenate([b.lens for b in self._batches])
+        fidx = np.repeat(np.arange(len(lens)), lens)
+        used, local = np.unique(links, return_inverse=True)
+        rate = _fill(local, fidx, lens > 0, self.capacity[used])
+        self._used = used
+        self._load = np.bincount(local, weights=rate[fidx], minlength=len(used))
+        dt = np.inf
+        i = 0
+        for b in self._batches:
+            b.rate = rate[i : i + len(b.left)]
+            i += len(b.left)
+            pos = b.rate > 0
+            if pos.any():
+                dt = min(dt, float((b.left[pos] / b.rate[pos]).min()))
         if not np.isfinite(dt):
             return  # every remaining flow is stuck behind a failed link
         version = self._version
@@ -223,20 +243,17 @@ class FlowNetwork:
         if version != self._version:
             return
         self._advance()
-        keep = []
-        finished: list[_Batch] = []
-        for i, left in enumerate(self._left):
-            tol = _REL * self._size[i] + self._rate[i] * 1e-15
-            if left <= tol:
-                finished.append(self._batch[i])
-            else:
-                keep.append(i)
-        self._routes = [self._routes[i] for i in keep]
-        self._left = [self._left[i] for i in keep]
-        self._size = [self._size[i] for i in keep]
-        self._batch = [self._batch[i] for i in keep]
+        finished: list[simpy.Event] = []
+        keep: list[_Batch] = []
+        for b in self._batches:
+            alive = b.left > _REL * b.size + b.rate * 1e-15
+            if not alive.any():
+                finished.append(b.event)
+                continue
+            if not alive.all():
+                b.keep(alive)
+            keep.append(b)
+        self._batches = keep
         self._reshare()
-        for b in finished:
-            b.pending -= 1
-            if b.pending == 0:
-                b.event.succeed()
+        for ev in finished:
+            ev.succeed()

@@ -1,0 +1,51 @@
+"""Folded and full-detail simulations agree (step time and breakdown within 1%).
+
+Folded mode simulates one process per distinct behaviour and prices collectives on the real
+groups' links; full detail simulates every GPU and every algorithm step as flows in the
+max-min fair network. On symmetric layouts both must tell the same story.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.config.load import load_workload
+from simulator.run import simulate
+from tests.conftest import write_case
+
+MODEL = {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "kv_heads": 16,
+         "vocab": 32000, "seq_len": 1024, "activation": "gelu"}
+LLAMA = {"layers": 4, "hidden": 1024, "ffn_hidden": 2816, "heads": 16, "kv_heads": 4,
+         "vocab": 32000, "seq_len": 1024, "activation": "swiglu"}
+
+CASES = [
+    # (name, nodes, gpus/node, model, parallelism, training)
+    ("tp8", 1, 8, MODEL, {"tp": 8, "pp": 1, "dp": 1}, {"global_batch": 4}),
+    ("tp4-sp-pp2-dp2", 2, 8, LLAMA,
+     {"tp": 4, "pp": 2, "dp": 2, "sequence_parallel": True, "zero": 1}, {"global_batch": 8}),
+    ("dp16-zero3", 2, 8, MODEL, {"tp": 1, "pp": 1, "dp": 16, "zero": 3}, {"global_batch": 32}),
+    ("tp2-pp2-dp16-interleaved", 8, 8, LLAMA,
+     {"tp": 2, "pp": 2, "dp": 16, "pp_schedule": "interleaved", "virtual_stages": 2},
+     {"global_batch": 64}),
+    ("tp8-pp2-dp16-zero1", 32, 8, MODEL,
+     {"tp": 8, "pp": 2, "dp": 16, "zero": 1, "sequence_parallel": True}, {"global_batch": 64}),
+]
+
+
+@pytest.mark.parametrize("name,nodes,gpn,model,par,train", CASES, ids=[c[0] for c in CASES])
+def test_full_and_folded_agree(tmp_path, name, nodes, gpn, model, par, train):
+    topo = {"name": "t", "gpu": "H100-SXM-80GB", "nodes": nodes, "gpus_per_node": gpn,
+            "nics_per_node": gpn, "nodes_per_leaf": 4}
+    work = {"name": name, "model": model, "training": {"micro_batch": 1, **train},
+            "parallelism": par}
+    loaded = load_workload(write_case(tmp_path, work, topo))
+    folded = simulate(loaded, detail="folded").summary
+    full = simulate(loaded, detail="full").summary
+    assert full["simulated_processes"] == nodes * gpn
+    assert folded["simulated_processes"] < full["simulated_processes"]
+    assert folded["step_time_s"] == pytest.approx(full["step_time_s"], rel=0.01)
+    step = full["step_time_s"]
+    for key, value in full["breakdown_s"].items():
+        # Each component within 1% of the step time.
+        assert folded["breakdown_s"][key] == pytest.approx(value, abs=0.01 * step), key
+    assert folded["memory_gib"]["total"] == pytest.approx(full["memory_gib"]["total"], rel=1e-6)
