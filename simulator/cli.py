@@ -12,7 +12,14 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from simulator.commands import collective_cmd, run_cmd, validate_cmd
+from simulator.commands import (
+    collective_cmd,
+    compare_cmd,
+    plan_cmd,
+    run_cmd,
+    sweep_cmd,
+    validate_cmd,
+)
 from simulator.errors import ConfigError, SimulatorError
 
 
@@ -32,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = [run_cmd, collective_cmd, validate_cmd]
+COMMANDS = [run_cmd, compare_cmd, sweep_cmd, plan_cmd, collective_cmd, validate_cmd]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,186 @@
+"""``simulator plan WORKLOAD.yaml --gpus N``: search the parallel layouts for N GPUs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from simulator.config.load import load_workload
+from simulator.cost import with_training_cost
+from simulator.engine.records import BREAKDOWN_KEYS
+from simulator.errors import ConfigError
+from simulator.plan import Planned, PlanResult, plan
+from simulator.report import io, table
+from simulator.report.table import BREAKDOWN_LABELS, format_count, format_seconds
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="search tp/pp/dp, micro-batch, ZeRO, recompute and schedule for N GPUs",
+        description="Enumerate the layouts of a workload on N GPUs, drop those that break "
+        "divisibility or do not fit in memory, rank the rest with a fast analytic estimate, "
+        "simulate the best in full and print the top K by tokens/s.",
+    )
+    p.add_argument("workload", help="workload YAML (workloads/*.yaml)")
+    p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    p.add_argument(
+        "--simulate",
+        type=int,
+        default=None,
+        metavar="M",
+        help="layouts simulated in full after the estimate (default 2 * --top)",
+    )
+    p.add_argument("--topology", help="topology YAML replacing the workload's cluster.topology")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an input key by dotted path (repeatable)",
+    )
+    p.add_argument("--workers", type=int, default=None, help="parallel simulations")
+    p.add_argument("--out", help="output folder (default results/<workload name>)")
+    p.add_argument("--no-files", action="store_true", help="write no result files")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=main)
+
+
+def _row(p: Planned) -> dict:
+    s, c = p.summary, p.candidate
+    return {
+        "layout": c.label(),
+        "reference": p.is_reference,
+        **{f"layout.{k}": v for k, v in vars(c).items()},
+        "tokens_per_s": s.get("tokens_per_s"),
+        "step_time_s": s.get("step_time_s"),
+        "mfu": s.get("mfu"),
+        "memory_gib.total": (s.get("memory_gib") or {}).get("total"),
+        "memory_gib.capacity": (s.get("memory_gib") or {}).get("capacity"),
+        "fits": s.get("fits"),
+        **{f"breakdown_s.{k}": (s.get("breakdown_s") or {}).get(k) for k in BREAKDOWN_KEYS},
+        "estimated_tokens_per_s": p.estimate.tokens_per_s if p.estimate else None,
+        "estimated_memory_gib": p.estimate.memory_gib if p.estimate else None,
+        "error": s.get("error", ""),
+    }
+
+
+def to_json(result: PlanResult) -> dict:
+    def entry(p: Planned) -> dict:
+        return {
+            "layout": p.candidate.label(),
+            "overrides": p.candidate.overrides(),
+            "reference": p.is_reference,
+            "estimate": None
+            if p.estimate is None
+            else {
+                "tokens_per_s": p.estimate.tokens_per_s,
+                "step_time_s": p.estimate.step_time_s,
+                "memory_gib": p.estimate.memory_gib,
+            },
+            "summary": p.summary,
+        }
+
+    return {
+        "name": result.name,
+        "n_gpus": result.n_gpus,
+        "top": [entry(p) for p in result.top],
+        "reference": entry(result.reference) if result.reference else None,
+        "counts": result.counts,
+        "wall_s": result.wall_s,
+        "timings": result.timings,
+    }
+
+
+def plan_table(result: PlanResult) -> Group:
+    """The top layouts: throughput, memory and breakdown, with the reference's change."""
+    ref = result.reference
+    ref_tps = ref.summary.get("tokens_per_s") if ref and ref.summary.get("fits") else None
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for col, just in (
+        ("#", "right"), ("layout", "left"), ("tokens/s", "right"), ("step", "right"),
+        ("MFU", "right"), ("memory GiB", "right"),
+    ):  # fmt: skip
+        t.add_column(col, justify=just)
+    shown = [
+        k
+        for k in BREAKDOWN_KEYS
+        if any((p.summary.get("breakdown_s") or {}).get(k, 0) > 0 for p in result.top)
+    ]
+    for k in shown:
+        t.add_column(BREAKDOWN_LABELS[k], justify="right")
+    rows = list(enumerate(result.top, 1))
+    if ref is not None and all(p is not ref for p in result.top):
+        rows.append(("yours", ref))
+    for rank, p in rows:
+        s = p.summary
+        if "error" in s:
+            t.add_row(str(rank), p.candidate.label(), Text(s["error"], style="red"))
+            continue
+        tps = Text(format_count(s["tokens_per_s"]))
+        if ref_tps and p is not ref:
+            change = s["tokens_per_s"] / ref_tps - 1
+            tps.append(f" ({change:+.1%})", style="green" if change >= 0 else "red")
+        mem = s["memory_gib"]
+        mem_text = Text(f"{mem['total']:.1f} / {mem['capacity']:.0f}")
+        if not s.get("fits"):
+            mem_text.append(" NO FIT", style="bold red")
+        label = p.candidate.label() + ("  ← yours" if p.is_reference else "")
+        t.add_row(
+            str(rank),
+            label,
+            tps,
+            format_seconds(s["step_time_s"]),
+            f"{s['mfu']:.1%}",
+            mem_text,
+            *[format_seconds(s["breakdown_s"].get(k, 0.0)) for k in shown],
+        )
+    c = result.counts
+    head = Text(
+        f"{result.name} on {result.n_gpus:,} GPUs: {c['enumerated']:,} layouts, "
+        f"{c['invalid']:,} break divisibility, {c['does_not_fit']:,} do not fit, "
+        f"{c['estimated']:,} estimated, {c['simulated']} simulated in full "
+        f"({result.wall_s:.1f} s)",
+        style="bold",
+    )
+    parts = [head, t]
+    if result.top:
+        parts.append(Text("best: " + result.top[0].candidate.set_args(), style="dim"))
+    else:
+        parts.append(Text("no layout fits in GPU memory", style="bold red"))
+    return Group(*parts)
+
+
+def main(args) -> int:
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"must be >= 1, got {args.workers}", file="--workers")
+    if args.simulate is not None and args.simulate < 0:
+        raise ConfigError(f"must be >= 0, got {args.simulate}", file="--simulate")
+    loaded = load_workload(args.workload, args.overrides, topology=args.topology)
+    result = plan(loaded, args.gpus, top=args.top, n_simulate=args.simulate, workers=args.workers)
+    for p in result.simulated:
+        if "error" not in p.summary:
+            p.summary = with_training_cost(p.summary, loaded)
+    out = Path(args.out) if args.out else Path("results") / result.name
+    written = []
+    if not args.no_files:
+        df = pd.DataFrame([_row(p) for p in result.simulated])
+        df = df.sort_values(["fits", "tokens_per_s"], ascending=[False, False], kind="stable")
+        path = out / "plan.csv"
+        io.write_atomic(path, df.to_csv(index=False, lineterminator="\n"))
+        written.append(path)
+    if args.json:
+        sys.stdout.write(io.dumps_json(to_json(result), indent=None))
+        return 0
+    table.print_renderable(plan_table(result))
+    if written:
+        print(f"wrote {', '.join(str(p) for p in written)}")
+    return 0

@@ -1,0 +1,133 @@
+"""``simulator sweep SWEEP.yaml``: run a grid / list of variations of a workload in parallel."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from simulator.report import io, plots, table
+from simulator.sweep import OK, SweepOutcome, run_sweep
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="run variations of a workload (grid and/or points) in parallel",
+        description="Run every point of a sweep file, in parallel, appending each finished "
+        "point to results/<name>/sweep.parquet; a rerun skips the points already there.",
+    )
+    p.add_argument("sweep", help="sweep YAML (sweeps/*.yaml)")
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local: a process pool on this machine (default); ray: tasks on a Ray cluster",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="parallel simulations (default: the number of CPU cores)",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray",
+    )
+    p.add_argument("--out", help="output folder (default results/<sweep name>)")
+    p.add_argument("--fresh", action="store_true", help="ignore points already recorded")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run at most N new points, then stop (a rerun continues)",
+    )
+    p.add_argument("--json", action="store_true", help="print the table as JSON records")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=main)
+
+
+def _progress(enabled: bool) -> Progress:
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn("[bold]sweep"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("[green]{task.fields[ok]} ok[/] · [red]{task.fields[failed]} failed[/]"),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def main(args) -> int:
+    if args.workers is not None and args.workers < 1:
+        from simulator.errors import ConfigError
+
+        raise ConfigError(f"must be >= 1, got {args.workers}", file="--workers")
+    show = not args.no_progress and not args.json
+    with _progress(show) as progress:
+        task = progress.add_task("sweep", total=None, ok=0, failed=0)
+        counts = {"ok": 0, "failed": 0}
+
+        def on_start(n_todo: int, n_done: int) -> None:
+            progress.update(task, total=n_todo, completed=0)
+
+        def on_row(index: int, row: dict) -> None:
+            counts["ok" if row.get("status") == OK else "failed"] += 1
+            progress.update(task, advance=1, **counts)
+
+        outcome = run_sweep(
+            args.sweep,
+            engine=args.engine,
+            workers=args.workers,
+            address=args.address,
+            out=args.out,
+            fresh=args.fresh,
+            limit=args.limit,
+            on_start=on_start,
+            on_row=on_row,
+        )
+    written = write_plots(outcome)
+    if args.json:
+        sys.stdout.write(io.dumps_json(outcome.table, indent=None))
+        return 0
+    table.print_renderable(table.sweep_table(outcome.table, outcome.keys, outcome.metric))
+    n_done = len(outcome.table)
+    bad = int((outcome.table["status"] != OK).sum()) if n_done else 0
+    print(
+        f"{n_done}/{outcome.n_points} points done ({outcome.n_run} run now, "
+        f"{outcome.n_skipped} from before, {bad} infeasible or failed) in "
+        f"{outcome.wall_s:.1f} s; wrote {outcome.path}"
+        + (", " + ", ".join(str(p) for p in written) if written else "")
+    )
+    return 0
+
+
+def write_plots(outcome: SweepOutcome) -> list[Path]:
+    """``sweep.png``: the metric against the swept keys (nothing when no row has them all)."""
+    df = outcome.table
+    keys = [k for k in outcome.keys if k in df.columns]
+    if not keys or df.empty:
+        return []
+    df = df.dropna(subset=keys)
+    if df.empty:
+        return []
+    path = outcome.out / "sweep.png"
+    plots.plot_sweep(df, keys, outcome.metric, path, title=outcome.name)
+    outcome.written.append(path)
+    return [path]
