@@ -16,6 +16,7 @@ import pandas as pd
 
 from simulator.config.checks import Resolved, resolve
 from simulator.config.load import LoadedWorkload
+from simulator.cost import COST_KEYS, training_cost
 from simulator.engine.build import Machine, build_plan, folded_link_bytes
 from simulator.engine.records import EVENT_COLUMNS, LINK_COLUMNS, MEMORY_COLUMNS
 from simulator.engine.sim import CountingEnvironment, Engine
@@ -126,10 +127,15 @@ def simulate(
         "critical_process": crit.label,
         "busiest_links": _busiest(links),
         "warnings": warnings,
-        "events": int(env.n_events),
-        "trace_rows": len(events),
-        "sim_wall_s": time.perf_counter() - t0,
     }
+    # Time, energy and money to train the whole run (when training.tokens is given).
+    cost = training_cost(summary, machine.gpu, t.tokens)
+    if cost:
+        summary["training"] = cost
+        summary.update({k: cost[k] for k in COST_KEYS})
+    summary["events"] = int(env.n_events)
+    summary["trace_rows"] = len(events)
+    summary["sim_wall_s"] = time.perf_counter() - t0
     return SimResult(summary, events, memory, links)
 
 
