@@ -24,6 +24,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rows-only", action="store_true", help="only the row-wise training shapes")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     dev = "cuda" if torch.cuda.is_available() and not a.quick else "cpu"
@@ -54,7 +55,7 @@ def main() -> None:
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "timing": "CUDA events around 20 back-to-back launches, median of 5 groups"}
     f.write(json.dumps(meta) + "\n")
-    sizes = [2**20] if a.quick else [2**22, 2**24, 2**26, 2**28]  # elements
+    sizes = [2**20] if a.quick else ([] if a.rows_only else [2**22, 2**24, 2**26, 2**28])
     for n in sizes:
         rows = 4096 if n >= 2**22 else 64
         for dt_name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
@@ -92,6 +93,38 @@ def main() -> None:
                 f.write(json.dumps(rec) + "\n")
                 f.flush()
             del x, y, x2, w
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+    # Row-wise kernels on training shapes: [tokens, width] for model widths and vocabularies.
+    T = 256 if a.quick else 8192
+    for width in ([64] if a.quick else [2048, 4096, 8192, 16384, 32000, 51200, 128256]):
+        for dt_name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+            eb = torch.tensor([], dtype=dt).element_size()
+            if T * width * eb > 6 * 2**30:
+                continue
+            x = torch.randn(T, width, device=dev, dtype=dt)
+            w = torch.randn(width, device=dev, dtype=dt)
+            tgt = torch.randint(0, width, (T,), device=dev)
+            n = T * width
+            cases = {
+                "row_softmax": (lambda: torch.softmax(x, -1), 2 * n * eb),
+                "row_layer_norm": (lambda: F.layer_norm(x, (width,), w), 2 * n * eb),
+                "row_rms_norm": (lambda: F.rms_norm(x, (width,), w), 2 * n * eb),
+                "row_mul_vec": (lambda: x * w, 2 * n * eb),
+                "row_add": (lambda: x + x, 3 * n * eb),
+                "cross_entropy": (lambda: F.cross_entropy(x, tgt), n * eb),
+            }
+            for name, (fn, nbytes) in cases.items():
+                try:
+                    t = timeit(fn)
+                    rec = {"op": name, "dtype": dt_name, "rows": T, "width": width,
+                           "bytes": nbytes, "time_s": t, "GBps": nbytes / t / 1e9}
+                except Exception as e:
+                    rec = {"op": name, "dtype": dt_name, "rows": T, "width": width,
+                           "error": repr(e)[:200]}
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+            del x, w, tgt
             if dev == "cuda":
                 torch.cuda.empty_cache()
     # A tiny kernel back to back: the per-kernel floor on the GPU stream.
