@@ -193,6 +193,14 @@ def failed_row(status: str, reason: str) -> dict[str, Any]:
     return {"status": status, "reason": reason}
 
 
+def error_reason(e: SimulatorError) -> str:
+    """An input error as a row's reason: ``field: what is wrong`` (the file is the sweep's
+    base workload or its topology, the same for every point, so it is left out)."""
+    if isinstance(e, ConfigError):
+        return f"{e.field}: {e.detail}" if e.field else e.detail
+    return str(e)
+
+
 def simulate_point(loaded: LoadedWorkload) -> dict[str, Any]:
     """Simulate one point and return its result row; never raises for bad input."""
     from simulator.run import simulate  # imported here: workers only need it when they run
@@ -201,7 +209,7 @@ def simulate_point(loaded: LoadedWorkload) -> dict[str, Any]:
         result = simulate(loaded)
         summary = with_training_cost(result.summary, loaded)
     except SimulatorError as e:
-        return failed_row(INVALID, str(e))
+        return failed_row(INVALID, error_reason(e))
     except Exception as e:  # an internal failure is recorded, not fatal to the sweep
         return failed_row(ERROR, f"{type(e).__name__}: {e}")
     return summary_row(summary)
@@ -212,7 +220,7 @@ def prepare(base: Path, point: Point) -> LoadedWorkload | dict[str, Any]:
     try:
         return load_workload(base, point.overrides)
     except SimulatorError as e:
-        return failed_row(INVALID, str(e))
+        return failed_row(INVALID, error_reason(e))
 
 
 # --------------------------------------------------------------------------------------------

@@ -101,29 +101,40 @@ def to_json(result: PlanResult) -> dict:
 
 
 def plan_table(result: PlanResult) -> Group:
-    """The top layouts: throughput, memory and breakdown, with the reference's change."""
+    """The top layouts: throughput (change against the workload's own layout), step time,
+    MFU and memory; then where each one's step goes (exposed time per breakdown part)."""
     ref = result.reference
-    ref_tps = ref.summary.get("tokens_per_s") if ref and ref.summary.get("fits") else None
+    ref_ok = ref is not None and "error" not in ref.summary and ref.summary.get("fits")
+    ref_tps = ref.summary["tokens_per_s"] if ref_ok else None
+    rows: list[tuple[str, Planned]] = [(str(i), p) for i, p in enumerate(result.top, 1)]
+    if ref is not None and all(p is not ref for p in result.top):
+        rows.append(("yours", ref))
+
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for col, just in (
-        ("#", "right"), ("layout", "left"), ("tokens/s", "right"), ("step", "right"),
-        ("MFU", "right"), ("memory GiB", "right"),
-    ):  # fmt: skip
-        t.add_column(col, justify=just)
+    t.add_column("#", justify="right", no_wrap=True, min_width=5)
+    t.add_column("layout", no_wrap=True)
+    for col in ("tokens / s", "step", "MFU", "memory GiB"):
+        t.add_column(col, justify="right", no_wrap=True)
     shown = [
         k
         for k in BREAKDOWN_KEYS
-        if any((p.summary.get("breakdown_s") or {}).get(k, 0) > 0 for p in result.top)
+        if any((p.summary.get("breakdown_s") or {}).get(k, 0) > 0 for _, p in rows)
     ]
+    b = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        title="where the step goes (exposed time)",
+        title_justify="left",
+    )
+    b.add_column("#", justify="right", no_wrap=True, min_width=5)
     for k in shown:
-        t.add_column(BREAKDOWN_LABELS[k], justify="right")
-    rows = list(enumerate(result.top, 1))
-    if ref is not None and all(p is not ref for p in result.top):
-        rows.append(("yours", ref))
+        b.add_column(BREAKDOWN_LABELS[k], justify="right", no_wrap=True)
     for rank, p in rows:
         s = p.summary
+        label = p.candidate.label() + ("  ← yours" if p.is_reference else "")
         if "error" in s:
-            t.add_row(str(rank), p.candidate.label(), Text(s["error"], style="red"))
+            t.add_row(rank, label, Text(s["error"], style="red"))
             continue
         tps = Text(format_count(s["tokens_per_s"]))
         if ref_tps and p is not ref:
@@ -133,27 +144,23 @@ def plan_table(result: PlanResult) -> Group:
         mem_text = Text(f"{mem['total']:.1f} / {mem['capacity']:.0f}")
         if not s.get("fits"):
             mem_text.append(" NO FIT", style="bold red")
-        label = p.candidate.label() + ("  ← yours" if p.is_reference else "")
-        t.add_row(
-            str(rank),
-            label,
-            tps,
-            format_seconds(s["step_time_s"]),
-            f"{s['mfu']:.1%}",
-            mem_text,
-            *[format_seconds(s["breakdown_s"].get(k, 0.0)) for k in shown],
-        )
+        t.add_row(rank, label, tps, format_seconds(s["step_time_s"]), f"{s['mfu']:.1%}", mem_text)
+        b.add_row(rank, *[format_seconds(s["breakdown_s"].get(k, 0.0)) for k in shown])
     c = result.counts
     head = Text(
         f"{result.name} on {result.n_gpus:,} GPUs: {c['enumerated']:,} layouts, "
-        f"{c['invalid']:,} break divisibility, {c['does_not_fit']:,} do not fit, "
+        f"{c['invalid']:,} break divisibility, {c['does_not_fit']:,} do not fit in memory, "
         f"{c['estimated']:,} estimated, {c['simulated']} simulated in full "
         f"({result.wall_s:.1f} s)",
         style="bold",
     )
-    parts = [head, t]
+    parts: list = [head, t]
     if result.top:
-        parts.append(Text("best: " + result.top[0].candidate.set_args(), style="dim"))
+        parts += [
+            Text(""),
+            b,
+            Text("run the best: " + result.top[0].candidate.set_args(), style="dim"),
+        ]
     else:
         parts.append(Text("no layout fits in GPU memory", style="bold red"))
     return Group(*parts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -65,8 +66,9 @@ def _progress(enabled: bool) -> Progress:
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("[green]{task.fields[ok]} ok[/] · [red]{task.fields[failed]} failed[/]"),
+        TextColumn("elapsed"),
         TimeElapsedColumn(),
-        TextColumn("left"),
+        TextColumn("· left"),
         TimeRemainingColumn(),
         console=console,
         disable=not enabled,
@@ -104,9 +106,14 @@ def main(args) -> int:
         )
     written = write_plots(outcome)
     if args.json:
-        sys.stdout.write(io.dumps_json(outcome.table, indent=None))
+        records = outcome.table.astype(object).where(outcome.table.notna(), None)
+        sys.stdout.write(io.dumps_json(records.to_dict(orient="records"), indent=None))
         return 0
-    table.print_renderable(table.sweep_table(outcome.table, outcome.keys, outcome.metric))
+    # 'fits' adds nothing to 'status' (ok means it fits) and is empty for invalid points.
+    shown = outcome.table.drop(columns=["fits"])
+    for k in outcome.keys:  # a point that does not set a key shows a dash
+        shown[k] = shown[k].astype(object).where(shown[k].notna(), "—")
+    table.print_renderable(table.sweep_table(shown, outcome.keys, outcome.metric))
     n_done = len(outcome.table)
     bad = int((outcome.table["status"] != OK).sum()) if n_done else 0
     print(
@@ -119,14 +126,22 @@ def main(args) -> int:
 
 
 def write_plots(outcome: SweepOutcome) -> list[Path]:
-    """``sweep.png``: the metric against the swept keys (nothing when no row has them all)."""
+    """``sweep.png``: the metric against the swept keys (a line or a heat map).
+
+    Points that do not all set the same keys (an explicit ``points`` list) are plotted one
+    per x position, labelled by the keys they set."""
     df = outcome.table
     keys = [k for k in outcome.keys if k in df.columns]
     if not keys or df.empty:
         return []
-    df = df.dropna(subset=keys)
-    if df.empty:
-        return []
+    full = df.dropna(subset=keys)
+    if len(full) < len(df):
+        labels = []
+        for _, row in df.iterrows():
+            bits = [f"{k.split('.')[-1]}={row[k]}" for k in keys if not pd.isna(row[k])]
+            labels.append(f"#{row['point_index']} " + ", ".join(bits))
+        full, keys = df.assign(point_label=labels), ["point_label"]
+    df = full
     path = outcome.out / "sweep.png"
     plots.plot_sweep(df, keys, outcome.metric, path, title=outcome.name)
     outcome.written.append(path)
