@@ -11,25 +11,12 @@
    (tp > 1). Everything else (global batch, dtypes, overlap flags, rank order) is the
    workload's. Divisibility is checked by :func:`simulator.config.checks.resolve`, the same
    function ``run`` uses, so a dropped layout has its reason.
-2. **Memory pre-screen** (:meth:`Estimator.memory_bytes`): per pipeline stage, the model
-   states (:func:`simulator.model.memory.model_state_bytes` of the stage's parameters, sharded
-   by ZeRO) plus the activations of the micro-batches in flight at the schedule's peak (1F1B:
-   ``min(pp - s, m)`` on stage ``s``; GPipe: ``m``; interleaved: the peak of the schedule's
-   own work order, each (micro-batch, chunk) holding its chunk's layers, the embedding on the
-   first and the LM head / loss on the last). This is exactly the engine's accounting at the
-   end of a forward pass, which is never above the engine's peak, so the screen is *sound*:
-   it never drops a layout that the simulator would say fits. (ZeRO-3's transient gathered
-   layer parameters are left out for the same reason.)
-3. **Throughput estimate** (:meth:`Estimator.estimate`): per stage and micro-batch, forward and
-   backward times from the same priced stage programs the engine replays (kernels from the
-   calibrated compute model, exposed TP collectives from the collective model on the real TP
-   groups); pipeline time ``(m - 1) * max_s T_s + sum_s T_s`` for 1F1B (Narayanan et al. 2021:
-   ``(m + p - 1) t`` for equal stages) and ``m * max_s T_s + (p - 1) / v * mean_s T_s`` for the
-   interleaved schedule (the bubble shrinks by v, Narayanan et al. SC21); point-to-point sends
-   ``2 (m + p v - 1)`` on the critical path; gradient reduction bucket by bucket on the real
-   DP groups, overlapping the last micro-batch's backward when ``overlap_grad_reduce``; the
-   optimizer's memory-bound step; the ZeRO-1/2 parameter all-gather after it; ZeRO-3
-   per-layer gathers where they exceed the layer's compute.
+2. **Memory pre-screen** (:meth:`~simulator.plan_estimate.Estimator.memory_bytes`): the
+   engine's own accounting of model states and in-flight activations, never above its peak,
+   so it never drops a layout the simulator would say fits.
+3. **Throughput estimate** (:meth:`~simulator.plan_estimate.Estimator.estimate`): stage
+   programs, pipeline closed forms and the collective model, in milliseconds per layout
+   (see :mod:`simulator.plan_estimate` for the formulas and how close they come).
 
 The best ``2 * top`` estimates (and the workload's own layout, scaled to N GPUs, as a
 reference) are then simulated in full by :func:`simulator.run.simulate`, and the fitting ones
@@ -38,13 +25,10 @@ ranked by simulated tokens/s.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from simulator.config.checks import Resolved, resolve
@@ -56,22 +40,14 @@ from simulator.config.schema import (
     WorkloadConfig,
 )
 from simulator.engine.build import Machine
-from simulator.engine.program import StagePrograms, _compute, build_stage_programs, program_time
 from simulator.errors import ConfigError, SimulatorError
-from simulator.model import memory as mem
-from simulator.model import transformer as tf
-from simulator.parallel.layout import Layout
-from simulator.parallel.schedules import schedule
+from simulator.plan_estimate import Estimate, Estimator
 from simulator.sweep import process_pool
 
-GiB = 2**30
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 MICRO_BATCHES = (1, 2, 4, 8)
 MAX_VIRTUAL_STAGES = 8
 MAX_TP = 16
 RECOMPUTE = ("none", "selective", "full")
-#: DP / PP collectives above this size are costed by linear interpolation (Estimator._cost).
-LINEAR_FROM, LINEAR_TO = float(2**25), float(2**30)
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,330 +182,6 @@ def plan_topology(topo: TopologyConfig, n_gpus: int, *, file: str = "--gpus") ->
             file=file,
         )
     return topo.model_copy(update={"nodes": n_gpus // gpn})
-
-
-# --------------------------------------------------------------------------------------------
-# In-flight activations of a schedule
-
-
-@lru_cache(maxsize=4096)
-def _inflight_profile(
-    name: str, stage: int, pp: int, m: int, v: int
-) -> tuple[tuple[int, ...], ...]:
-    """Per chunk, how many (micro-batch, chunk) forwards are in flight at each forward's end,
-    reduced to the Pareto-maximal count vectors (the weighted peak is attained on one)."""
-    live = [0] * v
-    points: set[tuple[int, ...]] = set()
-    for w in schedule(name, stage, pp, m, v):
-        if w.phase == "F":
-            live[w.chunk] += 1
-            points.add(tuple(live))
-        else:
-            live[w.chunk] -= 1
-    pareto = [
-        p
-        for p in points
-        if not any(q != p and all(a >= b for a, b in zip(q, p, strict=True)) for q in points)
-    ]
-    return tuple(sorted(pareto))
-
-
-def peak_inflight_bytes(name: str, stage: int, pp: int, m: int, v: int, chunk_bytes) -> float:
-    """Largest sum of in-flight activation bytes on ``stage`` (``chunk_bytes[c]`` per
-    micro-batch of chunk ``c``), at the end of a forward pass."""
-    if name == "1f1b" and v == 1:
-        return min(pp - stage, m) * chunk_bytes[0]
-    if name == "gpipe":
-        return m * chunk_bytes[0]
-    return max(
-        sum(n * b for n, b in zip(p, chunk_bytes, strict=True))
-        for p in _inflight_profile(name, stage, pp, m, v)
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Estimator
-
-
-@dataclass
-class Estimate:
-    """Analytic memory and throughput of one candidate."""
-
-    candidate: Candidate
-    memory_gib: float
-    fits: bool
-    step_time_s: float = math.nan
-    tokens_per_s: float = math.nan
-    breakdown_s: dict[str, float] = field(default_factory=dict)
-
-
-class Estimator:
-    """Fast analytic memory and step time of layouts of one workload on one machine."""
-
-    def __init__(self, work: WorkloadConfig, topo: TopologyConfig, machine: Machine):
-        self.work, self.topo, self.machine = work, topo, machine
-        self.n_gpus = topo.nodes * topo.gpus_per_node
-        m = work.model
-        self.lp = tf.layer_params(m)
-        self.emb = tf.embedding_params(m)
-        self.head = tf.head_params(m) + tf.final_norm_params(m)
-        self.capacity = machine.gpu.hbm_GiB * GiB
-        self._progs: dict[tuple, StagePrograms] = {}
-        self._coll: dict[tuple, float] = {}
-        self._opt: dict[float, float] = {}
-
-    # ---- helpers
-
-    def resolve(self, cand: Candidate) -> tuple[WorkloadConfig, Resolved]:
-        """The workload with ``cand`` applied and its resolved sizes; ConfigError if invalid."""
-        work = cand.apply(self.work)
-        return work, resolve(work, self.topo, file="plan", topo_file=self.topo.name)
-
-    def _vs_params(self, res: Resolved, vs: int) -> float:
-        n = res.stage_layers[vs] * self.lp
-        if vs == 0:
-            n += self.emb
-        if vs == res.pp * res.virtual_stages - 1:
-            n += self.head
-        return n
-
-    def _stage_params(self, res: Resolved, stage: int) -> float:
-        return sum(self._vs_params(res, c * res.pp + stage) for c in range(res.virtual_stages))
-
-    def _layout(self, res: Resolved) -> Layout:
-        order = tuple(self.work.parallelism.order)
-        return Layout(res.tp, res.dp, res.pp, order, res.virtual_stages, res.stage_layers)
-
-    def _cost(self, op: str, kind: str, res: Resolved, nbytes: float) -> float:
-        """Folded cost of a collective on the real groups of stage 0 (see :meth:`_exact`).
-
-        DP and PP costs above :data:`LINEAR_FROM` bytes are interpolated linearly between
-        exact costs at ``LINEAR_FROM`` and ``LINEAR_TO`` (bandwidth-bound collectives take
-        a fixed latency plus bytes over bandwidth), so a layout needs two costings per
-        operation instead of one per message size."""
-        if kind == "tp" or nbytes <= LINEAR_FROM:
-            return self._exact(op, kind, res, nbytes)
-        a = self._exact(op, kind, res, LINEAR_FROM)
-        b = self._exact(op, kind, res, LINEAR_TO)
-        return a + (b - a) * (nbytes - LINEAR_FROM) / (LINEAR_TO - LINEAR_FROM)
-
-    def _exact(self, op: str, kind: str, res: Resolved, nbytes: float) -> float:
-        """The collective model's cost of ``op`` on every concurrent group of one stage: TP
-        groups (only those inside the first node: nothing else shares their NVLink), the
-        ``tp`` DP groups of stage 0, or the sends of every (replica, TP rank) from stage 0
-        to stage 1. Cached."""
-        key = (
-            (op, kind, res.tp, nbytes)
-            if kind == "tp"
-            else (op, kind, res.tp, res.pp, res.dp, nbytes)
-        )
-        hit = self._coll.get(key)
-        if hit is None:
-            lay, coll = self._layout(res), self.machine.collectives
-            gpn = self.topo.gpus_per_node
-            if kind == "tp":
-                groups = [lay.tp_group(d, 0) for d in range(res.dp)]
-                local = [g for g in groups if max(g) < gpn]
-                hit = coll.cost(op, tuple(local or groups), nbytes).time_s
-            elif kind == "dp":
-                groups = tuple(lay.dp_group(r, 0) for r in range(res.tp))
-                hit = coll.cost(op, groups, nbytes).time_s
-            else:
-                pairs = [
-                    (lay.rank(r, d, 0), lay.rank(r, d, 1 % res.pp))
-                    for d in range(res.dp)
-                    for r in range(res.tp)
-                ]
-                hit = coll.p2p_cost(pairs, nbytes).time_s
-            self._coll[key] = hit
-        return hit
-
-    def programs(self, cand: Candidate, res: Resolved) -> StagePrograms:
-        key = (cand.tp, cand.sequence_parallel, cand.micro_batch, cand.recompute)
-        hit = self._progs.get(key)
-        if hit is None:
-            t = self.work.training
-            tp_cost = None
-            if cand.tp > 1:
-
-                def tp_cost(op: str, nbytes: float) -> float:
-                    return self._cost(op, "tp", res, nbytes)
-
-            hit = build_stage_programs(
-                model=self.work.model, micro_batch=cand.micro_batch, tp=cand.tp,
-                sp=cand.sequence_parallel, recompute=cand.recompute, dtype=t.precision,
-                cm=self.machine.compute, tp_cost=tp_cost, flash_attention=t.flash_attention,
-            )  # fmt: skip
-            self._progs[key] = hit
-        return hit
-
-    def _optimizer_s(self, local_params: float) -> float:
-        hit = self._opt.get(local_params)
-        if hit is None:
-            t = self.work.training
-            ops = tf.optimizer_ops(
-                local_params, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype
-            )
-            hit = sum(_compute(self.machine.compute, op, t.precision).dur for op in ops)
-            self._opt[local_params] = hit
-        return hit
-
-    # ---- memory
-
-    def memory_bytes(self, cand: Candidate, res: Resolved) -> float:
-        """Peak bytes per GPU (worst stage) as the pre-screen counts them (module docstring)."""
-        m, t = self.work.model, self.work.training
-        kw = dict(
-            micro_batch=cand.micro_batch, tp=cand.tp, sequence_parallel=cand.sequence_parallel
-        )
-        act_layer = mem.activation_bytes_per_layer(
-            m, recompute=cand.recompute, flash_attention=t.flash_attention, **kw
-        )
-        act_embed = mem.embedding_activation_bytes(m, **kw)
-        act_head = mem.head_activation_bytes(m, **kw)
-        pp, v = res.pp, res.virtual_stages
-        last = pp * v - 1
-        worst = 0.0
-        for s in range(pp):
-            states = mem.model_state_bytes(
-                self._stage_params(res, s) / cand.tp, zero=cand.zero, dp=res.dp,
-                param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
-            ).total  # fmt: skip
-            chunk = []
-            for c in range(v):
-                vs = c * pp + s
-                b = res.stage_layers[vs] * act_layer
-                b += act_embed if vs == 0 else 0.0
-                b += act_head if vs == last else 0.0
-                chunk.append(b)
-            acts = peak_inflight_bytes(cand.pp_schedule, s, pp, res.microbatches, v, tuple(chunk))
-            worst = max(worst, states + acts)
-        return worst
-
-    # ---- time
-
-    def estimate(self, cand: Candidate, res: Resolved) -> Estimate:
-        """Memory and the analytic step time / tokens per second of ``cand``."""
-        need = self.memory_bytes(cand, res)
-        est = Estimate(cand, need / GiB, need <= self.capacity)
-        if not est.fits:
-            return est
-        work, t = self.work, self.work.training
-        progs = self.programs(cand, res)
-        pp, v, m, dp, tp = res.pp, res.virtual_stages, res.microbatches, res.dp, res.tp
-        last = pp * v - 1
-        lf = program_time(progs.layer_fwd)
-        lb = program_time(progs.layer_bwd)
-        lr = program_time(progs.layer_recompute)
-        ef, eb = program_time(progs.embed_fwd), program_time(progs.embed_bwd)
-        hf, hb = program_time(progs.head_fwd), program_time(progs.head_bwd)
-
-        pb, gb = BYTES[t.param_dtype], BYTES[t.grad_reduce_dtype]
-        bucket = t.grad_bucket_MB * 1e6
-        p_layer = self.lp / tp
-        # ZeRO-3: every layer's parameters gathered before its forward and its backward, and
-        # its gradients reduce-scattered, per micro-batch (prefetch one layer ahead).
-        z3_gather = self._cost("all_gather", "dp", res, p_layer * pb) if cand.zero == 3 else 0.0
-        z3_rs = self._cost("reduce_scatter", "dp", res, p_layer * gb) if cand.zero == 3 else 0.0
-
-        T, F, B, comp, tpc = [], [], [], [], []
-        for s in range(pp):
-            f = b = c_ = x = 0.0
-            for ch in range(v):
-                vs = ch * pp + s
-                n = res.stage_layers[vs]
-                lf_t, lb_t = lf[0], lb[0] + lr[0]
-                if cand.zero == 3:
-                    lf_t = max(lf_t, z3_gather)
-                    lb_t = max(lb_t, z3_gather)
-                f += n * lf_t
-                b += n * lb_t
-                c_ += n * (lf[1] + lb[1] + lr[1])
-                x += n * (lf[2] + lb[2] + lr[2])
-                if vs == 0:
-                    f, b = f + ef[0], b + eb[0]
-                    c_, x = c_ + ef[1] + eb[1], x + ef[2] + eb[2]
-                if vs == last:
-                    f, b = f + hf[0], b + hb[0]
-                    c_, x = c_ + hf[1] + hb[1], x + hf[2] + hb[2]
-            if cand.zero == 3:
-                f += z3_gather  # the first layer's gather is never hidden
-                b += z3_gather
-            F.append(f)
-            B.append(b)
-            T.append(f + b)
-            comp.append(c_)
-            tpc.append(x)
-        t_max = max(T)
-        if pp == 1:
-            pipe = m * T[0]
-        elif v == 1:
-            pipe = (m - 1) * t_max + sum(T)
-        else:
-            pipe = m * t_max + (pp - 1) / v * (sum(T) / pp)
-        busy = m * max(T)
-        bubble = max(0.0, pipe - busy)
-        pp_comm = 0.0
-        if pp > 1:
-            send = self._cost("send", "pp", res, tf.pp_activation_bytes(
-                work.model, micro_batch=cand.micro_batch, tp=tp,
-                sequence_parallel=cand.sequence_parallel,
-                scatter_gather=work.parallelism.pp_scatter_gather,
-            ))  # fmt: skip
-            pp_comm = 2 * (m + pp * v - 1) * send
-
-        # Tail per stage: gradient reduction, optimizer, ZeRO-1/2 parameter all-gather. Stage s
-        # finishes its last backward about s backward passes before stage 0 (1F1B drain).
-        tail, parts = 0.0, (0.0, 0.0, 0.0)
-        for s in range(pp):
-            params = self._stage_params(res, s) / tp
-            grads = params * gb
-            slack = s * (B[s] / v if pp > 1 else 0.0)
-            if cand.zero == 3:
-                total_rs = m * sum(res.stage_layers[c * pp + s] for c in range(v)) * z3_rs
-                dp_exposed = max(z3_rs, total_rs - m * B[s])
-            else:
-                op = "all_reduce" if cand.zero == 0 else "reduce_scatter"
-                if t.overlap_grad_reduce:
-                    # Buckets fill layer by layer during the last backward and go out once
-                    # they reach grad_bucket_MB: whole layers per bucket (as the engine does).
-                    per_layer = self.lp / tp * gb
-                    k = max(1, math.ceil(bucket / per_layer))
-                    size = min(k * per_layer, grads)
-                else:
-                    size = min(bucket, grads)
-                n_b = max(1, math.ceil(grads / size))
-                each = self._cost(op, "dp", res, size) if dp > 1 else 0.0
-                total = n_b * each
-                window = B[s] / v * (1 - 1 / n_b) if t.overlap_grad_reduce else 0.0
-                dp_exposed = max(each if t.overlap_grad_reduce else total, total - window)
-            opt = self._optimizer_s(params / (dp if cand.zero >= 1 else 1))
-            gather = 0.0
-            if cand.zero in (1, 2) and dp > 1:
-                gather = sum(
-                    self._cost("all_gather", "dp", res, self._vs_params(res, c * pp + s) / tp * pb)
-                    for c in range(v)
-                )
-                if t.overlap_param_gather:
-                    gather = gather / v  # only the first chunk's gather delays the step
-            end = dp_exposed + opt + gather - slack
-            if end > tail or s == 0:
-                tail, parts = max(end, 0.0), (dp_exposed + gather, opt, slack)
-        step = pipe + pp_comm + tail
-        est.step_time_s = step
-        est.tokens_per_s = t.global_batch * work.model.seq_len / step
-        s0 = max(range(pp), key=lambda s: T[s])
-        comp_s, tp_s = m * comp[s0], m * tpc[s0]
-        est.breakdown_s = {
-            "compute": comp_s,
-            "tp_comm": tp_s,
-            "dp_comm": max(0.0, parts[0] - parts[2]),
-            "pp_comm": pp_comm,
-            "pp_bubble": bubble + max(0.0, busy - comp_s - tp_s),
-            "optimizer": parts[1],
-            "other": 0.0,
-        }
-        return est
 
 
 # --------------------------------------------------------------------------------------------
@@ -674,7 +326,3 @@ def plan(
         wall_s=time.perf_counter() - t0,
         timings={"estimate_s": t_est, "simulate_s": t_sim, "workers": n_workers},
     )
-
-
-def plan_path(loaded: LoadedWorkload) -> Path:
-    return Path("results") / loaded.workload.name

@@ -12,14 +12,8 @@ from simulator.cli import main as cli_main
 from simulator.config.load import LoadedWorkload, load_workload
 from simulator.errors import ConfigError
 from simulator.parallel.schedules import max_in_flight, schedule
-from simulator.plan import (
-    Candidate,
-    Estimator,
-    enumerate_layouts,
-    peak_inflight_bytes,
-    plan,
-    plan_topology,
-)
+from simulator.plan import Candidate, enumerate_layouts, plan, plan_topology
+from simulator.plan_estimate import Estimator, peak_inflight_bytes
 from simulator.run import make_machine, simulate
 from tests.conftest import ROOT, SMALL_MODEL, small_topology, write_case
 
