@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -140,6 +140,8 @@ class CollectiveModel:
         self._cost_cache: dict[tuple, CollectiveCost] = {}
         self._steps_cache: dict[tuple, list[Step]] = {}
         self._bundle_cache: dict[tuple, list[Step]] = {}
+        self._template_cache: dict[tuple, tuple] = {}
+        self._faulty = bool(np.any(topology.capacity != topology._nominal))
         self._plan_cache: dict[tuple, tuple[str, _Proto, list[tuple[_Phase, float]]]] = {}
         self._rings: dict[tuple[int, ...], list[list[int]]] = {}
 
@@ -285,12 +287,64 @@ class CollectiveModel:
             ph.path_s + ph.intra_hops * intra + ph.net_hops * net + ph.local_bytes / self.copy_Bps
         )
 
+    def _signature(self, group: Sequence[int]) -> tuple | None:
+        """A group's shape up to the fabric's symmetry: for each member, its node and leaf
+        group relative to the first member's, its place in the node, and the size of its leaf
+        group. Groups of one signature have the same plan, GPUs relabelled, and the same
+        time alone. None when faults break the symmetry."""
+        topo = self.topology
+        if self._faulty:
+            return None
+        gpn = topo.gpus_per_node
+        per_leaf = max(1, int(topo.cfg.nodes_per_leaf))
+        n0 = group[0] // gpn
+        l0 = n0 // per_leaf
+        sig = []
+        for g in group:
+            n = g // gpn
+            lg = n // per_leaf
+            sig.append((n - n0, g % gpn, lg - l0, min(per_leaf, topo.nodes - lg * per_leaf)))
+        return tuple(sig)
+
     def _plan(self, op, group, nbytes, algorithm):
-        """(algorithm/protocol, protocol, [(phase, fluid time of its data bytes)])."""
+        """(algorithm/protocol, protocol, [(phase, fluid time of its data bytes)]).
+
+        Planned once per group signature (see :meth:`_signature`) and relabelled for the other
+        groups of that shape, so pricing thousands of identical concurrent groups costs one plan.
+        """
         key = (op, group, float(nbytes), algorithm)
         hit = self._plan_cache.get(key)
         if hit is not None:
             return hit
+        sig = self._signature(group) if len(group) > 1 else None
+        tkey = (op, sig, float(nbytes), algorithm)
+        tmpl = self._template_cache.get(tkey) if sig is not None else None
+        if tmpl is not None:
+            name, proto, rel = tmpl
+            out = (
+                name,
+                proto,
+                [
+                    (replace(ph, transfers=tuple((group[a], group[b], nb) for a, b, nb in tr)), f)
+                    for ph, tr, f in rel
+                ],
+            )
+            self._plan_cache[key] = out
+            return out
+        out = self._plan_one(op, group, nbytes, algorithm)
+        if sig is not None:
+            pos = {g: i for i, g in enumerate(group)}
+            if all(s in pos and d in pos for ph, _ in out[2] for s, d, _ in ph.transfers):
+                rel = [
+                    (ph, tuple((pos[s], pos[d], nb) for s, d, nb in ph.transfers), f)
+                    for ph, f in out[2]
+                ]
+                self._template_cache[tkey] = (out[0], out[1], rel)
+        self._plan_cache[key] = out
+        return out
+
+    def _plan_one(self, op, group, nbytes, algorithm):
+        """Plan one group from scratch (see :meth:`_plan`)."""
         self._check(op, group)
         algs, protos = AUTO[op], self.protocols
         if algorithm is not None:
@@ -329,7 +383,6 @@ class CollectiveModel:
                     f"algorithm {algorithm!r} does not apply to this group", field="algorithm"
                 )
             best = best[1:]
-        self._plan_cache[key] = best
         return best
 
     def _fluid(self, ph: _Phase) -> float:
