@@ -162,20 +162,22 @@ def _links_table(engine: Engine, machine: Machine, net, layout, step: float) -> 
         busy = static / np.maximum(topo.capacity, 1e-30) + (
             net.link_busy_s if net is not None else 0.0
         )
-    rows = []
-    for i in np.nonzero(nbytes)[0]:
-        rows.append(
-            (
-                topo.link_names[i],
-                topo.link_kinds[i],
-                *(topo.link_names[i].split("->", 1) + [""])[:2],
-                topo.capacity[i] / 1e9,
-                float(nbytes[i]),
-                float(busy[i]),
-                float(busy[i] / step) if step else 0.0,
-            )
-        )
-    df = pd.DataFrame.from_records(rows, columns=list(LINK_COLUMNS))
+    idx = np.nonzero(nbytes)[0]
+    names = [topo.link_names[i] for i in idx]
+    ends = [(n.split("->", 1) + [""])[:2] for n in names]
+    df = pd.DataFrame(
+        {
+            "link": names,
+            "kind": [topo.link_kinds[i] for i in idx],
+            "src": [e[0] for e in ends],
+            "dst": [e[1] for e in ends],
+            "capacity_GBps": topo.capacity[idx] / 1e9,
+            "bytes": nbytes[idx].astype(float),
+            "busy_s": busy[idx].astype(float),
+            "utilization": busy[idx] / step if step else np.zeros(len(idx)),
+        },
+        columns=list(LINK_COLUMNS),
+    )
     return df.sort_values(["utilization", "link"], ascending=[False, True]).reset_index(drop=True)
 
 

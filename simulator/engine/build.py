@@ -130,6 +130,7 @@ def build_plan(
             prog_cache[key] = build_stage_programs(
                 model=m, micro_batch=t.micro_batch, tp=tp, sp=sp, recompute=t.recompute,
                 dtype=dtype, cm=cm, tp_cost=tp_cost, flash_attention=t.flash_attention,
+                kernels=t.kernels, param_dtype=t.param_dtype,
             )
         return prog_cache[key]
 
@@ -317,8 +318,9 @@ def folded_link_bytes(engine, layout: Layout, coll: CollectiveModel, n_links: in
         groups = tuple(layout.tp_group(d, p.stage) for d in p.replicas)
         for part in prog:
             if part.kind == "tp":
-                for link, b in coll.cost(part.op, groups, part.nbytes).link_bytes.items():
-                    out[link] += runs * b
+                lb = coll.cost(part.op, groups, part.nbytes).link_bytes
+                ids = np.fromiter(lb.keys(), dtype=np.int64, count=len(lb))
+                out[ids] += runs * np.fromiter(lb.values(), dtype=float, count=len(lb))
     for p, spec in engine.comm_log:
         if spec.stream != "pp":
             continue  # data-parallel collectives ran in the flow network, which counted them
