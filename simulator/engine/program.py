@@ -149,13 +149,20 @@ def build_stage_programs(
     cm: ComputeModel,
     tp_cost: Callable[[str, float], float] | None,
     flash_attention: bool = True,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
 ) -> StagePrograms:
     """Price every program of one stage.
 
     ``tp_cost(op, nbytes)`` returns the folded cost of a TP collective on this stage's TP
-    group(s); ``None`` when ``tp == 1``.
+    group(s); ``None`` when ``tp == 1``. ``kernels`` and ``param_dtype`` select the op lists
+    of :mod:`simulator.model.transformer` (fused or eager kernels; fp32 master weights add
+    per-micro-batch weight casts and gradient accumulation).
     """
-    kw = dict(micro_batch=micro_batch, tp=tp, sequence_parallel=sp)
+    kw = dict(
+        micro_batch=micro_batch, tp=tp, sequence_parallel=sp, kernels=kernels,
+        param_dtype=param_dtype,
+    )  # fmt: skip
     nbytes = tf.tp_comm_bytes(model, micro_batch=micro_batch)
 
     tp_part = None

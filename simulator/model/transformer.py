@@ -32,146 +32,36 @@ from functools import lru_cache
 
 from simulator.config.schema import ModelConfig
 from simulator.errors import ConfigError
+from simulator.model import eager
+from simulator.model.ops import (
+    DTYPE_BYTES,
+    FP32,
+    MASK,
+    Arch,
+    Local,
+    Op,
+    accumulate_op,
+    arch,
+    cast_op,
+    dtype_bytes,
+    flash_attention_op,
+    gemm_grads,
+    gemm_op,
+    local_dims,
+    mem_op,
+)
 
-#: Bytes per element of the dtypes the config names (``memory.BYTES`` re-exports it).
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-FP32 = 4
-#: A dropout mask stores one byte per element (Korthikanti et al. 2022, Section 4.1).
-MASK = 1
-
-
-@dataclass(frozen=True)
-class Op:
-    """One kernel on one tensor-parallel rank.
-
-    ``kind`` is ``gemm`` (``[m,k] @ [k,n]``; ``batch > 0`` means a batched GEMM of ``batch``
-    such products), ``attention`` (a fused flash-attention kernel; ``batch, heads, kv_heads,
-    seq, head_dim`` per rank) or ``memory`` (elementwise / normalisation / reduction, bound by
-    HBM bandwidth). ``flops`` is authoritative for every kind; ``bytes`` counts HBM bytes read
-    plus written (for GEMMs the operands once: ``(mk + kn + mn) * dtype``).
-    Backward GEMMs are named ``<fwd>_dgrad`` (gradient of the left operand, the activation)
-    and ``<fwd>_wgrad`` (gradient of the right operand, the weight).
-    """
-
-    name: str
-    kind: str
-    block: str
-    m: int = 0
-    k: int = 0
-    n: int = 0
-    batch: int = 0
-    heads: int = 0
-    kv_heads: int = 0
-    seq: int = 0
-    head_dim: int = 0
-    flops: float = 0.0
-    bytes: float = 0.0
-    backward: bool = False
-
-
-@dataclass(frozen=True)
-class Arch:
-    """The family conventions of a model (see the module docstring)."""
-
-    biases: bool
-    learned_positions: bool
-    dropout: bool
-    rotary: bool
-
-
-def arch(model: ModelConfig) -> Arch:
-    """GPT conventions for GELU models, Llama conventions for SwiGLU models."""
-    gpt = model.activation == "gelu"
-    return Arch(biases=gpt, learned_positions=gpt, dropout=gpt, rotary=not gpt)
-
-
-def dtype_bytes(name: str, field: str = "training.precision") -> int:
-    """Bytes per element of a dtype name; raises ConfigError on an unknown one."""
-    try:
-        return DTYPE_BYTES[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown dtype {name!r} (accepted: {', '.join(DTYPE_BYTES)})", field=field
-        ) from None
-
-
-# --------------------------------------------------------------------------------------------
-# Per-rank dimensions
-
-
-@dataclass(frozen=True)
-class Local:
-    """Dimensions of one layer on one TP rank for one micro-batch."""
-
-    b: int  # sequences in the micro-batch
-    s: int  # tokens per sequence
-    tokens: int  # b*s: rows of every GEMM (SP gathers the sequence before them)
-    norm_tokens: int  # tokens the norms / dropout / residuals see: b*s/tp with SP, else b*s
-    heads: int  # query heads on this rank
-    kv_heads: int  # key/value heads on this rank (replicated when tp > kv_heads)
-    head_dim: int
-    ffn: int  # MLP inner width on this rank
-    fc1_out: int  # 2*ffn for SwiGLU (gate and up), ffn for GELU
-    vocab: int  # vocabulary rows on this rank, ceil(V/tp)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-@lru_cache(maxsize=1024)
-def local_dims(model: ModelConfig, micro_batch: int, tp: int, sequence_parallel: bool) -> Local:
-    """Per-rank shapes. Heads must divide by ``tp``; KV heads are split, or replicated when
-    ``tp`` is a multiple of them (Megatron-LM's GQA rule); ffn and vocab are split with
-    ceiling division (Megatron pads them)."""
-    if tp < 1 or micro_batch < 1:
-        raise ConfigError(
-            f"tp={tp} and micro_batch={micro_batch} must be >= 1", field="parallelism.tp"
-        )
-    if model.heads % tp:
-        raise ConfigError(
-            f"heads={model.heads} is not divisible by tp={tp}", field="parallelism.tp"
-        )
-    kv = model.n_kv_heads
-    if kv % tp == 0:
-        kv_local = kv // tp
-    elif tp % kv == 0:
-        kv_local = 1
-    else:
-        raise ConfigError(
-            f"kv_heads={kv} and tp={tp}: one must divide the other", field="parallelism.tp"
-        )
-    b, s, ffn = micro_batch, model.seq_len, _cdiv(model.ffn, tp)
-    nt = b * _cdiv(s, tp) if sequence_parallel else b * s
-    fc1_out = 2 * ffn if model.activation == "swiglu" else ffn
-    vocab = _cdiv(model.vocab, tp)
-    return Local(b, s, b * s, nt, model.heads // tp, kv_local, model.head_dim, ffn, fc1_out, vocab)
-
-
-# --------------------------------------------------------------------------------------------
-# Op constructors
-
-
-def _gemm(name: str, block: str, m: int, k: int, n: int, d: int, batch: int = 0, bwd=False) -> Op:
-    nb = max(batch, 1)
-    return Op(
-        name, "gemm", block, m=m, k=k, n=n, batch=batch,
-        flops=2.0 * nb * m * k * n, bytes=float(nb * (m * k + k * n + m * n) * d), backward=bwd,
-    )  # fmt: skip
-
-
-def _mem(name: str, block: str, nbytes: float, bwd: bool = False) -> Op:
-    return Op(name, "memory", block, bytes=float(nbytes), backward=bwd)
-
-
-def _grads(op: Op, d: int) -> list[Op]:
-    """dgrad then wgrad of a forward GEMM Y[m,n] = X[m,k] W[k,n]:
-    dX = dY[m,n] @ W^T[n,k] and dW = X^T[k,m] @ dY[m,n], each 2mkn FLOPs (so a layer's
-    backward GEMMs cost twice its forward ones; Narayanan et al. 2021, Appendix)."""
-    return [
-        _gemm(op.name + "_dgrad", op.block, op.m, op.n, op.k, d, op.batch, bwd=True),
-        _gemm(op.name + "_wgrad", op.block, op.k, op.m, op.n, d, op.batch, bwd=True),
-    ]
+__all__ = [
+    "DTYPE_BYTES",
+    "FP32",
+    "MASK",
+    "Arch",
+    "Local",
+    "Op",
+    "arch",
+    "dtype_bytes",
+    "local_dims",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,50 +81,33 @@ def _grads(op: Op, d: int) -> list[Op]:
 
 
 def _attention_forward(L: Local, d: int, dropout: bool, flash: bool) -> list[Op]:
-    hq, hkv, hd, b, s = L.heads, L.kv_heads, L.head_dim, L.b, L.s
     if flash:
-        # Causal flash attention: QK^T and PV over the lower triangle, 2*b*hq*s^2*hd FLOPs;
-        # reads Q, K, V and writes O once (Dao et al. 2022, arXiv:2205.14135).
-        return [
-            Op(
-                "attn", "attention", "attn", batch=b, heads=hq, kv_heads=hkv, seq=s, head_dim=hd,
-                flops=2.0 * b * hq * s * s * hd, bytes=float(b * s * hd * (2 * hq + 2 * hkv) * d),
-            )
-        ]  # fmt: skip
+        return [flash_attention_op(L, d)]
+    hq, hd, b, s = L.heads, L.head_dim, L.b, L.s
     # Unfused core attention of Megatron-LM before flash attention (Korthikanti et al. 2022,
     # Fig. 4): batched QK^T over the full s x s (the causal mask is applied in the softmax),
     # fused scale-mask-softmax, dropout, batched PV.
     sq = b * hq * s * s
     ops = [
-        _gemm("attn_scores", "attn", s, hd, s, d, batch=b * hq),
-        _mem("softmax", "attn", 2 * sq * d),
+        gemm_op("attn_scores", "attn", s, hd, s, d, batch=b * hq),
+        mem_op("softmax", "attn", 2 * sq * d),
     ]
     if dropout:
-        ops.append(_mem("attn_dropout", "attn", sq * (2 * d + MASK)))
-    ops.append(_gemm("attn_context", "attn", s, s, hd, d, batch=b * hq))
+        ops.append(mem_op("attn_dropout", "attn", sq * (2 * d + MASK)))
+    ops.append(gemm_op("attn_context", "attn", s, s, hd, d, batch=b * hq))
     return ops
 
 
 def _attention_backward(fwd: list[Op], L: Local, d: int, dropout: bool) -> list[Op]:
     if len(fwd) == 1:  # flash
-        a = fwd[0]
-        hq, hkv = L.heads, L.kv_heads
-        # FlashAttention-2 backward: 2.5x the forward FLOPs (5 GEMMs of the forward's 2, with
-        # QK^T recomputed); reads Q, K, V, O, dO and writes dQ, dK, dV.
-        return [
-            Op(
-                "attn", "attention", "attn", batch=a.batch, heads=a.heads, kv_heads=a.kv_heads,
-                seq=a.seq, head_dim=a.head_dim, flops=2.5 * a.flops,
-                bytes=float(L.b * L.s * L.head_dim * (4 * hq + 4 * hkv) * d), backward=True,
-            )
-        ]  # fmt: skip
+        return [flash_attention_op(L, d, backward=True)]
     sq = L.b * L.heads * L.s * L.s
     by = {op.name: op for op in fwd}
-    ops = _grads(by["attn_context"], d)
+    ops = gemm_grads(by["attn_context"], d)
     if dropout:
-        ops.append(_mem("attn_dropout", "attn", sq * (2 * d + MASK), bwd=True))
-    ops.append(_mem("softmax", "attn", 3 * sq * d, bwd=True))  # read y, dy; write dx
-    return ops + _grads(by["attn_scores"], d)
+        ops.append(mem_op("attn_dropout", "attn", sq * (2 * d + MASK), bwd=True))
+    ops.append(mem_op("softmax", "attn", 3 * sq * d, bwd=True))  # read y, dy; write dx
+    return ops + gemm_grads(by["attn_scores"], d)
 
 
 @lru_cache(maxsize=1024)
@@ -247,18 +120,18 @@ def _layer_forward(
     q_w, kv_w = L.heads * L.head_dim, L.kv_heads * L.head_dim
     res = NT * h * (3 * d + (MASK if A.dropout else 0))
     act = (3 if model.activation == "swiglu" else 2) * T * L.ffn * d
-    ops = [_mem("norm1", "attn", 2 * NT * h * d), _gemm("qkv", "attn", T, h, q_w + 2 * kv_w, d)]
+    ops = [mem_op("norm1", "attn", 2 * NT * h * d), gemm_op("qkv", "attn", T, h, q_w + 2 * kv_w, d)]
     if A.rotary:
-        ops.append(_mem("rope", "attn", 2 * T * (q_w + kv_w) * d))
+        ops.append(mem_op("rope", "attn", 2 * T * (q_w + kv_w) * d))
     ops += _attention_forward(L, d, A.dropout, flash)
     ops += [
-        _gemm("out_proj", "attn", T, q_w, h, d),
-        _mem("residual1", "attn", res),
-        _mem("norm2", "mlp", 2 * NT * h * d),
-        _gemm("fc1", "mlp", T, h, L.fc1_out, d),
-        _mem("act", "mlp", act),
-        _gemm("fc2", "mlp", T, L.ffn, h, d),
-        _mem("residual2", "mlp", res),
+        gemm_op("out_proj", "attn", T, q_w, h, d),
+        mem_op("residual1", "attn", res),
+        mem_op("norm2", "mlp", 2 * NT * h * d),
+        gemm_op("fc1", "mlp", T, h, L.fc1_out, d),
+        mem_op("act", "mlp", act),
+        gemm_op("fc2", "mlp", T, L.ffn, h, d),
+        mem_op("residual2", "mlp", res),
     ]
     return tuple(ops)
 
@@ -277,21 +150,57 @@ def _layer_backward(
     norm = 3 * NT * h * d
     attn_fwd = _attention_forward(L, d, A.dropout, flash)
     ops = [
-        _mem("residual2", "mlp", res, True),
-        *_grads(by["fc2"], d),
-        _mem("act", "mlp", act, True),
+        mem_op("residual2", "mlp", res, True),
+        *gemm_grads(by["fc2"], d),
+        mem_op("act", "mlp", act, True),
     ]
     ops += [
-        *_grads(by["fc1"], d),
-        _mem("norm2", "mlp", norm, True),
-        _mem("residual1", "attn", res, True),
+        *gemm_grads(by["fc1"], d),
+        mem_op("norm2", "mlp", norm, True),
+        mem_op("residual1", "attn", res, True),
     ]
-    ops += _grads(by["out_proj"], d)
+    ops += gemm_grads(by["out_proj"], d)
     ops += _attention_backward(attn_fwd, L, d, A.dropout)
     if A.rotary:
-        ops.append(_mem("rope", "attn", by["rope"].bytes, True))
-    ops += [*_grads(by["qkv"], d), _mem("norm1", "attn", norm, True)]
+        ops.append(mem_op("rope", "attn", by["rope"].bytes, True))
+    ops += [*gemm_grads(by["qkv"], d), mem_op("norm1", "attn", norm, True)]
     return tuple(ops)
+
+
+#: ``training.kernels``: Megatron-LM-style fused kernels, or plain eager PyTorch modules
+#: (:mod:`simulator.model.eager`).
+KERNELS = ("fused", "eager")
+#: GEMMs that multiply by a weight (their weights are cast under AMP).
+WEIGHT_GEMMS = ("qkv", "out_proj", "fc1", "fc2", "lm_head")
+
+
+def _modes(kernels: str, param_dtype: str) -> int:
+    """Validate the two switches; return the parameter dtype's bytes."""
+    if kernels not in KERNELS:
+        raise ConfigError(
+            f"kernels={kernels!r} (accepted: {', '.join(KERNELS)})", field="training.kernels"
+        )
+    return dtype_bytes(param_dtype, "training.param_dtype")
+
+
+def _master_weights(ops: tuple[Op, ...], d: int, biases: bool) -> list[Op]:
+    """Fused kernels with fp32 master weights under autocast: before each weight GEMM the
+    fp32 -> ``d`` cast of its weight (and bias), after each weight-gradient GEMM the cast of
+    the gradient to fp32 and its addition into ``.grad`` (:func:`ops.accumulate_op`)."""
+    out: list[Op] = []
+    for op in ops:
+        base = op.name[: -len("_wgrad")] if op.name.endswith("_wgrad") else op.name
+        weight = op.kind == "gemm" and base in WEIGHT_GEMMS
+        n = (op.n if biases and base != "lm_head" else 0) + (
+            op.m * op.n if op.backward else op.k * op.n
+        )
+        if weight and not op.backward:
+            out.append(cast_op(op.name + "_wcast", op.block, n, FP32, d))
+        out.append(op)
+        if weight and op.backward and op.name.endswith("_wgrad"):
+            out.append(cast_op(base + "_gcast", op.block, n, d, FP32, True))
+            out.append(accumulate_op(base + "_gacc", op.block, n))
+    return out
 
 
 def layer_forward_ops(
@@ -302,6 +211,8 @@ def layer_forward_ops(
     sequence_parallel: bool,
     dtype_bytes: int = 2,
     flash_attention: bool = True,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
 ) -> list[Op]:
     """Kernels of one transformer layer's forward on one TP rank, in execution order.
 
@@ -309,10 +220,19 @@ def layer_forward_ops(
     block). ``flash_attention=False`` replaces ``attn`` by Megatron's unfused core attention
     (``attn_scores, softmax, [attn_dropout], attn_context``). TP collectives go where
     :func:`tp_comm_points` says.
+
+    ``kernels="eager"`` returns the kernels of plain eager PyTorch modules under autocast
+    instead (:mod:`simulator.model.eager`); the GEMMs and the attention kernel, and so the
+    FLOPs, are the same. ``param_dtype="fp32"`` (AMP master weights) adds, every micro-batch,
+    the fp32 -> compute-dtype cast of each GEMM weight before its GEMM (with bf16 parameters,
+    fused kernels accumulate into Megatron's fp32 ``main_grad`` inside the wgrad GEMM).
     """
-    return list(
-        _layer_forward(model, micro_batch, tp, sequence_parallel, dtype_bytes, flash_attention)
-    )
+    P = _modes(kernels, param_dtype)
+    args = (model, micro_batch, tp, sequence_parallel, dtype_bytes, flash_attention)
+    if kernels == "eager":
+        return list(eager.layer_forward(*args, P))
+    ops = _layer_forward(*args)
+    return _master_weights(ops, dtype_bytes, arch(model).biases) if P == FP32 else list(ops)
 
 
 def layer_backward_ops(
@@ -323,12 +243,19 @@ def layer_backward_ops(
     sequence_parallel: bool,
     dtype_bytes: int = 2,
     flash_attention: bool = True,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
 ) -> list[Op]:
     """Kernels of one layer's backward on one TP rank, in execution order (the forward
-    reversed; each GEMM becomes ``_dgrad`` then ``_wgrad``)."""
-    return list(
-        _layer_backward(model, micro_batch, tp, sequence_parallel, dtype_bytes, flash_attention)
-    )
+    reversed; each GEMM becomes ``_dgrad`` then ``_wgrad``). ``kernels`` as in
+    :func:`layer_forward_ops`; ``param_dtype="fp32"`` adds after each weight-gradient GEMM the
+    cast of the gradient to fp32 and its addition into ``.grad``."""
+    P = _modes(kernels, param_dtype)
+    args = (model, micro_batch, tp, sequence_parallel, dtype_bytes, flash_attention)
+    if kernels == "eager":
+        return list(eager.layer_backward(*args, P))
+    ops = _layer_backward(*args)
+    return _master_weights(ops, dtype_bytes, arch(model).biases) if P == FP32 else list(ops)
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,35 +263,57 @@ def layer_backward_ops(
 
 
 def embedding_forward_ops(
-    model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int = 2
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype_bytes: int = 2,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
 ) -> list[Op]:
     """Vocab-parallel lookup (each rank reads the rows of its vocabulary shard, about 1/tp of
     the tokens, and writes a full ``[b*s, h]`` partial sum that the TP all-reduce or, with SP,
-    reduce-scatter completes), then the position-embedding add and dropout (GPT family)."""
+    reduce-scatter completes), then the position-embedding add and dropout (GPT family).
+    ``kernels="eager"``: :func:`eager.embedding_forward` (output in the parameter dtype)."""
+    P = _modes(kernels, param_dtype)
+    if kernels == "eager":
+        return eager.embedding_forward(model, micro_batch, tp, sequence_parallel, P)
     L, A = local_dims(model, micro_batch, tp, sequence_parallel), arch(model)
     h, d = model.hidden, dtype_bytes
-    ops = [_mem("embed", "embed", L.tokens * h * d * (1 + 1 / tp))]
+    ops = [mem_op("embed", "embed", L.tokens * h * d * (1 + 1 / tp))]
     if A.learned_positions:
-        ops.append(_mem("pos_embed", "embed", 3 * L.norm_tokens * h * d))
+        ops.append(mem_op("pos_embed", "embed", 3 * L.norm_tokens * h * d))
     if A.dropout:
-        ops.append(_mem("embed_dropout", "embed", L.norm_tokens * h * (2 * d + MASK)))
+        ops.append(mem_op("embed_dropout", "embed", L.norm_tokens * h * (2 * d + MASK)))
     return ops
 
 
 def embedding_backward_ops(
-    model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int = 2
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype_bytes: int = 2,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
 ) -> list[Op]:
     """Dropout backward, position-embedding gradient (read dY, write the summed rows), and
     the word-embedding gradient: read the full dY and read-modify-write the rows of the local
-    shard (about 1/tp of the tokens)."""
+    shard (about 1/tp of the tokens), which is the accumulation itself (no ``.grad`` sum is
+    added for fp32 parameters). ``kernels="eager"``: :func:`eager.embedding_backward`."""
+    P = _modes(kernels, param_dtype)
+    if kernels == "eager":
+        return eager.embedding_backward(model, micro_batch, tp, sequence_parallel, P)
     L, A = local_dims(model, micro_batch, tp, sequence_parallel), arch(model)
     h, d = model.hidden, dtype_bytes
     ops = []
     if A.dropout:
-        ops.append(_mem("embed_dropout", "embed", L.norm_tokens * h * (2 * d + MASK), True))
+        ops.append(mem_op("embed_dropout", "embed", L.norm_tokens * h * (2 * d + MASK), True))
     if A.learned_positions:
-        ops.append(_mem("pos_embed", "embed", 2 * L.norm_tokens * h * d, True))
-    ops.append(_mem("embed", "embed", L.tokens * h * d * (1 + 2 / tp), True))
+        ops.append(mem_op("pos_embed", "embed", 2 * L.norm_tokens * h * d, True))
+    ops.append(mem_op("embed", "embed", L.tokens * h * d * (1 + 2 / tp), True))
     return ops
 
 
@@ -378,29 +327,54 @@ CE_FWD_FP32_BYTES, CE_BWD_FP32_BYTES = 36, 12
 
 
 def head_forward_ops(
-    model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int = 2
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype_bytes: int = 2,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
 ) -> list[Op]:
     """Final norm, the vocab-parallel LM head ``[b*s, h] @ [h, V/tp]`` and the fp32
-    cross-entropy over ``V/tp`` logits (memory-bound)."""
+    cross-entropy over ``V/tp`` logits (memory-bound). ``kernels="eager"``:
+    :func:`eager.head_forward`; ``param_dtype="fp32"`` casts the head's weight first."""
+    P = _modes(kernels, param_dtype)
+    if kernels == "eager":
+        return eager.head_forward(model, micro_batch, tp, sequence_parallel, dtype_bytes, P)
     L, h, d = local_dims(model, micro_batch, tp, sequence_parallel), model.hidden, dtype_bytes
-    return [
-        _mem("final_norm", "head", 2 * L.norm_tokens * h * d),
-        _gemm("lm_head", "head", L.tokens, h, L.vocab, d),
-        _mem("cross_entropy", "head", L.tokens * L.vocab * (d + CE_FWD_FP32_BYTES)),
-    ]
+    ops = (
+        mem_op("final_norm", "head", 2 * L.norm_tokens * h * d),
+        gemm_op("lm_head", "head", L.tokens, h, L.vocab, d),
+        mem_op("cross_entropy", "head", L.tokens * L.vocab * (d + CE_FWD_FP32_BYTES)),
+    )
+    return _master_weights(ops, d, False) if P == FP32 else list(ops)
 
 
 def head_backward_ops(
-    model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int = 2
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype_bytes: int = 2,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
 ) -> list[Op]:
-    """Cross-entropy backward, LM head dgrad and wgrad, final-norm backward."""
+    """Cross-entropy backward, LM head dgrad and wgrad, final-norm backward.
+    ``kernels="eager"``: :func:`eager.head_backward`; ``param_dtype="fp32"`` adds the head
+    gradient's cast and ``.grad`` accumulation."""
+    P = _modes(kernels, param_dtype)
+    if kernels == "eager":
+        return eager.head_backward(model, micro_batch, tp, sequence_parallel, dtype_bytes, P)
     L, h, d = local_dims(model, micro_batch, tp, sequence_parallel), model.hidden, dtype_bytes
-    lm = _gemm("lm_head", "head", L.tokens, h, L.vocab, d)
-    return [
-        _mem("cross_entropy", "head", L.tokens * L.vocab * (d + CE_BWD_FP32_BYTES), True),
-        *_grads(lm, d),
-        _mem("final_norm", "head", 3 * L.norm_tokens * h * d, True),
-    ]
+    lm = gemm_op("lm_head", "head", L.tokens, h, L.vocab, d)
+    ops = (
+        mem_op("cross_entropy", "head", L.tokens * L.vocab * (d + CE_BWD_FP32_BYTES), True),
+        *gemm_grads(lm, d),
+        mem_op("final_norm", "head", 3 * L.norm_tokens * h * d, True),
+    )
+    return _master_weights(ops, d, False) if P == FP32 else list(ops)
 
 
 def optimizer_ops(n_params_local: float, *, param_dtype: str, grad_dtype: str) -> list[Op]:
@@ -419,8 +393,8 @@ def optimizer_ops(n_params_local: float, *, param_dtype: str, grad_dtype: str) -
     else:
         per = g + 24 + p
     return [
-        _mem("grad_norm", "optimizer", n_params_local * g),
-        _mem("adam", "optimizer", n_params_local * per),
+        mem_op("grad_norm", "optimizer", n_params_local * g),
+        mem_op("adam", "optimizer", n_params_local * per),
     ]
 
 
