@@ -80,6 +80,9 @@ class _Topo:
     def effective_capacity(self, efficiency=None):
         return np.zeros(0)
 
+    def route(self, src, dst):
+        return ()
+
 
 def stub_machine(**kw) -> Machine:
     return Machine(_Gpu(), _Topo(), StubCompute(), StubCollectives(**kw))
