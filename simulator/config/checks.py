@@ -129,7 +129,9 @@ def resolve(
     for i, lf in enumerate(work.faults.links):
         if lf.kind == "nvlink":
             if lf.gpu is None or lf.gpu >= n_gpus:
-                raise fail(f"faults.links[{i}].gpu", f"an nvlink fault needs gpu in 0..{n_gpus - 1}")
+                raise fail(
+                    f"faults.links[{i}].gpu", f"an nvlink fault needs gpu in 0..{n_gpus - 1}"
+                )
         else:
             if lf.node is None or lf.node >= topo.nodes:
                 raise fail(
@@ -146,4 +148,40 @@ def resolve(
             file=topo_file or topo.name,
             field="nics_per_node",
         )
+    _check_link_cuts(work, topo, file)
     return Resolved(n_gpus, tp, pp, dp, v, mbs, sl)
+
+
+def _check_link_cuts(work: WorkloadConfig, topo: TopologyConfig, file: str) -> None:
+    """Failed links (``bandwidth_factor: 0``) that cut a GPU or a node off the job.
+
+    The job uses every GPU and every GPU talks to others, so a GPU whose NVLink port failed
+    (in a node of several GPUs it reaches no peer of its node: intra-node traffic only goes
+    over that port) or a node all of whose NICs in use failed (no route to other nodes; a
+    failed NIC's GPUs otherwise reroute through another NIC of the node, see
+    :mod:`simulator.network.topology`) cannot run the plan.
+    """
+    k, m = topo.gpus_per_node, topo.nics_per_node
+    used_nics = {x * m // k for x in range(k)} if m else set()
+    dead_nics: dict[int, list[int]] = {}
+    for i, lf in enumerate(work.faults.links):
+        if lf.bandwidth_factor > 0:
+            continue
+        if lf.kind == "nvlink" and k > 1:
+            raise ConfigError(
+                f"gpu {lf.gpu}'s NVLink port failed (bandwidth_factor 0), which cuts it off "
+                f"from the other GPUs of node {lf.gpu // k} (accepted: bandwidth_factor > 0)",
+                file=file,
+                field=f"faults.links[{i}].bandwidth_factor",
+            )
+        if lf.kind == "nic" and topo.nodes > 1:
+            dead_nics.setdefault(lf.node, []).append(i)
+            failed = {work.faults.links[j].nic for j in dead_nics[lf.node]}
+            if used_nics <= failed:
+                raise ConfigError(
+                    f"every NIC of node {lf.node} in use ({', '.join(map(str, sorted(used_nics)))}"
+                    ") has failed, which cuts the node off the others (accepted: at least one "
+                    "working NIC per node)",
+                    file=file,
+                    field=f"faults.links[{i}].bandwidth_factor",
+                )

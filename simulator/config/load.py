@@ -108,6 +108,17 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def dotted_path(loc: Sequence[Any]) -> str:
+    """``('faults', 'stragglers', 0, 'gpu')`` -> ``faults.stragglers[0].gpu``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
 def pydantic_to_config_error(
     err: ValidationError, model: type[BaseModel], *, file: str, prefix: str = ""
 ) -> ConfigError:
@@ -116,10 +127,19 @@ def pydantic_to_config_error(
     loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
     # Drop union-branch tags pydantic inserts (e.g. 'str', 'dict[str,any]').
     loc = [p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"str", "int"}))]
-    dotted = ".".join(str(p) for p in loc)
+    kind = e["type"]
+    msg = e["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+        # A model-level rule ("kv_heads=3 must divide heads=64") names its field first: point
+        # the dotted path at it rather than at the whole section.
+        owner = _model_at(model, loc)
+        first = msg.split("=", 1)[0] if "=" in msg else ""
+        if owner is not None and first in owner.model_fields:
+            loc = [*loc, first]
+    dotted = dotted_path(loc)
     if prefix:
         dotted = f"{prefix}.{dotted}" if dotted else prefix
-    kind = e["type"]
     if kind == "extra_forbidden":
         owner = _model_at(model, loc[:-1])
         choices = list(owner.model_fields) if owner else []
@@ -128,9 +148,6 @@ def pydantic_to_config_error(
         )
     if kind == "missing":
         return ConfigError("required key is missing", file=file, field=dotted)
-    msg = e["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
     got = e.get("input")
     if kind not in {"model_type", "dict_type"} and not isinstance(got, dict):
         msg = f"{msg}, got {_short(got)}"
@@ -156,14 +173,18 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def _check_key(model: type[BaseModel], parts: Sequence[str], full: str) -> None:
-    """Refuse an override whose dotted path is not a field of ``model`` (with did-you-mean)."""
+def _check_key(
+    model: type[BaseModel], parts: Sequence[str], full: str, root: str = "top level"
+) -> None:
+    """Refuse an override whose dotted path is not a field of ``model`` (with did-you-mean);
+    ``root`` names the model in the message (``topology`` for topology keys)."""
     cur: Any = model
     for i, part in enumerate(parts):
         if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
             return  # inside a free-form mapping (e.g. topology.gpu overrides): leave to validation
         if part not in cur.model_fields:
-            where = ".".join(parts[:i]) or "top level"
+            where = ".".join(parts[:i])
+            where = (f"{root}.{where}" if root != "top level" else where) if where else root
             raise ConfigError(
                 f"no such key under {where}" + did_you_mean(part, list(cur.model_fields)),
                 file="--set",
@@ -199,12 +220,11 @@ def split_overrides(
             sub = key[len("topology.") :] if key != "topology" else ""
             if not sub:
                 raise ConfigError(
-                    "set a topology key (topology.nodes=8) or the file "
-                    "(cluster.topology=FILE)",
+                    "set a topology key (topology.nodes=8) or the file (cluster.topology=FILE)",
                     file="--set",
                     field=key,
                 )
-            _check_key(TopologyConfig, sub.split("."), key)
+            _check_key(TopologyConfig, sub.split("."), key, root="topology")
             topo.append((sub, value))
         else:
             _check_key(WorkloadConfig, key.split("."), key)
@@ -259,6 +279,8 @@ def load_workload(
             given = Path(workload.cluster.topology)
             if given.exists():
                 tpath = given
+    if topology is not None and not tpath.exists():
+        raise ConfigError(f"topology file {str(tpath)!r} does not exist", file="--topology")
     if not tpath.exists():
         raise ConfigError(
             f"topology file {str(tpath)!r} does not exist",
