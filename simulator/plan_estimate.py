@@ -39,7 +39,12 @@ from typing import TYPE_CHECKING
 from simulator.config.checks import Resolved, resolve
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.build import Machine
-from simulator.engine.program import StagePrograms, _compute, build_stage_programs, program_time
+from simulator.engine.program import (
+    Pricer,
+    StagePrograms,
+    build_stage_programs,
+    program_time,
+)
 from simulator.model import memory as mem
 from simulator.model import transformer as tf
 from simulator.parallel.layout import Layout
@@ -205,6 +210,7 @@ class Estimator:
                 model=self.work.model, micro_batch=cand.micro_batch, tp=cand.tp,
                 sp=cand.sequence_parallel, recompute=cand.recompute, dtype=t.precision,
                 cm=self.machine.compute, tp_cost=tp_cost, flash_attention=t.flash_attention,
+                kernels=t.kernels, param_dtype=t.param_dtype,
             )  # fmt: skip
             self._progs[key] = hit
         return hit
@@ -216,7 +222,8 @@ class Estimator:
             ops = tf.optimizer_ops(
                 local_params, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype
             )
-            hit = sum(_compute(self.machine.compute, op, t.precision).dur for op in ops)
+            pr = Pricer(self.machine.compute, t.precision, t.kernels, t.param_dtype)
+            hit = sum(pr.time(op) for op in ops)
             self._opt[local_params] = hit
         return hit
 

@@ -42,7 +42,7 @@ class StubCompute:
         f = 2.0 * batch * heads * seq * seq * head_dim
         return f * (2.5 if kw.get("backward") else 1.0) / RATE
 
-    def memory_s(self, nbytes):
+    def memory_s(self, nbytes, access="stream"):
         return 0.0
 
 

@@ -23,7 +23,7 @@ import simpy
 
 from simulator.config.checks import Resolved
 from simulator.config.schema import TopologyConfig, WorkloadConfig
-from simulator.engine.program import Part, StagePrograms, _compute, build_stage_programs
+from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_programs
 from simulator.engine.sim import CommSpec, Proc, StepPlan
 from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
@@ -201,7 +201,8 @@ def build_plan(
     def optimizer_program(p: Proc) -> tuple[Part, ...]:
         local = stage_params(p.stage) / tp / (dp if par.zero >= 1 else 1)
         ops = tf.optimizer_ops(local, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype)
-        return tuple(_compute(cm, op, dtype) for op in ops)
+        pr = Pricer(cm, dtype, t.kernels, t.param_dtype)
+        return tuple(pr.part(op) for op in ops)
 
     kw = dict(micro_batch=t.micro_batch, tp=tp, sequence_parallel=sp)
     act_layer = mem.activation_bytes_per_layer(

@@ -57,7 +57,34 @@ class StagePrograms:
     head_bwd: Program
 
 
-def _op_time(cm: ComputeModel, op: Op, dtype: str) -> float:
+def memory_access(name: str, kernels: str = "fused", param_dtype: str = "bf16") -> str:
+    """The access class of a memory-bound kernel, by what the kernel does (see
+    ``memory_access`` in the hardware catalog): the measured bandwidth of fused norms,
+    softmax, broadcasts, strided views, up-casts, mixed-dtype adds, concatenation and dropout
+    differs from a streaming copy."""
+    if name in ("norm1", "norm2", "final_norm") or name.endswith("_ln"):
+        return "norm"
+    if name == "softmax":
+        return "softmax"
+    if "dropout" in name:
+        return "dropout"
+    if name.endswith("_cat") or name == "cat":
+        return "cat"
+    if "upcast" in name or name.endswith("_gcast") or name.endswith("_bgcast"):
+        return "upcast"
+    if kernels == "eager":
+        if name.endswith("_gain") or name.endswith("_scale") or name.endswith(("_cos", "_sin")):
+            return "broadcast"
+        if name in ("act_silu", "act_mul"):
+            return "strided"
+        if name in ("residual1", "residual2") and param_dtype == "fp32":
+            return "mixed"
+    return "stream"
+
+
+def _op_time(
+    cm: ComputeModel, op: Op, dtype: str, kernels: str = "fused", param_dtype: str = "bf16"
+) -> float:
     if op.kind == "gemm":
         # A batched GEMM (unfused attention: one product per head) fills the GPU like one
         # GEMM with the batch folded into m.
@@ -74,13 +101,25 @@ def _op_time(cm: ComputeModel, op: Op, dtype: str) -> float:
             dtype="bf16" if dtype == "fp8" else dtype,
         )
     else:
-        t = cm.memory_s(op.bytes)
+        t = cm.memory_s(op.bytes, memory_access(op.name, kernels, param_dtype))
     # kernel_launch_s: the measured gap between back-to-back kernels on one stream.
     return t + cm.gpu.kernel_launch_s
 
 
-def _compute(cm: ComputeModel, op: Op, dtype: str) -> Part:
-    return Part(op.name, "compute", _op_time(cm, op, dtype), op.flops)
+@dataclass(frozen=True)
+class Pricer:
+    """Prices kernels: the compute model, the compute dtype and how the kernels are written."""
+
+    cm: ComputeModel
+    dtype: str
+    kernels: str = "fused"
+    param_dtype: str = "bf16"
+
+    def time(self, op: Op) -> float:
+        return _op_time(self.cm, op, self.dtype, self.kernels, self.param_dtype)
+
+    def part(self, op: Op) -> Part:
+        return Part(op.name, "compute", self.time(op), op.flops)
 
 
 def _is_column_parallel(op: Op) -> bool:
@@ -93,21 +132,21 @@ def _is_row_parallel(op: Op) -> bool:
 
 
 def build_layer_forward(
-    ops: Sequence[Op], cm: ComputeModel, dtype: str, tp_part: Callable[[str], Part] | None, sp: bool
+    ops: Sequence[Op], pr: Pricer, tp_part: Callable[[str], Part] | None, sp: bool
 ) -> Program:
     """Forward layer program: compute parts with TP collectives inserted (Megatron placement)."""
     parts: list[Part] = []
     for op in ops:
         if tp_part and sp and _is_column_parallel(op):
             parts.append(tp_part("all_gather"))
-        parts.append(_compute(cm, op, dtype))
+        parts.append(pr.part(op))
         if tp_part and _is_row_parallel(op):
             parts.append(tp_part("reduce_scatter" if sp else "all_reduce"))
     return tuple(parts)
 
 
 def build_layer_backward(
-    ops: Sequence[Op], cm: ComputeModel, dtype: str, tp_part: Callable[[str], Part] | None, sp: bool
+    ops: Sequence[Op], pr: Pricer, tp_part: Callable[[str], Part] | None, sp: bool
 ) -> Program:
     """Backward layer program.
 
@@ -127,10 +166,10 @@ def build_layer_backward(
             if "dgrad" in op.name:
                 if sp:
                     parts.append(_overlapping(tp_part("all_gather")))
-                parts.append(_compute(cm, op, dtype))
+                parts.append(pr.part(op))
                 parts.append(_overlapping(tp_part("reduce_scatter" if sp else "all_reduce")))
                 continue
-        parts.append(_compute(cm, op, dtype))
+        parts.append(pr.part(op))
     return tuple(parts)
 
 
@@ -159,6 +198,7 @@ def build_stage_programs(
     of :mod:`simulator.model.transformer` (fused or eager kernels; fp32 master weights add
     per-micro-batch weight casts and gradient accumulation).
     """
+    pr = Pricer(cm, dtype, kernels, param_dtype)
     kw = dict(
         micro_batch=micro_batch, tp=tp, sequence_parallel=sp, kernels=kernels,
         param_dtype=param_dtype,
@@ -173,15 +213,15 @@ def build_stage_programs(
 
     fwd_ops = tf.layer_forward_ops(model, flash_attention=flash_attention, **kw)
     bwd_ops = tf.layer_backward_ops(model, flash_attention=flash_attention, **kw)
-    layer_fwd = build_layer_forward(fwd_ops, cm, dtype, tp_part, sp)
-    layer_bwd = build_layer_backward(bwd_ops, cm, dtype, tp_part, sp)
+    layer_fwd = build_layer_forward(fwd_ops, pr, tp_part, sp)
+    layer_bwd = build_layer_backward(bwd_ops, pr, tp_part, sp)
     if recompute == "full":
         layer_re = tuple(Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes) for p in layer_fwd)
     elif recompute == "selective":
         # Korthikanti et al. 2022: recompute only the core attention (QK^T, softmax, AV).
         core = {"attn", "attn_scores", "softmax", "attn_dropout", "attn_context"}
         layer_re = tuple(
-            Part(f"re_{op.name}", "compute", _op_time(cm, op, dtype), op.flops)
+            Part(f"re_{op.name}", "compute", pr.time(op), op.flops)
             for op in fwd_ops
             if op.name in core
         )
@@ -189,7 +229,7 @@ def build_stage_programs(
         layer_re = ()
 
     def simple(ops: Sequence[Op]) -> Program:
-        return tuple(_compute(cm, op, dtype) for op in ops)
+        return tuple(pr.part(op) for op in ops)
 
     embed_fwd = simple(tf.embedding_forward_ops(model, **kw))
     embed_bwd = simple(tf.embedding_backward_ops(model, **kw))

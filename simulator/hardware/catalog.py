@@ -109,6 +109,9 @@ class GPUSpec:
     sm_count: int = 132
     gemm: GemmParams | None = None
     attention: AttentionParams | None = None
+    #: bandwidth of each class of memory-bound kernel relative to a streaming copy
+    #: (``hbm_efficiency``); see ``memory_access`` in gpus.yaml
+    memory_access: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     calibration: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
 
     def peak_flops(self, dtype: str) -> float:
@@ -160,7 +163,7 @@ _REQUIRED = (
     "kernel_launch_s",
 )
 _FIELDS = tuple(f.name for f in fields(GPUSpec))
-_MERGED = ("peak_tflops", "sources", "gemm", "attention")  # overrides merge key by key
+_MERGED = ("peak_tflops", "sources", "gemm", "attention", "memory_access")  # overrides merge key by key
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,6 +333,15 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
                 file=file,
                 field=f"{field}.attention.{key}",
             )
+    access = _merge(defaults.get("memory_access") or {}, entry.get("memory_access") or {})
+    for key, val in access.items():
+        if not isinstance(val, (int, float)) or not 0 < val <= 1.5:
+            raise ConfigError(
+                f"a relative bandwidth in (0, 1.5], got {val!r}",
+                file=file,
+                field=f"{field}.memory_access.{key}",
+            )
+    values["memory_access"] = MappingProxyType({str(k): float(v) for k, v in access.items()})
     values["calibration"] = tuple(MappingProxyType(dict(c)) for c in entry.get("calibration", ()))
     return GPUSpec(**values)
 

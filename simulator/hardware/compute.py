@@ -180,10 +180,14 @@ class ComputeModel:
 
     # -- memory-bound -------------------------------------------------------------------------
 
-    def memory_s(self, nbytes: float) -> float:
+    def memory_s(self, nbytes: float, access: str = "stream") -> float:
         """Time of a memory-bound kernel moving ``nbytes`` (read + written) at achievable HBM
-        bandwidth (datasheet ``hbm_TBps`` x measured ``hbm_efficiency``)."""
-        return max(0.0, float(nbytes)) / self._bw
+        bandwidth: datasheet ``hbm_TBps`` x measured ``hbm_efficiency`` (a streaming copy) x
+        the measured relative bandwidth of the kernel's access class (``memory_access``:
+        ``stream`` 1.0; row-wise norms, softmax, broadcasts, strided views, up-casts, mixed
+        dtypes, concatenation and dropout run slower)."""
+        rel = self.gpu.memory_access.get(access, 1.0) if access != "stream" else 1.0
+        return max(0.0, float(nbytes)) / (self._bw * rel)
 
 
 def _attention_time(
