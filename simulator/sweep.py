@@ -375,12 +375,21 @@ def _run_ray(
         if address:
             # A remote cluster gets this package shipped with the job; its Python must have
             # the dependencies (simpy, networkx, numpy, pandas, pyarrow, pydantic, pyyaml).
-            ray.init(
-                address=address,
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env={"py_modules": [pkg]},
-            )
+            try:
+                ray.init(
+                    address=address,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    runtime_env={"py_modules": [pkg]},
+                )
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise ConfigError(
+                    f"cannot connect to the Ray cluster at {address!r}: {first} (a cluster "
+                    "with token authentication needs its token, see the Ray docs on "
+                    "RAY_AUTH_MODE)",
+                    file="--address",
+                ) from None
         else:
             root = str(Path(pkg).parent)
             path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
