@@ -16,6 +16,7 @@ import pytest
 from simulator.config.load import load_workload
 from simulator.engine.build import Machine
 from simulator.network.collectives import Step
+from simulator.network.topology import load_fabrics
 from simulator.run import simulate
 from tests.conftest import SMALL_MODEL, small_topology, write_case
 
@@ -177,7 +178,11 @@ def test_dp_reduction_exposed_only_after_backward(tmp_path):
     )
     a, b = res_overlap.summary, res_serial.summary
     assert a["step_time_s"] < b["step_time_s"]
-    assert a["breakdown_s"]["compute"] == pytest.approx(b["breakdown_s"]["compute"], rel=1e-9)
+    # Overlapped, the kernels that share the GPU with an all-reduce run slower (measured
+    # interference, fabrics.yaml), never by more than that factor.
+    kappa = load_fabrics()["nccl"]["compute_slowdown_beside_comm"]
+    assert b["breakdown_s"]["compute"] < a["breakdown_s"]["compute"]
+    assert a["breakdown_s"]["compute"] <= b["breakdown_s"]["compute"] * (1 + kappa) + 1e-12
     # Without overlap all the reduction is exposed: bytes / bw in total (fp32 grads).
     grads = 4 * (12 * 1024**2 + 13 * 1024) * 8  # 8 GELU layers' weights and biases, fp32
     assert b["breakdown_s"]["dp_comm"] >= grads / 20e9 * 0.99

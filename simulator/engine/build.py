@@ -29,9 +29,10 @@ from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
 from simulator.model import memory as mem
 from simulator.model import transformer as tf
+from simulator.model.ops import Op
 from simulator.network.collectives import CollectiveModel
 from simulator.network.flows import FlowNetwork
-from simulator.network.topology import Topology
+from simulator.network.topology import Topology, load_fabrics
 from simulator.parallel.layout import Layout
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -267,6 +268,36 @@ def build_plan(
             if st.latency_s:
                 yield env.timeout(st.latency_s)
 
+    # What the framework does to gradients around the data-parallel reduction, per parameter
+    # (first principles, bytes read + written on the compute stream):
+    # * fused (Megatron-LM): gradients accumulate in the bucket (fp32 main_grad) already;
+    #   the bucket is scaled by 1/dp before it is reduced: read + write in grad dtype.
+    # * eager (PyTorch): DDP copies each gradient into its bucket and divides it by the world
+    #   size (2 x read + write), and copies the reduced bucket back into .grad afterwards;
+    #   FSDP casts the unsharded bf16 gradient to the fp32 reduce dtype (2 + 4 bytes) and
+    #   pre-divides it (2 x 4 bytes).
+    kern = t.kernels
+    if kern == "eager" and par.zero == 3:
+        prep_per_param, fin_per_param = 2 + gb + 2 * gb, 0.0  # cast bf16 -> gb, pre-divide
+    elif kern == "eager":
+        prep_per_param, fin_per_param = 4.0 * gb, 2.0 * gb
+    else:
+        prep_per_param, fin_per_param = 2.0 * gb, 0.0
+    prep_cache: dict[float, tuple[Part, ...]] = {}
+    pr_mem = Pricer(cm, dtype, t.kernels, t.param_dtype)
+
+    def grad_prep(grad_bytes: float) -> tuple[Part, ...]:
+        if grad_bytes not in prep_cache:
+            n = grad_bytes / gb * prep_per_param
+            prep_cache[grad_bytes] = (pr_mem.part(Op("grad_prep", "memory", "optimizer", bytes=n)),)
+        return prep_cache[grad_bytes]
+
+    def grad_finalize(p: Proc) -> tuple[Part, ...]:
+        if not fin_per_param:
+            return ()
+        n = stage_params(p.stage) / tp * fin_per_param
+        return (pr_mem.part(Op("grad_copy_back", "memory", "optimizer", bytes=n)),)
+
     plan = StepPlan(
         procs=procs,
         pp=pp,
@@ -297,6 +328,10 @@ def build_plan(
         comm_cost=None if detail == "full" else comm_cost,
         comm_exec=comm_exec if detail == "full" else comm_exec_folded,
         detail=detail,
+        dp_size=dp,
+        grad_prep=grad_prep,
+        grad_finalize=grad_finalize,
+        interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
     )
     return plan, layout, net
 

@@ -249,8 +249,13 @@ def build_stage_programs(
     return StagePrograms(layer_fwd, layer_bwd, layer_re, embed_fwd, embed_bwd, head_fwd, head_bwd)
 
 
-def program_time(prog: Program, slowdown: float = 1.0) -> tuple[float, float, float]:
-    """(total, compute, exposed tp) seconds of a program run back to back on one GPU."""
+def program_time(
+    prog: Program, slowdown: float = 1.0, interference: float = 0.0
+) -> tuple[float, float, float]:
+    """(total, compute, exposed tp) seconds of a program run back to back on one GPU.
+
+    A compute part that runs beside an overlapping collective is slowed by ``interference``
+    (the measured cost of sharing the GPU with an NCCL kernel)."""
     total = comp = tpc = 0.0
     pending = 0.0  # an overlapping collective waiting for the next compute part
     for p in prog:
@@ -263,6 +268,7 @@ def program_time(prog: Program, slowdown: float = 1.0) -> tuple[float, float, fl
         else:
             d = p.dur * slowdown
             if pending:
+                d *= 1.0 + interference
                 exposed = max(0.0, pending - d)
                 total += d + exposed
                 tpc += exposed

@@ -104,6 +104,10 @@ class StepPlan:
     comm_time: Callable[[CommSpec, Proc], float] | None  # folded: cost of a collective
     comm_exec: Callable[[CommSpec, Proc], object] | None  # full: generator running the steps
     detail: str = "folded"
+    interference: float = 0.0  # compute slowdown while a collective shares the GPU
+    dp_size: int = 2  # data-parallel replicas (1: no data-parallel collectives at all)
+    grad_prep: Callable[[float], Program] | None = None  # work on a bucket of grad bytes
+    grad_finalize: Callable[[Proc], Program] | None = None  # after the reduction, per step
     comm_cost: Callable[[CommSpec, Proc], object] | None = None  # folded: the CollectiveCost
     gather_keep_fraction: float = 0.0  # of a gathered ZeRO-3 layer not already held locally
 
@@ -125,6 +129,7 @@ class Engine:
         #: executions of each program per process, and every collective run (for link accounting)
         self.prog_runs: dict[tuple[int, int], int] = defaultdict(int)
         self.comm_log: list[tuple[Proc, CommSpec]] = []
+        self._inflight: dict[int, int] = defaultdict(int)
 
     # -------------------------------------------------------------------------------- running
 
@@ -142,8 +147,15 @@ class Engine:
         key = (id(prog), slowdown)
         hit = self._ptime_cache.get(key)
         if hit is None:
-            hit = self._ptime_cache[key] = program_time(prog, slowdown)
+            hit = self._ptime_cache[key] = program_time(prog, slowdown, self.plan.interference)
         return hit
+
+    def _slowdown(self, p: Proc) -> float:
+        """The process's compute slowdown now: its straggler factor, times the interference of
+        a data-parallel / ZeRO collective in flight on its GPU."""
+        if self._inflight[p.pid]:
+            return p.slowdown * (1.0 + self.plan.interference)
+        return p.slowdown
 
     def _row(self, p: Proc, stream, kind, name, start, end, nbytes, flops, layer, mb, parts=()):
         # '~' marks a collective that ran beside the next kernel (overlap_next).
@@ -170,9 +182,10 @@ class Engine:
         """Run segments back to back as one timeout; rows and memory at exact offsets."""
         env = self.env
         t = env.now
+        slowdown = self._slowdown(p)
         for label, layer, prog in segs:
             self.prog_runs[(p.pid, id(prog))] += 1
-            total, comp, tpc = self._ptime(prog, p.slowdown)
+            total, comp, tpc = self._ptime(prog, slowdown)
             self._row(p, "compute", kind, label, t, t + total, 0.0, _flops(prog), layer, mb, prog)
             p.busy.append((t, t + total, comp, tpc, kind))
             t += total
@@ -197,7 +210,9 @@ class Engine:
                 yield self._tp_full(part, p)
                 tpc += env.now - t0
                 continue
-            d = part.dur * p.slowdown
+            d = part.dur * self._slowdown(p)
+            if pending is not None:
+                d *= 1.0 + self.plan.interference
             yield env.timeout(d)
             comp += d
             if pending is not None:
@@ -294,10 +309,10 @@ class Engine:
                             continue
                         buckets[w.chunk] += self._grad_bytes(seg, vs)
                         if buckets[w.chunk] >= plan.bucket_bytes:
-                            self._dp_bucket(p, dp_reduce_op, buckets[w.chunk], bucket_id)
+                            yield from self._dp_bucket(p, dp_reduce_op, buckets[w.chunk], bucket_id)
                             buckets[w.chunk] = 0.0
                     if buckets[w.chunk]:
-                        self._dp_bucket(p, dp_reduce_op, buckets[w.chunk], bucket_id)
+                        yield from self._dp_bucket(p, dp_reduce_op, buckets[w.chunk], bucket_id)
                         buckets[w.chunk] = 0.0
                 else:
                     yield from self._run_backward_segments(p, segs, w.microbatch, act_delta(-1))
@@ -312,11 +327,16 @@ class Engine:
                 left = buckets[c]
                 while left > 0:
                     chunk_bytes = min(left, plan.bucket_bytes)
-                    self._dp_bucket(p, dp_reduce_op, chunk_bytes, bucket_id)
+                    yield from self._dp_bucket(p, dp_reduce_op, chunk_bytes, bucket_id)
                     left -= chunk_bytes
         pending = self._pending.pop(p.pid, [])
         if pending:
             yield env.all_of(pending)
+        if plan.grad_finalize is not None and plan.dp_size > 1:
+            # e.g. PyTorch DDP copies the reduced buckets back into the parameters' .grad
+            fin = plan.grad_finalize(p)
+            if fin:
+                yield from self._segments_folded(p, [("grad finalize", -1, fin)], "bwd", -1, None)
         # Optimizer step on this GPU's shard.
         opt = plan.optimizer_program(p)
         yield from self._segments_folded(p, [("optimizer", -1, opt)], "optimizer", -1, None)
@@ -384,6 +404,7 @@ class Engine:
             if layer >= 0 and ("bwd" in label or kind == "fwd"):
                 self.mem.append((self.env.now, p.pid, -plan.param_bytes_per_layer * plan.gather_keep_fraction, "zero_params"))
             if kind == "bwd" and "bwd" in label:
+                yield from self._grad_prep(p, plan.grad_bytes_per_layer, f"L{layer} grad prep")
                 spec = self._spec(p, "dp", "dp_comm", "reduce_scatter", plan.grad_bytes_per_layer,
                                   f"L{layer} grad reduce_scatter", layer=layer, mb=mb)
                 self._pending[p.pid].append(self._issue(p, spec))
@@ -402,16 +423,33 @@ class Engine:
         self._seq[(p.pid, seq_key)] = n + 1
         return CommSpec(stream, kind, op, nbytes, (seq_key, n), name, layer, mb)
 
-    def _dp_bucket(self, p: Proc, op: str, nbytes: float, bucket_id: list[int]) -> None:
+    def _grad_prep(self, p: Proc, nbytes: float, label: str):
+        """The framework's work on a gradient bucket before it is reduced (copy into the
+        bucket, scaling, casting), on the compute stream."""
+        prog = self.plan.grad_prep(nbytes) if self.plan.grad_prep else ()
+        if prog and self.plan.dp_size > 1:
+            yield from self._segments_folded(p, [(label, -1, prog)], "bwd", -1, None)
+
+    def _dp_bucket(self, p: Proc, op: str, nbytes: float, bucket_id: list[int]):
+        yield from self._grad_prep(p, nbytes, f"bucket {bucket_id[0]} prep")
         spec = self._spec(p, "dp", "dp_comm", op, nbytes, f"grad {op} bucket {bucket_id[0]}")
         bucket_id[0] += 1
         self._pending[p.pid].append(self._issue(p, spec))
 
     def _issue(self, p: Proc, spec: CommSpec) -> simpy.Event:
-        """Issue a collective on ``p``'s stream; returns the event of its completion on ``p``."""
+        """Issue a collective on ``p``'s stream; returns the event of its completion on ``p``.
+
+        A data-parallel collective over a single replica moves nothing: it completes at once."""
+        if spec.stream in ("dp", "gather") and self.plan.dp_size == 1:
+            ev = self.env.event()
+            ev.succeed()
+            return ev
         done = self.env.event()
-        prev = self._last_done.get((p.pid, spec.stream))
-        self._last_done[(p.pid, spec.stream)] = done
+        # Gathers and gradient reductions share the data-parallel communicator, so they run
+        # one after another in issue order (one NCCL stream per process group).
+        queue = "dp" if spec.stream == "gather" else spec.stream
+        prev = self._last_done.get((p.pid, queue))
+        self._last_done[(p.pid, queue)] = done
         entry = self._rdv.setdefault(spec.key, [])
         entry.append((p, done, prev, self.env.now))
         members = spec.key[0][1]
@@ -427,10 +465,17 @@ class Engine:
             yield env.all_of(prevs)
         start = env.now
         p0 = entry[0][0]
+        shares_gpu = spec.stream in ("dp", "gather")
+        if shares_gpu:
+            for p, *_ in entry:
+                self._inflight[p.pid] += 1
         if self.plan.comm_exec is not None:
             yield env.process(self.plan.comm_exec(spec, p0))
         else:
             yield env.timeout(self.plan.comm_time(spec, p0))
+        if shares_gpu:
+            for p, *_ in entry:
+                self._inflight[p.pid] -= 1
         end = env.now
         self.comm_log.append((p0, spec))
         for p, done, _, _ in entry:
