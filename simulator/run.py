@@ -17,6 +17,7 @@ import pandas as pd
 from simulator.config.checks import Resolved, resolve
 from simulator.config.load import LoadedWorkload
 from simulator.cost import COST_KEYS, training_cost
+from simulator.reliability import reliability_summary
 from simulator.engine.build import Machine, build_plan, folded_link_bytes
 from simulator.engine.records import EVENT_COLUMNS, LINK_COLUMNS, MEMORY_COLUMNS
 from simulator.engine.sim import CountingEnvironment, Engine
@@ -79,7 +80,9 @@ def simulate(
         drop=True
     )
     memory = _memory_table(engine.mem, procs)
-    mem_gib, worst_proc = memory_peak(memory, machine.gpu.hbm_GiB * GiB)
+    mem_gib, worst_proc = memory_peak(
+        memory, machine.gpu.hbm_GiB * GiB, machine.gpu.runtime_reserved_GiB * GiB
+    )
     links = _links_table(engine, machine, net, layout, step)
 
     m, t = work.model, work.training
@@ -133,6 +136,10 @@ def simulate(
     if cost:
         summary["training"] = cost
         summary.update({k: cost[k] for k in COST_KEYS})
+    # Failures over the whole run (when faults.reliability is given).
+    rel = reliability_summary(summary, work.faults.reliability, t)
+    if rel:
+        summary["reliability"] = rel
     summary["events"] = int(env.n_events)
     summary["trace_rows"] = len(events)
     summary["sim_wall_s"] = time.perf_counter() - t0

@@ -112,6 +112,9 @@ class GPUSpec:
     #: bandwidth of each class of memory-bound kernel relative to a streaming copy
     #: (``hbm_efficiency``); see ``memory_access`` in gpus.yaml
     memory_access: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    #: HBM a training process holds beyond its tensors: CUDA context, NCCL communicators and
+    #: buffers, library workspaces, caching-allocator slack (see gpus.yaml)
+    runtime_reserved_GiB: float = 0.0
     calibration: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
 
     def peak_flops(self, dtype: str) -> float:
@@ -342,6 +345,14 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
                 field=f"{field}.memory_access.{key}",
             )
     values["memory_access"] = MappingProxyType({str(k): float(v) for k, v in access.items()})
+    reserved = entry.get("runtime_reserved_GiB", defaults.get("runtime_reserved_GiB", 0.0))
+    if not isinstance(reserved, (int, float)) or reserved < 0:
+        raise ConfigError(
+            f"a non-negative size in GiB, got {reserved!r}",
+            file=file,
+            field=f"{field}.runtime_reserved_GiB",
+        )
+    values["runtime_reserved_GiB"] = float(reserved)
     values["calibration"] = tuple(MappingProxyType(dict(c)) for c in entry.get("calibration", ()))
     return GPUSpec(**values)
 

@@ -83,8 +83,11 @@ def breakdown(proc: Proc, step_time: float, has_pipeline: bool) -> dict[str, flo
     return out
 
 
-def memory_peak(memory: pd.DataFrame, capacity_bytes: float) -> tuple[dict[str, float], str]:
-    """Peak memory of the worst process, split by category at the moment of the peak (GiB)."""
+def memory_peak(
+    memory: pd.DataFrame, capacity_bytes: float, reserved_bytes: float = 0.0
+) -> tuple[dict[str, float], str]:
+    """Peak memory of the worst process, split by category at the moment of the peak (GiB);
+    ``reserved`` (the runtime's own HBM) is part of the total."""
     cats = ["weights", "gradients", "optimizer", "activations", "zero_params"]
     best = None
     for proc, grp in memory.groupby("proc", sort=True):
@@ -103,6 +106,7 @@ def memory_peak(memory: pd.DataFrame, capacity_bytes: float) -> tuple[dict[str, 
     peak, proc, split = best
     res = {c: float(split.get(c, 0.0)) / GiB for c in cats}
     res["weights"] += res.pop("zero_params")
-    res["total"] = peak / GiB
+    res["reserved"] = reserved_bytes / GiB
+    res["total"] = (peak + reserved_bytes) / GiB
     res["capacity"] = capacity_bytes / GiB
     return res, proc

@@ -305,6 +305,18 @@ def _training_cost(summary: dict) -> Table | None:
         rows.append(("energy", f"{summary['energy_MWh']:,.1f} MWh"))
     if _finite(summary.get("cost_usd")):
         rows.append(("cost", f"${summary['cost_usd']:,.0f}"))
+    rel = summary.get("reliability") or {}
+    if _finite(rel.get("goodput")):
+        rows.append(("goodput with failures", f"{rel['goodput']:.1%}"))
+        if _finite(rel.get("effective_time_to_train_days")):
+            rows.append(("time to train with failures",
+                         f"{rel['effective_time_to_train_days']:,.1f} days"))
+        if _finite(rel.get("expected_failures")):
+            rows.append(("expected failures", f"{rel['expected_failures']:,.0f}"))
+        if _finite(rel.get("job_mtbf_hours")):
+            rows.append(("job MTBF", f"{rel['job_mtbf_hours']:.2f} h"))
+        if _finite(rel.get("checkpoint_interval_min")):
+            rows.append(("checkpoint every", f"{rel['checkpoint_interval_min']:.1f} min"))
     if not rows:
         return None
     t = Table(
