@@ -230,12 +230,9 @@ def test_full_detail_on_tiny_cases(tmp_path, case):
 
 
 # --------------------------------------------------------------------------------------------
-# Known violations found by the search above (kept as strict xfails: they pass once fixed).
-#
-# simulator/network/collectives.py picks each group's algorithm/protocol by its cost *alone*
-# (CollectiveModel._plan) and then prices all concurrent groups together (_cost). When several
-# groups share a NIC, LL (half the wire efficiency) can be picked although Simple is faster
-# under the sharing, and a faster NIC moves the choice from Simple to LL: the step gets slower.
+# Regressions found by the search above: concurrent groups sharing a NIC once had their
+# algorithm/protocol chosen as if each ran alone (LL picked where Simple is faster under the
+# sharing), so a faster NIC could make a step slower. The choice is now made jointly.
 
 _TINY = {
     "layers": 1,
@@ -259,9 +256,6 @@ _ONE_NIC = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="protocol chosen per group, not under contention"
-)
 def test_faster_nic_never_slows_dp_reduce_scatter(tmp_path):
     # Two DP groups (tp = 2) share each node's one NIC; 400 Gb/s picks ring/LL (141 us per
     # bucket) where ring/Simple would take 116 us, slower than at 200 Gb/s (134 us).
@@ -278,9 +272,6 @@ def test_faster_nic_never_slows_dp_reduce_scatter(tmp_path):
     assert steps[1] <= steps[0]
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="protocol chosen per pair, not under contention"
-)
 def test_faster_nic_never_slows_pipeline_sends(tmp_path):
     # Four concurrent stage-to-stage sends of 32 KiB share one NIC: 93 us at 100 Gb/s
     # (Simple), 118 us at 150 Gb/s (LL).

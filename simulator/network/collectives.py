@@ -188,6 +188,19 @@ class CollectiveModel:
         hit = self._cost_cache.get(key)
         if hit is None:
             hit = self._cost(*key)
+            if algorithm is None and sum(len(g) > 1 for g in key[1]) > 1:
+                # Each group's plan was chosen as if it ran alone; where concurrent groups
+                # share links, another algorithm/protocol can be faster for all of them
+                # (e.g. LL's doubled wire bytes lose once a NIC is shared). NCCL's tuner
+                # sees the contended bandwidth, so take the best of the joint choices.
+                for alg in AUTO[op]:
+                    for proto in self.protocols:
+                        try:
+                            alt = self._cost(key[0], key[1], key[2], f"{alg}/{proto.name}")
+                        except ConfigError:
+                            continue
+                        if alt.time_s < hit.time_s:
+                            hit = alt
             self._cost_cache[key] = hit
         return hit
 
@@ -206,6 +219,11 @@ class CollectiveModel:
         bundles take exactly ``cost(op, groups, nbytes).time_s - launch_s``. Run beside other
         traffic they share links with it. Cached.
         """
+        if algorithm is None and sum(len(g) > 1 for g in groups) > 1:
+            # Use the joint choice cost() made for these concurrent groups.
+            chosen = self.cost(op, groups, nbytes).algorithm
+            if "," not in chosen and chosen != "none":
+                algorithm = chosen
         key = (op, tuple(tuple(g) for g in groups), float(nbytes), algorithm)
         hit = self._bundle_cache.get(key)
         if hit is not None:
