@@ -81,7 +81,7 @@ def simulate(
     )
     memory = _memory_table(engine.mem, procs)
     mem_gib, worst_proc = memory_peak(
-        memory, machine.gpu.hbm_GiB * GiB, machine.gpu.runtime_reserved_GiB * GiB
+        memory, machine.gpu.hbm_GiB * GiB, getattr(machine.gpu, "runtime_reserved_GiB", 0.0) * GiB
     )
     links = _links_table(engine, machine, net, layout, step)
 
