@@ -16,8 +16,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from simulator.config.load import load_sweep
+from simulator.errors import ConfigError
 from simulator.report import io, plots, table
-from simulator.sweep import OK, SweepOutcome, run_sweep
+from simulator.sweep import OK, SweepOutcome, check_metric, run_sweep
 
 
 def register(sub) -> None:
@@ -78,9 +80,9 @@ def _progress(enabled: bool) -> Progress:
 
 def main(args) -> int:
     if args.workers is not None and args.workers < 1:
-        from simulator.errors import ConfigError
-
         raise ConfigError(f"must be >= 1, got {args.workers}", file="--workers")
+    # Validate the sweep file before anything is drawn, so bad input gets one error line.
+    check_metric(load_sweep(args.sweep), str(args.sweep))
     show = not args.no_progress and not args.json
     with _progress(show) as progress:
         task = progress.add_task("sweep", total=None, ok=0, failed=0)

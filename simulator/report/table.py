@@ -408,7 +408,9 @@ def compare_table(summaries: Sequence[dict], labels: Sequence[str]) -> Renderabl
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     t.add_column("")
     for i, label in enumerate(labels):
-        t.add_column(label if i else f"{label}\n(baseline)", justify="right")
+        t.add_column(
+            label if i else f"{label}\n(baseline)", justify="right", overflow="fold"
+        )
     for name, key, fmt in COMPARE_ROWS:
         values = [_get(s, key) for s in summaries]
         if not any(_finite(v) for v in values):
@@ -488,7 +490,10 @@ def sweep_table(df: pd.DataFrame, keys: Sequence[str], metric: str) -> Renderabl
         for c in extra:
             x = row[c]
             if c == "fits":
-                cells.append(Text("yes", style="green") if bool(x) else Text("NO", style="red"))
+                if x is None or x is pd.NA or (isinstance(x, float) and x != x):
+                    cells.append("—")
+                else:
+                    cells.append(Text("yes", style="green") if bool(x) else Text("NO", style="red"))
             else:
                 cells.append(fmts[c](float(x)) if _finite(float(x)) else "n/a")
         if ok[i]:
