@@ -125,6 +125,7 @@ class Estimator:
         self.emb = tf.embedding_params(m)
         self.head = tf.head_params(m) + tf.final_norm_params(m)
         self.capacity = machine.gpu.hbm_GiB * GiB
+        self.reserved = getattr(machine.gpu, "runtime_reserved_GiB", 0.0) * GiB
         self._progs: dict[tuple, StagePrograms] = {}
         self._coll: dict[tuple, float] = {}
         self._opt: dict[float, float] = {}
@@ -263,7 +264,8 @@ class Estimator:
 
     def estimate(self, cand: Candidate, res: Resolved) -> Estimate:
         """Memory and the analytic step time / tokens per second of ``cand``."""
-        need = self.memory_bytes(cand, res)
+        # Tensors plus the runtime's own reserve, as the simulator's fit verdict counts them.
+        need = self.memory_bytes(cand, res) + self.reserved
         est = Estimate(cand, need / GiB, need <= self.capacity)
         if not est.fits:
             return est

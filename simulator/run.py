@@ -67,6 +67,8 @@ def simulate(
     machine = machine or make_machine(loaded)
     env = CountingEnvironment()
     plan, layout, net = build_plan(work, loaded.topology, res, machine, detail=detail, env=env)
+    if net is not None and machine.topology.n_links <= LINK_SERIES_MAX_LINKS:
+        net.record()
     engine = Engine(plan, env)
     engine.run()
 
@@ -143,7 +145,7 @@ def simulate(
     summary["events"] = int(env.n_events)
     summary["trace_rows"] = len(events)
     summary["sim_wall_s"] = time.perf_counter() - t0
-    return SimResult(summary, events, memory, links)
+    return SimResult(summary, events, memory, links, {"link_series": _link_series(net, links)})
 
 
 def _memory_table(mem_rows, procs) -> pd.DataFrame:
@@ -186,6 +188,33 @@ def _links_table(engine: Engine, machine: Machine, net, layout, step: float) -> 
         columns=list(LINK_COLUMNS),
     )
     return df.sort_values(["utilization", "link"], ascending=[False, True]).reset_index(drop=True)
+
+
+#: Record link-load time series (for the Perfetto trace) only on fabrics up to this size.
+LINK_SERIES_MAX_LINKS = 20_000
+
+
+def _link_series(net, links: pd.DataFrame, k: int = 8) -> pd.DataFrame | None:
+    """Utilisation over time of the ``k`` links that carried the most bytes through the flow
+    network (columns link, t_s, utilization), from its re-share history. In folded mode that
+    is the data-parallel / ZeRO traffic; TP collectives and pipeline sends are priced
+    statically and appear in ``links`` only."""
+    if net is None or not net.history or links.empty:
+        return None
+    order = np.argsort(-np.asarray(net.link_bytes), kind="stable")
+    top = [int(i) for i in order[:k] if net.link_bytes[i] > 0]
+    cap = net.capacity
+    rows = []
+    for t, used, load in net.history:
+        pos = {int(u): j for j, u in enumerate(used)}
+        for lid in top:
+            j = pos.get(lid)
+            u = float(load[j] / cap[lid]) if j is not None and cap[lid] > 0 else 0.0
+            rows.append((net.topology.link_names[lid], t, u))
+    df = pd.DataFrame(rows, columns=["link", "t_s", "utilization"])
+    # Keep a point only where a link's utilisation changes.
+    df = df[df.groupby("link")["utilization"].diff().fillna(1.0) != 0.0]
+    return df.reset_index(drop=True)
 
 
 def _busiest(links: pd.DataFrame, k: int = 5) -> list[dict]:

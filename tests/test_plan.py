@@ -102,8 +102,10 @@ def test_memory_prescreen_is_the_engine_accounting(tmp_path):
 
 
 def test_small_plan_ranks_fitting_layouts(tmp_path):
-    # 1 GiB of HBM: many layouts do not fit, and none of those may be returned.
-    loaded = small(tmp_path, gpu={"base": "H100-SXM-80GB", "hbm_GiB": 1.0})
+    # 1 GiB of HBM for tensors: many layouts do not fit, and none of those may be returned.
+    loaded = small(
+        tmp_path, gpu={"base": "H100-SXM-80GB", "hbm_GiB": 1.0, "runtime_reserved_GiB": 0.0}
+    )
     res = plan(loaded, 16, top=4, workers=1)
     c = res.counts
     assert c["enumerated"] == c["invalid"] + c["does_not_fit"] + c["estimated"]

@@ -42,7 +42,10 @@ def write_outputs(result: SimResult, out: Path) -> list[Path]:
     }
     io.write_parquet_atomic(paths["events"], result.events)
     io.write_parquet_atomic(paths["links"], result.links)
-    trace.write_trace(paths["trace"], result.events, result.memory, result.links)
+    trace.write_trace(
+        paths["trace"], result.events, result.memory, result.links,
+        result.extras.get("link_series"),
+    )
     plots.plot_timeline(result.events, result.summary, paths["timeline"])
     io.write_json_atomic(paths["summary"], result.summary)
     return list(paths.values())

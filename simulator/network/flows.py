@@ -176,6 +176,12 @@ class FlowNetwork:
         self._load = np.zeros(0)  # bytes/s on each of them
         self._t = env.now
         self._version = 0
+        #: (time, link ids in use, bytes/s on each) after every re-share, when recording
+        self.history: list[tuple[float, np.ndarray, np.ndarray]] | None = None
+
+    def record(self) -> None:
+        """Keep the load of every link after each change (for utilisation time series)."""
+        self.history = []
 
     @property
     def active(self) -> int:
@@ -217,6 +223,8 @@ class FlowNetwork:
         self._version += 1
         if not self._batches:
             self._used, self._load = np.zeros(0, dtype=np.int64), np.zeros(0)
+            if self.history is not None:
+                self.history.append((self.env.now, self._used, self._load))
             return
         links = np.concatenate([b.links for b in self._batches])
         lens = np.concatenate([b.lens for b in self._batches])
@@ -225,6 +233,8 @@ class FlowNetwork:
         rate = _fill(local, fidx, lens > 0, self.capacity[used])
         self._used = used
         self._load = np.bincount(local, weights=rate[fidx], minlength=len(used))
+        if self.history is not None:
+            self.history.append((self.env.now, used, self._load))
         dt = np.inf
         i = 0
         for b in self._batches:
