@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,7 +16,6 @@ import pandas as pd
 from simulator.config.checks import Resolved, resolve
 from simulator.config.load import LoadedWorkload
 from simulator.cost import COST_KEYS, training_cost
-from simulator.reliability import reliability_summary
 from simulator.engine.build import Machine, build_plan, folded_link_bytes
 from simulator.engine.records import EVENT_COLUMNS, LINK_COLUMNS, MEMORY_COLUMNS
 from simulator.engine.sim import CountingEnvironment, Engine
@@ -26,6 +24,7 @@ from simulator.hardware.compute import ComputeModel
 from simulator.model import transformer as tf
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology
+from simulator.reliability import reliability_summary
 from simulator.report.summary import GiB, breakdown, memory_peak
 
 

@@ -106,7 +106,13 @@ def main() -> None:
             w = torch.randn(width, device=dev, dtype=dt)
             tgt = torch.randint(0, width, (T,), device=dev)
             n = T * width
+            half = x[:, : width // 2]  # a strided view, as x.chunk(2, -1)[0]
+            other = x[:, width // 2 :]
+            lo = x.to(torch.bfloat16) if dt == torch.float32 else x
             cases = {
+                "strided_silu": (lambda: F.silu(half), n * eb),
+                "strided_mul": (lambda: half * other, 3 * n * eb // 2),
+                "mixed_add": (lambda: x.float() + lo if dt == torch.float32 else None, 0),
                 "row_softmax": (lambda: torch.softmax(x, -1), 2 * n * eb),
                 "row_layer_norm": (lambda: F.layer_norm(x, (width,), w), 2 * n * eb),
                 "row_rms_norm": (lambda: F.rms_norm(x, (width,), w), 2 * n * eb),
@@ -114,6 +120,10 @@ def main() -> None:
                 "row_add": (lambda: x + x, 3 * n * eb),
                 "cross_entropy": (lambda: F.cross_entropy(x, tgt), n * eb),
             }
+            if dt == torch.float32:  # fp32 residual + bf16 branch output -> fp32
+                cases["mixed_add"] = (lambda: x + lo, n * (4 + 2 + 4))
+            else:
+                del cases["mixed_add"]
             for name, (fn, nbytes) in cases.items():
                 try:
                     t = timeit(fn)

@@ -65,7 +65,7 @@ def main(args) -> int:
         with Progress(TextColumn(f"validating {path.name}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True) as bar:
             task = bar.add_task("", total=suite_size(path))
-            res = run_suite(path, progress=lambda: bar.advance(task))
+            res = run_suite(path, progress=lambda task=task: bar.advance(task))
         render(res, console, args.quiet)
         if not res.passed:
             failed.append(res.name)
