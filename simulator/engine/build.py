@@ -330,6 +330,10 @@ def build_plan(
         detail=detail,
         dp_size=dp,
         grad_prep=grad_prep,
+        unit_bytes=lambda u: (
+            (emb if u == "embed" else head) / tp * pb,
+            (emb if u == "embed" else head) / tp * gb,
+        ),
         grad_finalize=grad_finalize,
         interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
     )

@@ -107,6 +107,7 @@ class StepPlan:
     interference: float = 0.0  # compute slowdown while a collective shares the GPU
     dp_size: int = 2  # data-parallel replicas (1: no data-parallel collectives at all)
     grad_prep: Callable[[float], Program] | None = None  # work on a bucket of grad bytes
+    unit_bytes: Callable[[str], tuple[float, float]] | None = None  # ZeRO-3 embed/head sizes
     grad_finalize: Callable[[Proc], Program] | None = None  # after the reduction, per step
     comm_cost: Callable[[CommSpec, Proc], object] | None = None  # folded: the CollectiveCost
     gather_keep_fraction: float = 0.0  # of a gathered ZeRO-3 layer not already held locally
@@ -372,41 +373,63 @@ class Engine:
     # -------------------------------------------------------------------------------- ZeRO-3
 
     def _zero3_pass(self, p: Proc, segs, kind: str, mb: int, mem_after):
-        """Per layer: wait for its parameter all-gather (prefetched one layer ahead), compute,
-        release the gathered parameters; in backward also reduce-scatter the layer's grads."""
+        """ZeRO-3 / FSDP, one unit at a time (a layer, the embedding, the LM head): wait for
+        its parameter all-gather (prefetched one unit ahead), compute, release the gathered
+        parameters; in backward also reduce-scatter the unit's gradients."""
         plan = self.plan
-        layer_segs = [s for s in segs if s[1] >= 0]
-        gathers: dict[int, simpy.Event] = {}
+        gathers: dict[object, simpy.Event] = {}
 
-        def gather(layer: int) -> None:
-            if layer in gathers:
+        def unit(label: str, layer: int) -> object:
+            return layer if layer >= 0 else label  # "embed" | "head"
+
+        def sizes(u: object) -> tuple[float, float]:
+            if isinstance(u, int):
+                return plan.param_bytes_per_layer, plan.grad_bytes_per_layer
+            return plan.unit_bytes(u) if plan.unit_bytes else (0.0, 0.0)
+
+        def name(u: object) -> str:
+            return f"L{u}" if isinstance(u, int) else str(u)
+
+        def gather(u: object) -> None:
+            pbytes = sizes(u)[0]
+            if u in gathers or pbytes <= 0:
                 return
-            spec = self._spec(p, "gather", "zero_gather", "all_gather", plan.param_bytes_per_layer,
-                              f"L{layer} param all_gather", layer=layer, mb=mb)
-            self.mem.append((self.env.now, p.pid, plan.param_bytes_per_layer * plan.gather_keep_fraction, "zero_params"))
-            gathers[layer] = self._issue(p, spec)
+            layer = u if isinstance(u, int) else -1
+            spec = self._spec(p, "gather", "zero_gather", "all_gather", pbytes,
+                              f"{name(u)} param all_gather", layer=layer, mb=mb)
+            self.mem.append((self.env.now, p.pid, pbytes * plan.gather_keep_fraction,
+                             "zero_params"))
+            gathers[u] = self._issue(p, spec)
 
-        layer_order = []
-        for s in layer_segs:
-            if s[1] not in layer_order:
-                layer_order.append(s[1])
-        if layer_order:
-            gather(layer_order[0])
+        order: list[object] = []
+        for label, layer, _ in segs:
+            u = unit(label, layer)
+            if u not in order:
+                order.append(u)
+        if order:
+            gather(order[0])
         for seg in segs:
             label, layer, prog = seg
-            if layer >= 0:
-                idx = layer_order.index(layer)
-                if idx + 1 < len(layer_order):
-                    gather(layer_order[idx + 1])
-                yield gathers[layer]
+            u = unit(label, layer)
+            idx = order.index(u)
+            if idx + 1 < len(order):
+                gather(order[idx + 1])
+            if u in gathers:
+                yield gathers[u]
+            # Let the collectives issued at this instant start, so the kernels see them.
+            yield self.env.timeout(0)
             f = mem_after if "recompute" not in label else None
             yield from self._run_segments(p, [seg], _kind(label) if kind == "bwd" else kind, mb, f)
-            if layer >= 0 and ("bwd" in label or kind == "fwd"):
-                self.mem.append((self.env.now, p.pid, -plan.param_bytes_per_layer * plan.gather_keep_fraction, "zero_params"))
-            if kind == "bwd" and "bwd" in label:
-                yield from self._grad_prep(p, plan.grad_bytes_per_layer, f"L{layer} grad prep")
-                spec = self._spec(p, "dp", "dp_comm", "reduce_scatter", plan.grad_bytes_per_layer,
-                                  f"L{layer} grad reduce_scatter", layer=layer, mb=mb)
+            last_use = kind == "fwd" or "recompute" not in label
+            pbytes, gbytes = sizes(u)
+            if last_use and pbytes > 0:
+                self.mem.append((self.env.now, p.pid, -pbytes * plan.gather_keep_fraction,
+                                 "zero_params"))
+            if kind == "bwd" and "recompute" not in label and gbytes > 0:
+                yield from self._grad_prep(p, gbytes, f"{name(u)} grad prep")
+                spec = self._spec(p, "dp", "dp_comm", "reduce_scatter", gbytes,
+                                  f"{name(u)} grad reduce_scatter",
+                                  layer=layer if layer >= 0 else -1, mb=mb)
                 self._pending[p.pid].append(self._issue(p, spec))
 
     # -------------------------------------------------------------------------------- comm
@@ -435,6 +458,7 @@ class Engine:
         spec = self._spec(p, "dp", "dp_comm", op, nbytes, f"grad {op} bucket {bucket_id[0]}")
         bucket_id[0] += 1
         self._pending[p.pid].append(self._issue(p, spec))
+        yield self.env.timeout(0)  # the reduction starts now, beside the next kernels
 
     def _issue(self, p: Proc, spec: CommSpec) -> simpy.Event:
         """Issue a collective on ``p``'s stream; returns the event of its completion on ``p``.
