@@ -19,6 +19,7 @@ from simulator.cost import COST_KEYS, training_cost
 from simulator.engine.build import Machine, build_plan, folded_link_bytes
 from simulator.engine.records import EVENT_COLUMNS, LINK_COLUMNS, MEMORY_COLUMNS
 from simulator.engine.sim import CountingEnvironment, Engine
+from simulator.errors import ConfigError
 from simulator.hardware.catalog import GPUSpec, load_gpu
 from simulator.hardware.compute import ComputeModel
 from simulator.model import transformer as tf
@@ -63,6 +64,13 @@ def simulate(
     t0 = time.perf_counter()
     work = loaded.workload
     res = resolve_loaded(loaded)
+    if detail == "full" and res.n_gpus > FULL_DETAIL_MAX_GPUS:
+        raise ConfigError(
+            f"--detail full simulates every GPU and every collective step; it is meant for "
+            f"clusters of up to {FULL_DETAIL_MAX_GPUS} GPUs and this one has {res.n_gpus} "
+            "(the default folded detail gives the same answer, see README)",
+            file=str(loaded.workload_path),
+        )
     machine = machine or make_machine(loaded)
     env = CountingEnvironment()
     plan, layout, net = build_plan(work, loaded.topology, res, machine, detail=detail, env=env)
@@ -188,6 +196,9 @@ def _links_table(engine: Engine, machine: Machine, net, layout, step: float) -> 
     )
     return df.sort_values(["utilization", "link"], ascending=[False, True]).reset_index(drop=True)
 
+
+#: Largest cluster --detail full accepts (64 GPUs x 16 micro-batches x 32 layers: ~40 s).
+FULL_DETAIL_MAX_GPUS = 512
 
 #: Record link-load time series (for the Perfetto trace) only on fabrics up to this size.
 LINK_SERIES_MAX_LINKS = 20_000
