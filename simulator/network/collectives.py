@@ -188,11 +188,16 @@ class CollectiveModel:
         hit = self._cost_cache.get(key)
         if hit is None:
             hit = self._cost(*key)
-            if algorithm is None and sum(len(g) > 1 for g in key[1]) > 1:
+            if (
+                algorithm is None
+                and "/LL" in hit.algorithm
+                and sum(len(g) > 1 for g in key[1]) > 1
+            ):
                 # Each group's plan was chosen as if it ran alone; where concurrent groups
-                # share links, another algorithm/protocol can be faster for all of them
-                # (e.g. LL's doubled wire bytes lose once a NIC is shared). NCCL's tuner
-                # sees the contended bandwidth, so take the best of the joint choices.
+                # share links, another algorithm/protocol can be faster for all of them: LL
+                # (picked alone for its latency) doubles the wire bytes, which loses once a
+                # NIC is shared. NCCL's tuner sees the contended bandwidth, so take the best
+                # of the joint choices.
                 for alg in AUTO[op]:
                     for proto in self.protocols:
                         try:
