@@ -14,6 +14,7 @@ from simulator.errors import ConfigError
 from simulator.hardware.catalog import load_gpu
 from simulator.network.collectives import OPS, collective_summary
 from simulator.network.topology import Topology
+from simulator.report.table import format_bytes
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -59,8 +60,11 @@ def main(args) -> int:
     if args.json:
         sys.stdout.write(json.dumps(res) + "\n")
         return 0
-    t = Table(title=f"{args.op} of {nbytes:.4g} bytes on {args.gpus or topo.n_gpus} GPUs "
-                    f"({cfg.name})")
+    t = Table(
+        title=f"{args.op} of {format_bytes(nbytes)} ({nbytes:,.0f} B) on "
+        f"{args.gpus or topo.n_gpus} GPUs of {cfg.name}",
+        title_justify="left",
+    )
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_row("time", f"{res['time_s'] * 1e6:,.1f} us")
@@ -69,5 +73,5 @@ def main(args) -> int:
     for k, v in res.items():
         if k not in {"time_s", "algbw_GBps", "busbw_GBps"}:
             t.add_row(k, str(v))
-    Console().print(t)
+    Console(width=max(100, Console().width)).print(t)
     return 0
