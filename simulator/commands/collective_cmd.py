@@ -60,11 +60,12 @@ def main(args) -> int:
     if args.json:
         sys.stdout.write(json.dumps(res) + "\n")
         return 0
-    t = Table(
-        title=f"{args.op} of {format_bytes(nbytes)} ({nbytes:,.0f} B) on "
-        f"{args.gpus or topo.n_gpus} GPUs of {cfg.name}",
-        title_justify="left",
+    console = Console(width=max(100, Console().width))
+    console.print(
+        f"[bold]{args.op}[/bold] of {format_bytes(nbytes)} ({nbytes:,.0f} B) on "
+        f"{args.gpus or topo.n_gpus} GPUs of {cfg.name}"
     )
+    t = Table()
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_row("time", f"{res['time_s'] * 1e6:,.1f} us")
@@ -73,5 +74,5 @@ def main(args) -> int:
     for k, v in res.items():
         if k not in {"time_s", "algbw_GBps", "busbw_GBps"}:
             t.add_row(k, str(v))
-    Console(width=max(100, Console().width)).print(t)
+    console.print(t)
     return 0
