@@ -1,0 +1,58 @@
+"""The command-line contract (DESIGN.md): `run --json` on every shipped workload prints one
+JSON object with the contract keys, a breakdown that adds up to the step time, the memory
+keys, and plausible figures; `collective --json` prints the nccl-tests figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = sorted((ROOT / "workloads").glob("*.yaml"))
+CONTRACT = ("step_time_s", "tokens_per_s", "mfu", "tflops_per_gpu", "breakdown_s", "memory_gib",
+            "fits", "n_gpus", "sim_wall_s", "events")
+BREAKDOWN = ("compute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "optimizer", "other")
+MEMORY = ("weights", "gradients", "optimizer", "activations", "total", "capacity")
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=[w.stem for w in WORKLOADS])
+def test_run_json_has_the_contract_keys(workload, capsys):
+    assert main(["run", str(workload), "--json", "--no-files"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    s = json.loads(out[0])
+    for key in CONTRACT:
+        assert key in s, key
+    assert set(BREAKDOWN) <= set(s["breakdown_s"])
+    assert sum(s["breakdown_s"].values()) == pytest.approx(s["step_time_s"], rel=1e-9)
+    assert all(v >= 0 for v in s["breakdown_s"].values())
+    assert set(MEMORY) <= set(s["memory_gib"])
+    assert s["fits"] == (s["memory_gib"]["total"] <= s["memory_gib"]["capacity"])
+    # Plausible: large-scale LLM training on Hopper lands between 20% and 65% MFU.
+    assert 0.2 < s["mfu"] < 0.65, s["mfu"]
+    assert s["tflops_per_gpu"] == pytest.approx(s["mfu"] * 989.4, rel=1e-3)
+    assert s["events"] > 0 and s["sim_wall_s"] > 0
+
+
+def test_llama70b_lands_in_the_expected_mfu_band(capsys):
+    # Issue 2: a 70B step on 1,024 H100 should land near 35-55% MFU.
+    assert main(["run", str(ROOT / "workloads/llama70b.yaml"), "--json", "--no-files"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert 0.35 <= s["mfu"] <= 0.55
+    assert s["fits"] and s["n_gpus"] == 1024
+
+
+def test_collective_json_reports_nccl_tests_figures(capsys):
+    topo = str(ROOT / "topologies/h200x4-nvswitch.yaml")
+    assert main(["collective", "all_reduce", "--bytes", "1GiB", "--topology", topo,
+                 "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    n, nbytes = 4, 2**30
+    assert s["algbw_GBps"] == pytest.approx(nbytes / s["time_s"] / 1e9)
+    assert s["busbw_GBps"] == pytest.approx(s["algbw_GBps"] * 2 * (n - 1) / n)
+    # Measured on this box (data/calibration/h200x4-nvswitch): 4.61 ms, busbw 349 GB/s.
+    assert s["time_s"] == pytest.approx(4.61e-3, rel=0.10)
