@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from simulator.errors import ConfigError
+from simulator.network.algorithms import AlgorithmPhases, Phase, phase_at
 from simulator.network.flows import fluid_completion
 from simulator.network.topology import Topology, load_fabrics
 
@@ -96,19 +97,6 @@ class CollectiveCost:
     link_bytes: Mapping[int, float]  # bytes per link id (all groups, all steps)
 
 
-@dataclass(frozen=True)
-class _Phase:
-    """``repeat`` identical steps. Bytes are data bytes (before the protocol's factor)."""
-
-    transfers: tuple[tuple[int, int, float], ...]
-    repeat: int
-    path_s: float  # link latency per step (ring: mean edge; pipeline: sum of hops)
-    intra_hops: float  # protocol overheads per step, intra-node ...
-    net_hops: float  # ... and network
-    local_bytes: float  # extra local memory bytes of the slowest GPU per step (0: hidden)
-    family: str = "ring"  # which overhead table: ring | tree
-    bw_fraction: float = 1.0
-
 
 @dataclass(frozen=True)
 class _Proto:
@@ -118,7 +106,7 @@ class _Proto:
     tree: tuple[float, float]
 
 
-class CollectiveModel:
+class CollectiveModel(AlgorithmPhases):
     """Cost of collectives on a topology (see the module docstring)."""
 
     def __init__(self, topology: Topology):
@@ -142,7 +130,7 @@ class CollectiveModel:
         self._bundle_cache: dict[tuple, list[Step]] = {}
         self._template_cache: dict[tuple, tuple] = {}
         self._faulty = bool(np.any(topology.capacity != topology._nominal))
-        self._plan_cache: dict[tuple, tuple[str, _Proto, list[tuple[_Phase, float]]]] = {}
+        self._plan_cache: dict[tuple, tuple[str, _Proto, list[tuple[Phase, float]]]] = {}
         self._rings: dict[tuple[int, ...], list[list[int]]] = {}
 
     # ------------------------------------------------------------------ public API
@@ -243,7 +231,7 @@ class CollectiveModel:
             ]
             bounds = sorted({0} | {c for s in seqs for c in np.cumsum([p[0].repeat for p in s])})
             for a, b in zip(bounds[:-1], bounds[1:], strict=False):
-                live = [x for x in (_phase_at(s, a) for s in seqs) if x is not None]
+                live = [x for x in (phase_at(s, a) for s in seqs) if x is not None]
                 k = b - a
                 transfers = tuple(
                     (src, dst, nb * w * k) for ph, w, _, _ in live for src, dst, nb in ph.transfers
@@ -272,7 +260,7 @@ class CollectiveModel:
         link_bytes = np.zeros(self.topology.n_links)
         memo: dict[tuple, tuple[float, np.ndarray]] = {}
         for a, b in zip(bounds[:-1], bounds[1:], strict=False):
-            active = tuple(_phase_at(s, a) for s in seqs)
+            active = tuple(phase_at(s, a) for s in seqs)
             ids = tuple(None if x is None else id(x[0]) for x in active)
             if ids not in memo:
                 flows, lat = [], 0.0
@@ -301,10 +289,10 @@ class CollectiveModel:
             link_bytes={int(i): float(link_bytes[i]) for i in nz},
         )
 
-    def _wire(self, ph: _Phase, proto: _Proto) -> float:
+    def _wire(self, ph: Phase, proto: _Proto) -> float:
         return 1.0 / (proto.fraction * ph.bw_fraction)
 
-    def _lat(self, ph: _Phase, proto: _Proto) -> float:
+    def _lat(self, ph: Phase, proto: _Proto) -> float:
         intra, net = proto.tree if ph.family == "tree" else proto.ring
         return (
             ph.path_s + ph.intra_hops * intra + ph.net_hops * net + ph.local_bytes / self.copy_Bps
@@ -408,7 +396,7 @@ class CollectiveModel:
             best = best[1:]
         return best
 
-    def _fluid(self, ph: _Phase) -> float:
+    def _fluid(self, ph: Phase) -> float:
         flows = [(self.topology.route(s, d), b) for s, d, b in ph.transfers]
         return float(fluid_completion(flows, self.capacity).max()) if flows else 0.0
 
@@ -421,227 +409,6 @@ class CollectiveModel:
             raise ValueError(f"send needs a (src, dst) pair, got {list(group)}")
 
     # ------------------------------------------------------------------ algorithms
-
-    def _phases(self, alg: str, op: str, g: list[int], S: float) -> list[_Phase] | None:
-        """The phases of ``alg`` for ``op`` on group ``g``, or None when it does not apply."""
-        n = len(g)
-        if alg == "ring":
-            steps = 2 * (n - 1) if op == "all_reduce" else n - 1
-            # local bytes per rank, counted from NCCL's ring primitives (prims_simple.h):
-            # all-reduce: send, (n-2) recvReduceSend, recvReduceCopySend, (n-2) recvCopySend,
-            # recv -> 2n chunks of S/n beyond the remote stores; all-gather: copySend,
-            # (n-2) recvCopySend, recv -> n+1; reduce-scatter: send, (n-2) recvReduceSend,
-            # recvReduceCopy -> n+1.
-            local = 2 * S if op == "all_reduce" else (n + 1) * S / n
-            return [self._ring_phase(self._ring(g), S, steps, local / steps)]
-        by_node = self._by_node(g)
-        k = len(by_node[0])
-        uniform = all(len(x) == k for x in by_node)
-        if alg == "tree":
-            return [self._tree_phase(by_node, S)] if len(by_node) > 1 and uniform else None
-        if alg == "hierarchical":
-            if len(by_node) < 2 or k < 2 or not uniform:
-                return None
-            intra = [self._ring(x) for x in by_node]
-            rails = [self._ring([x[i] for x in by_node]) for i in range(k)]
-            local = (k + 1) * S / k / (k - 1)
-            rs = _merge([self._ring_phase(r, S, k - 1, local) for r in intra])
-            ar = _merge([self._ring_phase(r, S / k, 2 * (len(by_node) - 1), 0.0) for r in rails])
-            return [rs, ar, rs]
-        topo = self.topology
-        if alg == "direct":  # all-to-all: every rank sends S/n to every other at once
-            tr = tuple((a, b, S / n) for a in g for b in g if a != b)
-            return [self._direct_phase(tr, (n - 1) * S / n)]
-        if alg == "chain":  # broadcast from g[0], pipelined along the ring channels
-            chans = self._ring(g)
-            tr, path, hops = [], 0.0, [0, 0]
-            for c, ring in enumerate(chans):
-                r0 = ring.index(g[0])
-                o = ring[r0:] + ring[:r0]
-                for a, b in zip(o[:-1], o[1:], strict=False):
-                    tr.append((a, b, S / len(chans)))
-                    if c == 0:
-                        path += topo.route_latency(a, b)
-                        hops[topo.crosses_network(a, b)] += 1
-            net = any(topo.crosses_network(a, b) for a, b, _ in tr)
-            return [_Phase(tuple(tr), 1, path, hops[0], hops[1], 0.0 if net else S)]
-        if alg == "p2p":
-            return [self._direct_phase(((g[0], g[1], S),), S)]
-        raise AssertionError(alg)
-
-    def _direct_phase(self, tr, local: float) -> _Phase:
-        topo = self.topology
-        net = any(topo.crosses_network(a, b) for a, b, _ in tr)
-        path = max(topo.route_latency(a, b) for a, b, _ in tr)
-        # received bytes pass once more through the receiver's SMs (FIFO -> output)
-        return _Phase(tr, 1, path, 0 if net else 1, 1 if net else 0, 0.0 if net else local)
-
-    def _ring_phase(self, chans: list[list[int]], S: float, steps: int, local: float) -> _Phase:
-        """``steps`` ring steps: every rank of every channel sends S/(n*C) to its successor.
-
-        A ring is a pipeline, so a step's latency is the mean edge latency of the ring (a chunk
-        crosses every edge once per lap), not the slowest edge's.
-        """
-        topo, C, n = self.topology, len(chans), len(chans[0])
-        tr = tuple((ring[i], ring[(i + 1) % n], S / (n * C)) for ring in chans for i in range(n))
-        ring = chans[0]
-        edges = list(zip(ring, ring[1:] + ring[:1], strict=True))
-        net_edges = sum(topo.crosses_network(a, b) for a, b in edges)
-        path = sum(topo.route_latency(a, b) for a, b in edges) / n
-        return _Phase(
-            tr, steps, path, (n - net_edges) / n, net_edges / n, 0.0 if net_edges else local
-        )
-
-    def _tree_phase(self, by_node: list[list[int]], S: float) -> _Phase:
-        """NCCL's double binary tree: per channel an intra-node chain to the head GPU and two
-        binary trees over the nodes, each carrying half of the channel's data, reduce and
-        broadcast pipelined together (one step)."""
-        topo, N, k = self.topology, len(by_node), len(by_node[0])
-        heads = [self._heads(x) for x in by_node]
-        C = min(len(h) for h in heads)
-        tr: list[tuple[int, int, float]] = []
-        intra_lat, net_lat = [], []
-        for c in range(C):
-            for x, h in zip(by_node, heads, strict=True):
-                hd = h[c]
-                i = x.index(hd)
-                chain = x[i + 1 :] + x[:i] + [hd]  # ... -> head
-                for a, b in zip(chain[:-1], chain[1:], strict=False):
-                    tr += [(a, b, S / C), (b, a, S / C)]
-                    if c == 0:
-                        intra_lat.append(topo.route_latency(a, b))
-            for parent in _double_binary_tree(N):
-                for child, par in enumerate(parent):
-                    if par >= 0:
-                        a, b = heads[child][c], heads[par][c]
-                        tr += [(a, b, S / (2 * C)), (b, a, S / (2 * C))]
-                        if c == 0:
-                            net_lat.append(topo.route_latency(a, b))
-        depth = _depth(_double_binary_tree(N)[0])
-        il = float(np.mean(intra_lat)) if intra_lat else 0.0
-        nl = float(np.mean(net_lat)) if net_lat else 0.0
-        path = 2 * ((k - 1) * il + depth * nl)
-        return _Phase(tuple(tr), 1, path, 2 * (k - 1), 2 * depth, 0.0, "tree", self.tree_fraction)
-
-    # ------------------------------------------------------------------ ring construction
-
-    def _by_node(self, g: Sequence[int]) -> list[list[int]]:
-        nodes: dict[int, list[int]] = {}
-        for x in sorted(g):
-            nodes.setdefault(self.topology.node_of(x), []).append(x)
-        return [nodes[n] for n in sorted(nodes)]
-
-    def _heads(self, gpus: list[int]) -> list[int]:
-        """One GPU per distinct NIC among ``gpus`` (the channels' entry points)."""
-        out: dict[int, int] = {}
-        if self.topology.nics_per_node:
-            for x in gpus:
-                out.setdefault(self.topology.nic_of(x), x)
-        return list(out.values()) or gpus[:1]
-
-    def _ring(self, g: Sequence[int]) -> list[list[int]]:
-        """The channels' rank orders: node by node; across nodes one channel per rail pair,
-        snaking so that each network hop leaves and enters on the same rail."""
-        key = tuple(g)
-        hit = self._rings.get(key)
-        if hit is not None:
-            return hit
-        by_node = self._by_node(g)
-        heads = [self._heads(x) for x in by_node]
-        C = min(len(h) for h in heads)
-        flat = [x for node in by_node for x in node]
-        n = len(flat)
-        if len(by_node) == 1 and self.topology.intra == "mesh":
-            # direct links only: one ring per stride coprime to n, so that several of each
-            # GPU's links carry traffic (NCCL likewise builds several rings on NVLink meshes)
-            chans = [
-                [flat[i * s % n] for i in range(n)] for s in range(1, n) if math.gcd(s, n) == 1
-            ]
-        elif len(by_node) == 1 or C < 2 or any(len(x) != len(by_node[0]) for x in by_node):
-            chans = [flat]
-        else:
-            chans = []
-            for c in range(C):
-                order = []
-                for pos, (x, h) in enumerate(zip(by_node, heads, strict=True)):
-                    a, b = h[c], h[(c + C // 2) % C]
-                    if pos % 2:
-                        a, b = b, a
-                    i = x.index(a)
-                    rest = [y for y in x[i + 1 :] + x[:i] if y != b]
-                    order += [a, *rest, b]
-                chans.append(order)
-        self._rings[key] = chans
-        return chans
-
-
-def _merge(phases: list[_Phase]) -> _Phase:
-    """Concurrent identical-length phases (e.g. one per node) as one phase."""
-    p0 = phases[0]
-    return _Phase(
-        tuple(t for p in phases for t in p.transfers),
-        p0.repeat,
-        max(p.path_s for p in phases),
-        max(p.intra_hops for p in phases),
-        max(p.net_hops for p in phases),
-        max(p.local_bytes for p in phases),
-    )
-
-
-def _phase_at(seq, step: int):
-    for item in seq:
-        if step < item[0].repeat:
-            return item
-        step -= item[0].repeat
-    return None
-
-
-def _binary_tree(n: int) -> list[int]:
-    """Parent of each position 0..n-1 in NCCL's in-order binary tree (root: -1).
-
-    With 1-based positions p and b = the lowest set bit of p, p's parent is p + b or p - b,
-    whichever is a multiple of 4b (the next level up); parents past n are skipped upwards.
-    The leaves are the odd p (even 0-based positions); the root is the largest power of 2
-    <= n (Sanders, Speck & Traeff 2009, as used by NCCL's double binary tree).
-    """
-    parent = [-1] * n
-    for p in range(1, n + 1):
-        q = p
-        while True:
-            b = q & -q
-            q = q - b if q & (2 * b) else q + b
-            if q > 2 * n:
-                q = -1
-                break
-            if q <= n:
-                break
-        parent[p - 1] = q - 1 if q > 0 else -1
-    return parent
-
-
-def _double_binary_tree(n: int) -> tuple[list[int], list[int]]:
-    """NCCL's two complementary trees over n nodes: the second mirrors the first (n even) or
-    shifts it by one position (n odd), so that a leaf of one tree is an inner node of the other.
-    """
-    t1 = _binary_tree(n)
-    t2 = [-1] * n
-    for pos, par in enumerate(t1):
-        if n % 2 == 0:
-            t2[n - 1 - pos] = -1 if par < 0 else n - 1 - par
-        else:
-            t2[(pos + 1) % n] = -1 if par < 0 else (par + 1) % n
-    return t1, t2
-
-
-def _depth(parent: list[int]) -> int:
-    best = 0
-    for i in range(len(parent)):
-        d, j = 0, i
-        while parent[j] >= 0:
-            j, d = parent[j], d + 1
-        best = max(best, d)
-    return max(best, 1)
-
 
 def collective_summary(topology: Topology, op: str, nbytes: float, gpus: int | None = None) -> dict:
     """One collective on GPUs 0..gpus-1 (default all), with nccl-tests' figures.
