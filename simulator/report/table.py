@@ -22,7 +22,7 @@ from rich.text import Text
 from simulator.engine.records import BREAKDOWN_KEYS, KIND_COLOURS
 
 BAR_WIDTH = 24
-MIN_WIDTH = 100
+MIN_WIDTH = 120
 
 #: Row labels of the breakdown keys.
 BREAKDOWN_LABELS = {
