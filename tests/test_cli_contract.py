@@ -56,3 +56,14 @@ def test_collective_json_reports_nccl_tests_figures(capsys):
     assert s["busbw_GBps"] == pytest.approx(s["algbw_GBps"] * 2 * (n - 1) / n)
     # Measured on this box (data/calibration/h200x4-nvswitch): 4.61 ms, busbw 349 GB/s.
     assert s["time_s"] == pytest.approx(4.61e-3, rel=0.10)
+
+
+def test_fp8_is_faster_than_bf16_but_not_twice(capsys):
+    # FP8 doubles the tensor-core peak, but attention, memory-bound kernels, the quantization
+    # of GEMM inputs and communication do not speed up.
+    steps = {}
+    for prec in ("bf16", "fp8"):
+        assert main(["run", str(ROOT / "workloads/llama70b.yaml"), "--json", "--no-files",
+                     "--set", f"training.precision={prec}"]) == 0
+        steps[prec] = json.loads(capsys.readouterr().out)["step_time_s"]
+    assert 0.5 * steps["bf16"] < steps["fp8"] < 0.9 * steps["bf16"]

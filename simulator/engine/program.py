@@ -89,6 +89,14 @@ def _op_time(
         # A batched GEMM (unfused attention: one product per head) fills the GPU like one
         # GEMM with the batch folded into m.
         t = cm.gemm_s(op.m * max(op.batch, 1), op.k, op.n, dtype)
+        if dtype == "fp8" and not op.batch:
+            # Transformer Engine's FP8 GEMMs take FP8 operands: the activation (forward,
+            # dgrad: the left [m, k] operand) or both activation-side operands (wgrad) are
+            # quantized from bf16 first (read 2, write 1 byte per element, plus the
+            # transposed copy a wgrad needs). Weights are cast once per step (cached across
+            # micro-batches) and amax/scale updates are negligible.
+            elems = op.m * op.k + (op.m * op.n if op.name.endswith("_wgrad") else 0)
+            t += cm.memory_s(3.0 * elems) + cm.gpu.kernel_launch_s
     elif op.kind == "attention":
         t = cm.attention_s(
             op.batch,
