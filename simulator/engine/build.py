@@ -310,9 +310,6 @@ def build_plan(
         overlap_param_gather=t.overlap_param_gather,
         bucket_bytes=t.grad_bucket_MB * 1e6,
         grad_bytes_per_layer=lp / tp * gb,
-        grad_bytes_extra=lambda vs: (
-            (emb if vs == 0 else 0) + (head if vs == pp * v - 1 else 0)
-        ) / tp * gb,
         param_bytes_per_layer=lp / tp * pb,
         gather_keep_fraction=(1.0 - 1.0 / dp),
         stage_param_bytes=lambda vs: vs_params(vs) / tp * pb,

@@ -89,7 +89,6 @@ class StepPlan:
     overlap_param_gather: bool
     bucket_bytes: float
     grad_bytes_per_layer: float  # per TP rank, in grad_reduce dtype
-    grad_bytes_extra: Callable[[int], float]  # embedding/head grads of a virtual stage
     param_bytes_per_layer: float  # layer params per TP rank (ZeRO-3 gather size)
     stage_param_bytes: Callable[[int], float]  # ZeRO-1/2 param all-gather size of a stage
     act_bytes_layer: float
@@ -365,9 +364,10 @@ class Engine:
             yield from self._run_segments(p, run, _kind(run[-1][0]), mb, f)
 
     def _grad_bytes(self, seg, vs: int) -> float:
+        """Gradient bytes (per TP rank, reduce dtype) a backward segment completes."""
         label = seg[0]
         if label in ("embed", "head"):
-            return self.plan.grad_bytes_extra(vs) if label == "embed" or vs else 0.0
+            return self.plan.unit_bytes(label)[1]
         return self.plan.grad_bytes_per_layer
 
     # -------------------------------------------------------------------------------- ZeRO-3
