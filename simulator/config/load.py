@@ -12,6 +12,7 @@ under ``topology.`` go to the topology file in use. Values are parsed as YAML.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,7 +274,7 @@ def load_workload(
     else:
         tpath = Path(workload.cluster.topology)
         if not tpath.is_absolute():
-            tpath = wpath.parent / tpath
+            tpath = Path(os.path.normpath(wpath.parent / tpath))
         if any(k == "cluster.topology" for k, _ in work_over):
             # An override path is read as given (relative to the current directory) if it exists.
             given = Path(workload.cluster.topology)
