@@ -16,7 +16,9 @@ over the suite's ``defaults``) plus ``set`` overrides, the measured figures and 
 
 ``kind: collectives`` -- measured NCCL collectives (JSON lines as in ``data/calibration``) on a
 topology; ``groups`` GPUs per collective, with the other GPUs of the box running the same
-collective on their own disjoint groups at the same time (as measured)::
+collective on their own disjoint groups at the same time (as measured); ``timing: host_sync``
+when each call was timed with a barrier and a synchronisation (the host overhead is added to
+the prediction), ``device`` (default) for CUDA-event timing::
 
     kind: collectives
     data: ../data/calibration/h200x4-nvswitch/collectives.jsonl
@@ -163,6 +165,14 @@ def run_collective_suite(path: Path, data: dict, progress=None) -> SuiteResult:
     topo = Topology(topo_cfg, gpu)
     coll = CollectiveModel(topo)
     ops = set(data.get("ops") or ["all_reduce", "all_gather", "reduce_scatter"])
+    # How the data was timed: "device" (CUDA events, as nccl-tests and a training step see a
+    # collective) or "host_sync" (a barrier and a device synchronisation around each call,
+    # which adds the host overhead of fabrics.yaml's host_sync_overhead_us).
+    timing = data.get("timing", "device")
+    if timing not in ("device", "host_sync"):
+        raise ConfigError(f"unknown timing {timing!r} (accepted: device, host_sync)",
+                          file=str(path), field="timing")
+    host = coll.host_sync_overhead_s if timing == "host_sync" else 0.0
     rows = [json.loads(line) for line in (path.parent / data["data"]).read_text().splitlines()
             if line.strip()]
     results = []
@@ -172,8 +182,9 @@ def run_collective_suite(path: Path, data: dict, progress=None) -> SuiteResult:
         g = int(r["group"])
         groups = [list(range(i, i + g)) for i in range(0, topo.n_gpus - g + 1, g)]
         cost = coll.cost(r["op"], groups, float(r["bytes"]))
+        predicted = cost.time_s + host
         results.append(CaseResult(data.get("name", path.stem), f"{r['op']} g{g} {r['bytes']}B",
-                                  "time_s", cost.time_s, float(r["time_s"]), "",
+                                  "time_s", predicted, float(r["time_s"]), "",
                                   {"op": r["op"], "group": g, "bytes": r["bytes"]}))
         if progress:
             progress()

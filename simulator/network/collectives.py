@@ -114,6 +114,8 @@ class CollectiveModel(AlgorithmPhases):
         fab = load_fabrics()["nccl"]
         self.capacity = topology.effective_capacity()
         self._launch = float(fab["launch_us"]) * 1e-6
+        #: what a host-synchronised measurement of one call adds to it (not paid in training)
+        self.host_sync_overhead_s = float(fab.get("host_sync_overhead_us", 0.0)) * 1e-6
         self.copy_Bps = float(fab["copy_GBps"]) * 1e9
         self.tree_fraction = float(fab["tree_bandwidth_fraction"])
         self.protocols = tuple(
