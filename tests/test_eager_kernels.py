@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from simulator.config.load import load_workload
@@ -17,6 +16,7 @@ from simulator.model import transformer as tf
 from simulator.network.collectives import Step
 from simulator.run import simulate
 from tests.conftest import small_topology, write_case
+from tests.stubs import NoLinks, StubGpu
 
 # A small Llama (swiglu, rmsnorm, RoPE, GQA) and a small GPT (gelu, layernorm, biases, dropout)
 LLAMA = ModelConfig(
@@ -183,19 +183,10 @@ def test_unknown_kernels_raises_config_error():
 # ------------------------------------------------------------------------------ engine
 
 
-class _Gpu:
-    name = "stub"
-    kernel_launch_s = 0.0
-    hbm_GiB = 80.0
-
-    def peak_flops(self, dtype):
-        return 1e15
-
-
 class BytesCompute:
     """Only memory-bound kernels take time: 1 s per 1e12 bytes."""
 
-    gpu = _Gpu()
+    gpu = StubGpu()
 
     def gemm_s(self, m, k, n, dtype="bf16"):
         return 0.0
@@ -205,21 +196,6 @@ class BytesCompute:
 
     def memory_s(self, nbytes, access="stream"):
         return nbytes / 1e12
-
-
-class _Topo:
-    """No links: a single-GPU step has no communication."""
-
-    n_links = 0
-    link_names: list = []
-    link_kinds: list = []
-    capacity = np.zeros(0)
-
-    def effective_capacity(self, efficiency=None):
-        return np.zeros(0)
-
-    def route(self, src, dst):
-        return ()
 
 
 class _NoComm:
@@ -245,7 +221,7 @@ def step_s(tmp_path, microbatches: int, param_dtype: str, kernels: str = "fused"
                      "kernels": kernels},
     }  # fmt: skip
     path = write_case(tmp_path, work, small_topology(1, 1))
-    machine = Machine(_Gpu(), _Topo(), BytesCompute(), _NoComm())
+    machine = Machine(StubGpu(), NoLinks(), BytesCompute(), _NoComm())
     return simulate(load_workload(path), machine=machine).summary["step_time_s"]
 
 

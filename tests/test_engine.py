@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 
 from simulator.config.load import load_workload
@@ -19,22 +18,11 @@ from simulator.network.collectives import Step
 from simulator.network.topology import load_fabrics
 from simulator.run import simulate
 from tests.conftest import SMALL_MODEL, small_topology, write_case
-
-RATE = 1e15
-
-
-@dataclass
-class _Gpu:
-    name: str = "stub"
-    kernel_launch_s: float = 0.0
-    hbm_GiB: float = 80.0
-
-    def peak_flops(self, dtype):
-        return RATE
+from tests.stubs import RATE, NoLinks, StubGpu
 
 
 class StubCompute:
-    gpu = _Gpu()
+    gpu = StubGpu()
 
     def gemm_s(self, m, k, n, dtype="bf16"):
         return 2.0 * m * k * n / RATE
@@ -72,21 +60,8 @@ class StubCollectives:
         return [Step((), self.alpha + nbytes / self.bw)]
 
 
-class _Topo:
-    n_links = 0
-    link_names: list = []
-    link_kinds: list = []
-    capacity = np.zeros(0)
-
-    def effective_capacity(self, efficiency=None):
-        return np.zeros(0)
-
-    def route(self, src, dst):
-        return ()
-
-
 def stub_machine(**kw) -> Machine:
-    return Machine(_Gpu(), _Topo(), StubCompute(), StubCollectives(**kw))
+    return Machine(StubGpu(), NoLinks(), StubCompute(), StubCollectives(**kw))
 
 
 def run_case(tmp_path, *, model=None, training=None, parallelism=None, nodes=1, gpn=8, **mkw):
