@@ -6,7 +6,8 @@ A suite is a YAML file of one of two kinds.
 over the suite's ``defaults``) plus ``set`` overrides, the measured figures and their source::
 
     name: megatron-published
-    metric: step_time_s            # the summary key compared
+    metric: step_time_s            # the summary key compared (dotted into nested keys:
+                                   # memory_gib.allocated); ``measured`` uses the same name
     tolerance_mape: 0.10           # mean absolute percentage error allowed
     tolerance_max: 0.20            # no case off by more than this
     defaults: {training: {...}, cluster: {topology: ../topologies/x.yaml}}
@@ -92,6 +93,17 @@ def _merge(base: Mapping, over: Mapping) -> dict:
     return out
 
 
+def summary_value(summary: Mapping, metric: str) -> Any:
+    """The summary's value at a dotted key path (``step_time_s``, ``memory_gib.allocated``);
+    None when a part of the path is missing."""
+    v: Any = summary
+    for part in metric.split("."):
+        if not isinstance(v, Mapping) or part not in v:
+            return None
+        v = v[part]
+    return v
+
+
 def mape(results: list[CaseResult]) -> float:
     return sum(abs(r.error) for r in results) / len(results) if results else 0.0
 
@@ -142,13 +154,17 @@ def run_workload_suite(path: Path, data: dict, progress=None) -> SuiteResult:
             raise ConfigError(f"no measured {metric}", file=str(path), field=f"cases[{i}].measured")
         res = simulate(loaded)
         s = res.summary
+        predicted = summary_value(s, metric)
+        if not isinstance(predicted, (int, float)):
+            raise ConfigError(f"the summary has no number at {metric!r}", file=str(path),
+                              field="metric")
         extra = {"mfu": s["mfu"], "tflops_per_gpu": s["tflops_per_gpu"], "fits": s["fits"],
                  "memory_gib": s["memory_gib"]["total"]}
         for k, v in (case.get("measured") or {}).items():
-            if k != metric and k in s and isinstance(s[k], (int, float)):
+            if k != metric and isinstance(summary_value(s, k), (int, float)):
                 extra[f"{k} measured"] = v
         results.append(CaseResult(data.get("name", path.stem), case.get("name", f"case{i}"),
-                                  metric, float(s[metric]), float(measured),
+                                  metric, float(predicted), float(measured),
                                   str(case.get("source", "")), extra))
         if progress:
             progress()

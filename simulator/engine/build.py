@@ -193,11 +193,18 @@ def build_plan(
         return sum(vs_params(c * pp + stage) for c in range(v))
 
     def static_mem(p: Proc) -> dict[str, float]:
+        local = stage_params(p.stage) / tp
         ms = mem.model_state_bytes(
-            stage_params(p.stage) / tp, zero=par.zero, dp=dp, param_dtype=t.param_dtype,
+            local, zero=par.zero, dp=dp, param_dtype=t.param_dtype,
+            grad_dtype=t.grad_reduce_dtype, kernels=t.kernels,
+        )
+        # PyTorch DDP's gradient buckets (eager): gradient copies, counted with the gradients
+        buckets = mem.ddp_bucket_bytes(
+            local, kernels=t.kernels, zero=par.zero, dp=dp, param_dtype=t.param_dtype,
             grad_dtype=t.grad_reduce_dtype,
         )
-        return {"weights": ms.weights, "gradients": ms.gradients, "optimizer": ms.optimizer}
+        return {"weights": ms.weights, "gradients": ms.gradients + buckets,
+                "optimizer": ms.optimizer}
 
     def optimizer_program(p: Proc) -> tuple[Part, ...]:
         local = stage_params(p.stage) / tp / (dp if par.zero >= 1 else 1)
@@ -206,11 +213,13 @@ def build_plan(
         return tuple(pr.part(op) for op in ops)
 
     kw = dict(micro_batch=t.micro_batch, tp=tp, sequence_parallel=sp)
+    mkw = dict(kernels=t.kernels, param_dtype=t.param_dtype, **kw)
     act_layer = mem.activation_bytes_per_layer(
-        m, recompute=t.recompute, flash_attention=t.flash_attention, **kw
+        m, recompute=t.recompute, flash_attention=t.flash_attention, **mkw
     )
-    act_embed = mem.embedding_activation_bytes(m, **kw)
-    act_head = mem.head_activation_bytes(m, **kw)
+    act_embed = mem.embedding_activation_bytes(m, **mkw)
+    # eager: the loss's working set too (the head's peak, from its forward to its backward)
+    act_head = mem.head_activation_bytes(m, include_transient=t.kernels == "eager", **mkw)
 
     # ---- communication: folded costs, or full-detail executors
     # Folded mode runs data-parallel / ZeRO collectives (every concurrent group's flows, steps
@@ -311,7 +320,8 @@ def build_plan(
         bucket_bytes=t.grad_bucket_MB * 1e6,
         grad_bytes_per_layer=lp / tp * gb,
         param_bytes_per_layer=lp / tp * pb,
-        gather_keep_fraction=(1.0 - 1.0 / dp),
+        # eager (PyTorch FSDP) gathers a unit into a new full-size buffer beside its fp32 shard
+        gather_keep_fraction=1.0 if t.kernels == "eager" else (1.0 - 1.0 / dp),
         stage_param_bytes=lambda vs: vs_params(vs) / tp * pb,
         act_bytes_layer=act_layer,
         act_bytes_embed=act_embed,

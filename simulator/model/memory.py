@@ -4,6 +4,16 @@ Pure functions, bytes (not GiB). Model states follow ZeRO (Rajbhandari et al. 20
 arXiv:1910.02054, Section 3.1 and Figure 1); activations follow the tensor-by-tensor accounting
 of Korthikanti et al. 2022 (arXiv:2205.05198, Section 4, eq. 1-2 and Table 2), generalised to
 GQA, SwiGLU, any ffn width, any dtype, models without dropout, and flash attention.
+
+``kernels="eager"`` (plain PyTorch modules under ``torch.autocast``, the model of
+``benchmarks/device/measure.py`` that :mod:`simulator.model.eager` prices) counts instead what
+autograd saves for those modules, tensor by tensor, from PyTorch's autograd formulas
+(``tools/autograd/derivatives.yaml``: ``mul`` saves the other operand, ``pow``/``rsqrt``/
+``silu``/``log_softmax`` their input or output, ``mm`` both operands, a cast nothing) and the
+autocast cast cache; and what PyTorch DDP / FSDP allocate beside the model states. The counts
+were checked against ``torch.autograd.graph.saved_tensors_hooks`` and the CUDA allocator's
+trace on a small model (``benchmarks/device/eager_memory_probe.py``, output in
+``data/measured/eager-memory-probe/``), never against the held-out training steps.
 """
 
 from __future__ import annotations
@@ -13,12 +23,32 @@ from functools import lru_cache
 
 from simulator.config.schema import ModelConfig
 from simulator.errors import ConfigError
-from simulator.model.transformer import DTYPE_BYTES, FP32, MASK, arch, dtype_bytes, local_dims
+from simulator.model.transformer import (
+    DTYPE_BYTES,
+    FP32,
+    KERNELS,
+    MASK,
+    Local,
+    arch,
+    dtype_bytes,
+    local_dims,
+)
 
 #: Bytes per element by dtype name.
 BYTES = DTYPE_BYTES
 
 RECOMPUTE = ("none", "selective", "full")
+
+I64 = 8  # token ids
+BOOL = 1
+
+#: Gradient-sized bucket sets PyTorch DDP holds from the second iteration on: the Reducer's
+#: buckets built in the constructor, and the ones rebuilt in the order gradients became ready
+#: (``Reducer::rebuild_buckets``, called in the second iteration's forward); the first set is
+#: not released. Seen in the CUDA allocator's trace (PyTorch 2.11, ``gradient_as_bucket_view=
+#: False``): data/measured/eager-memory-probe/probe_ddp.json, 938 MiB of buckets live at the
+#: start and a second 938 MiB allocated by DDP's forward, for 938 MiB of fp32 gradients.
+DDP_BUCKET_SETS = 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -45,6 +75,7 @@ def model_state_bytes(
     dp: int,
     param_dtype: str = "bf16",
     grad_dtype: str = "bf16",
+    kernels: str = "fused",
 ) -> ModelStateBytes:
     """Weights, gradients and Adam state of ``n_params`` parameters on one GPU.
 
@@ -55,15 +86,23 @@ def model_state_bytes(
     ZeRO shards over the ``dp`` data-parallel ranks: stage 1 the optimizer state, stage 2 also
     the gradients, stage 3 also the weights (ZeRO Figure 1: ``(2 + 2 + 12/N)`` bytes per
     parameter at stage 1, ``(2 + 14/N)`` at 2, ``16/N`` at 3).
+
+    ``kernels="eager"`` with ZeRO-3 is PyTorch FSDP: with a 2-byte ``param_dtype`` (FSDP's
+    ``MixedPrecision(param_dtype=bf16)``) the sharded parameters stay fp32 and are the
+    optimizer's own (4/N), the 2-byte copy exists only while a unit is gathered (the engine's
+    ``zero_params``); gradients are sharded in ``grad_dtype`` and Adam adds m and v (8/N).
     """
     if zero not in (0, 1, 2, 3):
         raise ConfigError(f"zero={zero!r} (accepted: 0, 1, 2, 3)", field="parallelism.zero")
     if dp < 1:
         raise ConfigError(f"dp={dp} must be >= 1", field="parallelism.dp")
+    _check_kernels(kernels)
     p = dtype_bytes(param_dtype, "training.param_dtype")
     g = dtype_bytes(grad_dtype, "training.grad_reduce_dtype")
     if p == FP32:
         w, g, o = FP32, FP32, 2 * FP32
+    elif kernels == "eager" and zero == 3:
+        w, o = FP32, 2 * FP32
     else:
         w, o = p, 3 * FP32
     return ModelStateBytes(
@@ -73,8 +112,52 @@ def model_state_bytes(
     )
 
 
+def ddp_bucket_bytes(
+    n_params: float,
+    *,
+    kernels: str,
+    zero: int,
+    dp: int,
+    param_dtype: str = "bf16",
+    grad_dtype: str = "bf16",
+) -> float:
+    """PyTorch DDP's gradient buckets on one GPU (``kernels="eager"``, ZeRO 0, ``dp > 1``).
+
+    With ``gradient_as_bucket_view=False`` (the default) the Reducer keeps flat buckets beside
+    ``.grad``: every gradient is copied into its bucket before the all-reduce and back after
+    (PyTorch DDP notes, "Internal Design"; Li et al. 2020, arXiv:2006.15704, Section 4.2), so
+    each set is one more gradient-sized buffer, in the gradients' dtype (fp32 with AMP master
+    weights). :data:`DDP_BUCKET_SETS` sets are live from the second iteration. Megatron-LM
+    (fused) reduces its contiguous gradient buffer in place: 0 there, as for ZeRO > 0."""
+    _check_kernels(kernels)
+    if kernels != "eager" or zero != 0 or dp <= 1:
+        return 0.0
+    p = dtype_bytes(param_dtype, "training.param_dtype")
+    g = FP32 if p == FP32 else dtype_bytes(grad_dtype, "training.grad_reduce_dtype")
+    return float(DDP_BUCKET_SETS * n_params * g)
+
+
+def fsdp_unit_grad_bytes(n_unit_params: float, *, param_dtype: str, grad_dtype: str) -> float:
+    """The unsharded gradient of one FSDP unit between its backward and its reduce-scatter
+    (``kernels="eager"``, ZeRO-3): autograd writes it in the parameters' compute dtype, and
+    FSDP's ``MixedPrecision(reduce_dtype=...)`` casts it to the reduce dtype before the
+    reduce-scatter (PyTorch FSDP docs, ``MixedPrecision``; Zhao et al. 2023, arXiv:2304.11277,
+    Section 4): ``n * (p + g)`` bytes when the dtypes differ, ``n * p`` when they do not. A
+    transient; the sharded result is the ``gradients`` state."""
+    p = dtype_bytes(param_dtype, "training.param_dtype")
+    g = dtype_bytes(grad_dtype, "training.grad_reduce_dtype")
+    return float(n_unit_params * (p + (g if g != p else 0)))
+
+
 # --------------------------------------------------------------------------------------------
 # Activations
+
+
+def _check_kernels(kernels: str) -> None:
+    if kernels not in KERNELS:
+        raise ConfigError(
+            f"kernels={kernels!r} (accepted: {', '.join(KERNELS)})", field="training.kernels"
+        )
 
 
 def _check_recompute(recompute: str) -> None:
@@ -94,6 +177,8 @@ def activation_tensors_per_layer(
     recompute: str,
     flash_attention: bool = True,
     dtype_bytes: int = 2,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
 ) -> dict[str, float]:
     """The tensors one layer keeps for its backward on one TP rank, name -> bytes.
 
@@ -111,11 +196,41 @@ def activation_tensors_per_layer(
     ``selective`` recomputes the attention core, dropping the s^2 tensors (and the
     log-sum-exp); ``full`` keeps only the layer input (``2sbh``, ``/t`` with SP; Korthikanti
     Table 2).
+
+    ``kernels="eager"``: see :func:`_eager_tensors`. ``param_dtype="fp32"`` (autocast over
+    fp32 master weights, either kernel mode) adds ``weight_casts``: autocast casts each GEMM
+    weight to the compute dtype in the forward and ``mm`` saves that copy for the input
+    gradient, so it lives until the layer's backward (PyTorch AMP docs, autocast's weight-cast
+    cache; Micikevicius et al. 2018, arXiv:1710.03740): the layer's GEMM weights on this TP
+    rank at ``d`` bytes each.
     """
     _check_recompute(recompute)
-    return dict(
-        _tensors(model, micro_batch, tp, sequence_parallel, recompute, flash_attention, dtype_bytes)
+    _check_kernels(kernels)
+    P = dtype_bytes_of(param_dtype)
+    args = (model, micro_batch, tp, sequence_parallel, recompute, flash_attention, dtype_bytes)
+    if kernels == "eager":
+        return dict(_eager_tensors(*args, P))
+    t = dict(_tensors(*args))
+    casts = _weight_cast_bytes(
+        model, local_dims(model, micro_batch, tp, sequence_parallel), dtype_bytes, P
     )
+    if casts:
+        t["weight_casts"] = casts
+    return t
+
+
+def dtype_bytes_of(name: str) -> int:
+    """Bytes per element of a ``training.param_dtype`` name."""
+    return dtype_bytes(name, "training.param_dtype")
+
+
+def _weight_cast_bytes(model: ModelConfig, L: Local, d: int, P: int) -> float:
+    """The compute-dtype copies of a layer's GEMM weights on one TP rank that autocast makes
+    from fp32 parameters (0 when the parameters are already in a narrower dtype)."""
+    if P != FP32 or d >= FP32:
+        return 0.0
+    h, q_w, kv_w = model.hidden, L.heads * L.head_dim, L.kv_heads * L.head_dim
+    return float((h * (q_w + 2 * kv_w) + q_w * h + h * L.fc1_out + L.ffn * h) * d)
 
 
 @lru_cache(maxsize=1024)
@@ -156,6 +271,96 @@ def _tensors(
     return tuple((k, float(v)) for k, v in t.items())
 
 
+def _eager_norm(name: str, kind: str, n: int, h: int) -> dict[str, float]:
+    """What an eager pre-norm saves on ``n`` tokens: its fp32 input (the residual stream itself
+    when that is fp32, else the ``x.float()`` / autocast copy), and for measure.py's RMSNorm
+    (``xf * rsqrt(mean(xf^2) + eps) * w``) the per-row ``rsqrt`` and the normalised ``y`` (the
+    gain multiply saves it), for ``native_layer_norm`` the row mean and rstd."""
+    t = {f"{name}_input_fp32": float(n * h * FP32)}
+    if kind == "rmsnorm":
+        t[f"{name}_rstd"] = float(n * FP32)
+        t[f"{name}_normalized"] = float(n * h * FP32)
+    else:
+        t[f"{name}_mean_rstd"] = float(2 * n * FP32)
+    return t
+
+
+@lru_cache(maxsize=1024)
+def _eager_tensors(
+    model: ModelConfig, b: int, tp: int, sp: bool, recompute: str, flash: bool, d: int, P: int
+) -> tuple[tuple[str, float], ...]:
+    """What autograd saves for one eager layer under autocast (the modules of
+    ``benchmarks/device/measure.py``; nanoGPT's block for the GPT family), on one TP rank.
+
+    Per layer, ``T`` GEMM tokens and ``NT`` norm tokens (``T/t`` with SP), ``d`` the compute
+    dtype, residual stream in the parameter dtype:
+
+    * each norm: :func:`_eager_norm` (two fp32 ``NT x h`` tensors for RMSNorm);
+    * the norm output cast to ``d``, saved by the next GEMM (``qkv_input``, ``fc1_input``);
+    * the QKV output: ``split``/``view`` make Q, K, V views of it and the attention saves V
+      (and for GPT Q and K too), so the whole ``T x (q + 2kv)`` storage stays;
+    * rotary: ``x*cos + cat(-x2, x1)*sin`` saves only the ``d``-typed tables (a copy per layer,
+      ``2*s*hd``), and the attention saves the rotated Q and K (new tensors);
+    * flash attention (SDPA): its output (the out-projection's input is a view of it) and the
+      fp32 log-sum-exp; without flash nanoGPT's math path: Q, K^T, V copied for the batched
+      GEMMs (K, V repeated to the query heads), the fp32 softmax output, the dropout mask, the
+      probabilities cast back to ``d``, and the output transposed back (``.contiguous()``);
+    * the MLP: fc1's output (SwiGLU: ``silu(g)`` saves the gate and ``* u`` the up half,
+      views of one tensor; GELU saves its input), ``silu(g)`` for the multiply, fc2's input;
+    * nanoGPT's dropout masks (1 byte) after both branches;
+    * with fp32 parameters the weight casts (:func:`_weight_cast_bytes`).
+
+    The residual additions save nothing. ``selective`` drops the attention core's s^2 tensors
+    and the log-sum-exp; ``full`` (``torch.utils.checkpoint`` of the layer) keeps the layer
+    input in the stream's dtype -- and, with fp32 parameters, still the weight casts, which
+    autocast's cache holds until the forward ends (counted until the layer's backward here,
+    an upper bound).
+    """
+    L, A = local_dims(model, b, tp, sp), arch(model)
+    h, NT, T, kind = model.hidden, L.norm_tokens, L.tokens, model.norm_kind
+    q_w, kv_w = L.heads * L.head_dim, L.kv_heads * L.head_dim
+    casts = _weight_cast_bytes(model, L, d, P)
+    t: dict[str, float] = {}
+    if recompute == "full":
+        t["layer_input"] = NT * h * P
+    else:
+        t.update(_eager_norm("norm1", kind, NT, h))
+        t["qkv_input"] = T * h * d
+        t["qkv_output"] = T * (q_w + 2 * kv_w) * d
+        if A.rotary:
+            t["rope_tables"] = 2 * L.s * L.head_dim * d
+            t["q_rotated"] = T * q_w * d
+            t["k_rotated"] = T * kv_w * d
+        if flash:
+            t["attn_output"] = T * q_w * d
+            if recompute == "none":
+                t["softmax_lse"] = L.b * L.heads * L.s * FP32
+        else:
+            sq = L.b * L.heads * L.s * L.s
+            t["attn_q_copy"] = T * q_w * d
+            t["attn_k_copy"] = T * q_w * d
+            if recompute == "none":
+                t["softmax_output_fp32"] = sq * FP32
+                if A.dropout:
+                    t["softmax_dropout_mask"] = sq * MASK
+                t["attn_probs"] = sq * d
+            t["attn_v_copy"] = T * q_w * d
+            t["attn_output"] = T * q_w * d
+        if A.dropout:
+            t["attn_dropout_mask"] = NT * h * MASK
+        t.update(_eager_norm("norm2", kind, NT, h))
+        t["fc1_input"] = T * h * d
+        t["fc1_output"] = T * L.fc1_out * d
+        if model.activation == "swiglu":
+            t["silu_output"] = T * L.ffn * d
+        t["fc2_input"] = T * L.ffn * d
+        if A.dropout:
+            t["mlp_dropout_mask"] = NT * h * MASK
+    if casts:
+        t["weight_casts"] = casts
+    return tuple((k, float(v)) for k, v in t.items())
+
+
 def activation_bytes_per_layer(
     model: ModelConfig,
     *,
@@ -165,6 +370,8 @@ def activation_bytes_per_layer(
     recompute: str,
     flash_attention: bool = True,
     dtype_bytes: int = 2,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
 ) -> float:
     """Bytes one layer keeps per micro-batch on one TP rank (sum of
     :func:`activation_tensors_per_layer`). For GPT with dropout, d = 2 and no flash this is
@@ -179,20 +386,121 @@ def activation_bytes_per_layer(
             recompute=recompute,
             flash_attention=flash_attention,
             dtype_bytes=dtype_bytes,
+            kernels=kernels,
+            param_dtype=param_dtype,
         ).values()
     )
 
 
 def embedding_activation_bytes(
-    model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool, dtype_bytes: int = 2
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype_bytes: int = 2,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
 ) -> float:
     """The embedding's dropout mask, ``sbh/t`` with SP (Korthikanti et al. 2022, Section 4.3;
     per micro-batch, the ``p`` there counts micro-batches in flight); 0 without dropout. The
-    embedding output is the first layer's input and is counted there."""
-    if not arch(model).dropout:
-        return 0.0
+    embedding output is the first layer's input and is counted there.
+
+    ``kernels="eager"``: ``nn.Embedding`` saves only the token ids (the batch itself, no new
+    memory); measure.py's vocab-parallel embedding (tp > 1) saves its shifted ids (int64) and
+    the out-of-shard mask (bool); nanoGPT also the position ids (``arange``, int64) and the
+    dropout mask."""
+    _check_kernels(kernels)
     L = local_dims(model, micro_batch, tp, sequence_parallel)
+    A = arch(model)
+    if kernels == "eager":
+        n = L.tokens * (I64 + BOOL) if tp > 1 else 0
+        if A.learned_positions:
+            n += L.s * I64
+        if A.dropout:
+            n += L.norm_tokens * model.hidden * MASK
+        return float(n)
+    if not A.dropout:
+        return 0.0
     return float(L.norm_tokens * model.hidden * MASK)
+
+
+def head_activation_tensors(
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype_bytes: int = 2,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
+) -> dict[str, float]:
+    """What the last stage keeps for the head's backward per micro-batch, name -> bytes.
+
+    Fused (Korthikanti et al. 2022, Section 4.3): final-norm input, LM-head input (``sbh/t``
+    each with SP, Megatron keeps the scattered input) and the fp32 softmax of the
+    vocab-parallel cross-entropy (``4sbV/t``): ``4sbh/t (1 + V/h)`` for d = 2 with SP.
+
+    Eager (measure.py): the final norm (:func:`_eager_norm`), the head input cast to ``d``,
+    and the loss on ``logits.float()``: with tp = 1 ``F.cross_entropy`` keeps the fp32
+    log-softmax (``log_softmax`` saves its output, ``nll_loss`` the same tensor), with tp > 1
+    the vocab-parallel cross-entropy keeps the fp32 softmax and the shifted target ids and
+    mask. Either mode with fp32 parameters: the LM head's weight cast (see
+    :func:`activation_tensors_per_layer`).
+    """
+    _check_kernels(kernels)
+    P = dtype_bytes_of(param_dtype)
+    L = local_dims(model, micro_batch, tp, sequence_parallel)
+    h, d, x = model.hidden, dtype_bytes, L.tokens * L.vocab
+    if kernels == "eager":
+        t = _eager_norm("final_norm", model.norm_kind, L.norm_tokens, h)
+        t["head_input"] = float(L.tokens * h * d)
+        if tp == 1:
+            t["log_softmax"] = float(x * FP32)
+        else:
+            t["softmax"] = float(x * FP32)
+            t["target_ids"] = float(L.tokens * (I64 + BOOL))
+    else:
+        t = {
+            "final_norm_input": float(L.norm_tokens * h * d),
+            "head_input": float(L.norm_tokens * h * d),
+            "softmax": float(x * FP32),
+        }
+    if P == FP32 and d < FP32:
+        t["head_weight_cast"] = float(h * L.vocab * d)
+    return t
+
+
+def head_transient_bytes(
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype_bytes: int = 2,
+    kernels: str = "fused",
+) -> float:
+    """The largest working set of the loss beyond what the head keeps (bytes).
+
+    Fused: the ``d``-byte logits and one fp32 temporary alive while the loss is computed.
+
+    Eager, ``x`` logits on this rank: with tp = 1, in the forward the ``d``-byte logits and
+    their fp32 copy beside the log-softmax being written (``x (d + 4)``), in the backward
+    ``nll_loss_backward``'s fp32 gradient and ``log_softmax_backward``'s fp32 output beside the
+    kept log-softmax (``8x``): the larger, ``8x`` for bf16. With tp > 1 the forward holds the
+    logits and their fp32 copy while ``logits - max`` is written (``x (d + 4)``); the backward
+    works in place on the kept softmax and casts it to ``d`` (``d x``). With fp32 compute the
+    ``.float()`` casts are no-ops.
+    """
+    _check_kernels(kernels)
+    L = local_dims(model, micro_batch, tp, sequence_parallel)
+    d, x = dtype_bytes, L.tokens * L.vocab
+    up = FP32 if d != FP32 else 0
+    if kernels != "eager":
+        return float(x * (d + FP32))
+    if tp == 1:
+        return float(max(x * (d + up), 2 * x * FP32))
+    return float(max(x * (d + up), x * d if up else 0))
 
 
 def head_activation_bytes(
@@ -203,15 +511,20 @@ def head_activation_bytes(
     sequence_parallel: bool,
     dtype_bytes: int = 2,
     include_transient: bool = False,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
 ) -> float:
-    """What the last stage keeps for the head's backward per micro-batch: final-norm input,
-    LM-head input (``sbh/t`` each with SP, Megatron keeps the scattered input) and the fp32
-    softmax of the vocab-parallel cross-entropy (``4sbV/t``): ``4sbh/t (1 + V/h)`` for d = 2
-    with SP (Korthikanti et al. 2022, Section 4.3). ``include_transient`` adds the forward's
-    peak: the ``d``-byte logits and one fp32 temporary alive while the loss is computed."""
-    L = local_dims(model, micro_batch, tp, sequence_parallel)
-    h, d = model.hidden, dtype_bytes
-    kept = 2 * L.norm_tokens * h * d + L.tokens * L.vocab * FP32
+    """Bytes the head keeps per micro-batch (sum of :func:`head_activation_tensors`);
+    ``include_transient`` adds the loss's working set (:func:`head_transient_bytes`), the
+    head's peak between its forward and its backward."""
+    kw = dict(
+        micro_batch=micro_batch,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        dtype_bytes=dtype_bytes,
+        kernels=kernels,
+    )
+    kept = sum(head_activation_tensors(model, param_dtype=param_dtype, **kw).values())
     if include_transient:
-        kept += L.tokens * L.vocab * (d + FP32)
+        kept += head_transient_bytes(model, **kw)
     return float(kept)

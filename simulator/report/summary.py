@@ -87,7 +87,9 @@ def memory_peak(
     memory: pd.DataFrame, capacity_bytes: float, reserved_bytes: float = 0.0
 ) -> tuple[dict[str, float], str]:
     """Peak memory of the worst process, split by category at the moment of the peak (GiB);
-    ``reserved`` (the runtime's own HBM) is part of the total."""
+    ``reserved`` (the runtime's own HBM) is part of the total. ``allocated`` is the total
+    without it: the tensors alone, what ``torch.cuda.max_memory_allocated`` reports (no CUDA
+    context, communication buffers or allocator cache)."""
     cats = ["weights", "gradients", "optimizer", "activations", "zero_params"]
     best = None
     for proc, grp in memory.groupby("proc", sort=True):
@@ -102,11 +104,13 @@ def memory_peak(
             split = upto.groupby("what")["delta_bytes"].sum().to_dict()
             best = (peak, proc, split)
     if best is None:
-        return {k: 0.0 for k in ["weights", "gradients", "optimizer", "activations", "total"]}, ""
+        keys = ["weights", "gradients", "optimizer", "activations", "total", "allocated"]
+        return dict.fromkeys(keys, 0.0), ""
     peak, proc, split = best
     res = {c: float(split.get(c, 0.0)) / GiB for c in cats}
     res["weights"] += res.pop("zero_params")
     res["reserved"] = reserved_bytes / GiB
     res["total"] = (peak + reserved_bytes) / GiB
+    res["allocated"] = peak / GiB
     res["capacity"] = capacity_bytes / GiB
     return res, proc

@@ -1,0 +1,240 @@
+"""Eager-PyTorch memory (``kernels: eager``): what autograd saves, counted by hand for small
+shapes, checked against PyTorch's own saved tensors and allocator peaks of a probe run
+(data/measured/eager-memory-probe, benchmarks/device/eager_memory_probe.py), and wired into
+the engine (the peak of a measured workload is the analytic sum)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator.config.schema import ModelConfig
+from simulator.errors import ConfigError
+from simulator.model import memory as mem
+from simulator.model import transformer as tf
+from simulator.run import simulate
+from simulator.validate import load_case, run_suite, summary_value
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE_DIR = ROOT / "data" / "measured" / "eager-memory-probe"
+
+# benchmarks/device/eager_memory_probe.py PROBE: T = 2048 tokens, h = 2048, q = 16 x 128,
+# kv = 4 x 128, ffn 5632 (gate_up 11264), vocab 16000
+PROBE = ModelConfig(
+    layers=4, hidden=2048, ffn_hidden=5632, heads=16, kv_heads=4, vocab=16000, seq_len=2048
+)
+T, H, Q, KV, F, V, HEADS, HD = 2048, 2048, 2048, 512, 5632, 16000, 16, 128
+GEMM_WEIGHTS = H * (Q + 2 * KV) + Q * H + H * 2 * F + F * H  # qkv, o, gate_up, down
+
+
+def eager(model=PROBE, tp=1, P="fp32", rc="none", flash=True, b=1, d=2):
+    kw = dict(micro_batch=b, tp=tp, sequence_parallel=False, kernels="eager", param_dtype=P)
+    return mem.activation_tensors_per_layer(
+        model, recompute=rc, flash_attention=flash, dtype_bytes=d, **kw
+    )
+
+
+def hand_llama_layer(tp: int, fp32_params: bool) -> int:
+    """One Llama layer of measure.py under bf16 autocast, tensor by tensor (bytes)."""
+    t = tp
+    n = 0
+    for _ in range(2):  # attn_norm, mlp_norm: fp32 input, rsqrt per row, normalised y
+        n += 4 * T * H + 4 * T + 4 * T * H
+    n += 2 * T * H  # attn_norm(x).to(bf16): qkv's input
+    n += 2 * T * (Q + 2 * KV) // t  # qkv output, kept whole by the V view
+    n += 2 * (2 * T * HD)  # cos, sin cast to bf16 in every layer
+    n += 2 * T * Q // t + 2 * T * KV // t  # rotated q, k
+    n += 2 * T * Q // t + 4 * (HEADS // t) * T  # SDPA output (o's input is a view), fp32 lse
+    n += 2 * T * H  # mlp_norm(x).to(bf16): gate_up's input
+    n += 2 * T * 2 * F // t  # gate_up output (silu keeps g, mul keeps u)
+    n += 2 * T * F // t + 2 * T * F // t  # silu(g), down's input silu(g)*u
+    if fp32_params:
+        n += 2 * GEMM_WEIGHTS // t  # bf16 weight casts saved by mm
+    return n
+
+
+def test_llama_layer_hand_count():
+    assert sum(eager().values()) == hand_llama_layer(1, True) == 298_991_616
+    assert sum(eager(tp=2).values()) == hand_llama_layer(2, True)
+    assert sum(eager(P="bf16").values()) == hand_llama_layer(1, False)
+    assert eager()["weight_casts"] == 2 * GEMM_WEIGHTS  # 104 MiB
+    assert "weight_casts" not in eager(P="bf16")
+
+
+def _saved_by_module(case: str) -> dict[str, int]:
+    """Saved non-parameter bytes per top-level module (layers by index) in the probe."""
+    r = json.loads((PROBE_DIR / f"probe_{case}.json").read_text())
+    out: dict[str, int] = defaultdict(int)
+    for s in r["saved"]:
+        if s["param"]:
+            continue
+        parts = s["module"].replace("_fsdp_wrapped_module.", "").split(".")
+        out[".".join(parts[:2]) if parts[0] == "layers" else parts[0]] += s["bytes"]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("case", "tp", "P"), [("single", 1, "fp32"), ("tp", 2, "fp32"), ("fsdp", 1, "bf16")]
+)
+def test_layer_matches_pytorchs_saved_tensors(case, tp, P):
+    # Layer 1 (its input is layer 0's output): PyTorch saved the same bytes, plus the SDPA's
+    # two int64 RNG scalars (philox seed and offset, 16 bytes)
+    saved = _saved_by_module(case)["layers.1"]
+    assert saved - sum(eager(tp=tp, P=P).values()) == 16
+
+
+def test_head_and_embedding_match_pytorchs_saved_tensors():
+    kw = dict(micro_batch=1, sequence_parallel=False, kernels="eager", param_dtype="fp32")
+    for case, tp in (("single", 1), ("tp", 2)):
+        s = _saved_by_module(case)
+        head = mem.head_activation_bytes(PROBE, tp=tp, **kw)
+        # the probe's "head" also lists the labels (the batch, not new memory) for tp = 1
+        labels = 2 * T * 8 + 4 if tp == 1 else 0  # the labels' storage, nll's total weight
+        assert s["norm"] + s["head"] - labels == head
+        assert mem.embedding_activation_bytes(PROBE, tp=tp, **kw) == (0 if tp == 1 else s["embed"])
+    t = mem.head_activation_tensors(PROBE, tp=1, **kw)
+    assert t["log_softmax"] == 4 * T * V and t["head_weight_cast"] == 2 * H * V
+
+
+def test_head_transient():
+    kw = dict(micro_batch=1, sequence_parallel=False, kernels="eager")
+    # tp = 1: backward holds nll_loss's and log_softmax's fp32 gradients (8 TV) beside the
+    # kept log-softmax; forward only bf16 logits + fp32 copy (6 TV)
+    assert mem.head_transient_bytes(PROBE, tp=1, **kw) == 8 * T * V
+    # tp > 1: forward holds bf16 logits + fp32 copy while logits - max is written (6 TV/t)
+    assert mem.head_transient_bytes(PROBE, tp=2, **kw) == 6 * T * V // 2
+    assert mem.head_transient_bytes(PROBE, tp=1, dtype_bytes=4, **kw) == 8 * T * V
+    assert mem.head_transient_bytes(PROBE, tp=2, dtype_bytes=4, **kw) == 4 * T * V // 2
+    fused = mem.head_transient_bytes(PROBE, tp=2, micro_batch=1, sequence_parallel=False)
+    assert fused == T * V // 2 * (2 + 4)
+
+
+def _probe(case: str) -> dict:
+    return json.loads((PROBE_DIR / f"probe_{case}.json").read_text())
+
+
+@pytest.mark.parametrize("case", ["single", "ddp", "tp", "fsdp"])
+def test_step_peak_matches_the_probe(case):
+    """The whole step's peak, assembled from the formulas, against max_memory_allocated; the
+    ~70 MB of buffers that exist before the step (RoPE tables, batch, cuBLAS workspaces) are
+    read off the probe's baseline."""
+    r = _probe(case)
+    tp = 2 if case == "tp" else 1
+    dp = 2 if case in ("ddp", "fsdp") else 1
+    zero = 3 if case == "fsdp" else 0
+    P = "bf16" if case == "fsdp" else "fp32"
+    n = r["params_local"]
+    kw = dict(micro_batch=1, tp=tp, sequence_parallel=False, kernels="eager", param_dtype=P)
+    states = mem.model_state_bytes(
+        n * dp if zero == 3 else n,
+        zero=zero,
+        dp=dp,
+        param_dtype=P,
+        grad_dtype="fp32",
+        kernels="eager",
+    )
+    buckets = mem.ddp_bucket_bytes(
+        n, kernels="eager", zero=zero, dp=dp, param_dtype=P, grad_dtype="fp32"
+    )
+    acts = PROBE.layers * mem.activation_bytes_per_layer(PROBE, recompute="none", **kw)
+    acts += mem.head_activation_bytes(PROBE, include_transient=True, **kw)
+    acts += mem.embedding_activation_bytes(PROBE, **kw)
+    gathered = 0.0
+    if zero == 3:  # the root unit (embedding + head) and the next layer unit, bf16, unsharded
+        gathered = 2 * (tf.embedding_params(PROBE) + tf.head_params(PROBE))
+        gathered += 2 * tf.layer_params(PROBE)
+    at_start = states.weights + buckets / mem.DDP_BUCKET_SETS  # the first bucket set exists
+    other = r["peak"]["baseline_bytes"] - at_start
+    assert 0 < other < 80e6
+    predicted = states.total + buckets + acts + gathered + other
+    assert predicted == pytest.approx(r["max_memory_allocated"], rel=0.005)
+
+
+def test_ddp_buckets_and_fsdp_states():
+    n = 1e9
+    # DDP, AMP: two fp32 bucket sets beside the fp32 gradients; none for one GPU / fused / ZeRO
+    assert mem.ddp_bucket_bytes(n, kernels="eager", zero=0, dp=4, param_dtype="fp32") == 8e9
+    assert mem.ddp_bucket_bytes(n, kernels="eager", zero=0, dp=1, param_dtype="fp32") == 0
+    assert mem.ddp_bucket_bytes(n, kernels="fused", zero=0, dp=4, param_dtype="fp32") == 0
+    assert mem.ddp_bucket_bytes(n, kernels="eager", zero=3, dp=4, param_dtype="bf16") == 0
+    # FSDP mixed precision: fp32 shards + fp32 grads + m, v = 16/N; Megatron ZeRO-3 18/N
+    s = mem.model_state_bytes(
+        n, zero=3, dp=4, param_dtype="bf16", grad_dtype="fp32", kernels="eager"
+    )
+    assert (s.weights, s.gradients, s.optimizer) == (1e9, 1e9, 2e9)
+    f = mem.model_state_bytes(n, zero=3, dp=4, param_dtype="bf16", grad_dtype="fp32")
+    assert f.total == 18 * n / 4
+    # the unsharded gradient of a unit: bf16 from autograd, then its fp32 copy to reduce
+    assert mem.fsdp_unit_grad_bytes(n, param_dtype="bf16", grad_dtype="fp32") == 6e9
+    assert mem.fsdp_unit_grad_bytes(n, param_dtype="fp32", grad_dtype="fp32") == 4e9
+    with pytest.raises(ConfigError):
+        mem.model_state_bytes(n, zero=0, dp=1, kernels="jit")
+
+
+GPT_SMALL = ModelConfig(layers=2, hidden=256, heads=4, vocab=1000, seq_len=128, activation="gelu")
+
+
+def test_gpt_eager_layer_hand_count():
+    # nanoGPT block, b = 2, s = 128 (T = 256), h = 256, 4 heads, ffn 1024, bf16 autocast over
+    # fp32 params: LayerNorm keeps its fp32 input and row mean + rstd; dropout masks 1 byte
+    b, s, h, a, f = 2, 128, 256, 4, 1024
+    t_ = b * s
+    ln = 4 * t_ * h + 2 * 4 * t_
+    flash = (
+        2 * ln  # two LayerNorms
+        + 2 * (2 * t_ * h)  # qkv input, fc1 input (bf16)
+        + 2 * t_ * 3 * h  # qkv output (q, k, v views)
+        + 2 * t_ * h
+        + 4 * b * a * s  # SDPA output, log-sum-exp
+        + 2 * t_ * h  # two dropout masks after the branches
+        + 2 * t_ * f
+        + 2 * t_ * f  # GELU input, fc2 input
+        + 2 * (3 * h * h + h * h + 2 * h * f)  # weight casts
+    )
+    assert sum(eager(GPT_SMALL, b=b).values()) == flash
+    sq = b * a * s * s
+    math = flash - 4 * b * a * s + 4 * (2 * t_ * h)  # q, k, v copies and transposed output
+    math += 4 * sq + sq + 2 * sq  # fp32 softmax, its dropout mask, bf16 probabilities
+    math -= 2 * t_ * h  # the output copy replaces the SDPA output
+    assert sum(eager(GPT_SMALL, b=b, flash=False).values()) == math
+    assert sum(eager(GPT_SMALL, b=b, flash=False, rc="selective").values()) == (math - 7 * sq)
+    full = eager(GPT_SMALL, b=b, rc="full")
+    assert full == {"layer_input": 4 * t_ * h, "weight_casts": 2 * (4 * h * h + 2 * h * f)}
+
+
+def test_fused_gets_weight_casts_only_with_fp32_params():
+    kw = dict(micro_batch=1, tp=1, sequence_parallel=False, recompute="selective")
+    base = mem.activation_bytes_per_layer(PROBE, **kw)
+    assert mem.activation_bytes_per_layer(PROBE, param_dtype="bf16", **kw) == base
+    assert mem.activation_bytes_per_layer(PROBE, param_dtype="fp32", **kw) == (
+        base + 2 * GEMM_WEIGHTS
+    )
+
+
+def test_engine_peak_is_the_analytic_sum():
+    """a_1gpu (one GPU, AMP, 4 micro-batches): the simulated allocated peak = model states +
+    8 layers + the head with its loss working set (the peak is in the loss's backward)."""
+    suite = ROOT / "validation" / "measured-memory" / "suite.yaml"
+    data = yaml.safe_load(suite.read_text())
+    loaded = load_case(suite, {}, data["cases"][0], 0)
+    w = loaded.workload
+    m = w.model
+    kw = dict(micro_batch=1, tp=1, sequence_parallel=False, kernels="eager", param_dtype="fp32")
+    n = tf.total_params(m)
+    expect = 16 * n + m.layers * mem.activation_bytes_per_layer(m, recompute="none", **kw)
+    expect += mem.head_activation_bytes(m, include_transient=True, **kw)
+    s = simulate(loaded).summary
+    got = summary_value(s, "memory_gib.allocated")
+    assert got * 2**30 == pytest.approx(expect, rel=1e-9)
+    assert got == pytest.approx(s["memory_gib"]["total"] - s["memory_gib"]["reserved"])
+    assert summary_value(s, "memory_gib.nothing") is None
+
+
+def test_memory_suite_runs_with_a_dotted_metric():
+    res = run_suite(ROOT / "validation" / "measured-memory" / "suite.yaml")
+    assert res.cases and all(c.metric == "memory_gib.allocated" for c in res.cases)
+    assert res.passed
