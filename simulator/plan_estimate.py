@@ -236,18 +236,19 @@ class Estimator:
         kw = dict(
             micro_batch=cand.micro_batch, tp=cand.tp, sequence_parallel=cand.sequence_parallel
         )
+        impl = dict(kernels=t.kernels, param_dtype=t.param_dtype)
         act_layer = mem.activation_bytes_per_layer(
-            m, recompute=cand.recompute, flash_attention=t.flash_attention, **kw
+            m, recompute=cand.recompute, flash_attention=t.flash_attention, **kw, **impl
         )
-        act_embed = mem.embedding_activation_bytes(m, **kw)
-        act_head = mem.head_activation_bytes(m, **kw)
+        act_embed = mem.embedding_activation_bytes(m, **kw, **impl)
+        act_head = mem.head_activation_bytes(m, **kw, **impl)
         pp, v = res.pp, res.virtual_stages
         last = pp * v - 1
         worst = 0.0
         for s in range(pp):
             states = mem.model_state_bytes(
                 self._stage_params(res, s) / cand.tp, zero=cand.zero, dp=res.dp,
-                param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
+                param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype, kernels=t.kernels,
             ).total  # fmt: skip
             chunk = []
             for c in range(v):

@@ -234,7 +234,7 @@ def _memory(summary: dict) -> Table | None:
         "activations": "#CC79A7",
     }
     keys = [k for k in MEMORY_KEYS if k in mem]
-    keys += [k for k in mem if k not in (*MEMORY_KEYS, "total", "capacity")]
+    keys += [k for k in mem if k not in (*MEMORY_KEYS, "total", "capacity", "allocated")]
     for key in keys:
         v = mem[key]
         share = v / cap if _finite(cap) and cap and _finite(v) else 0.0
