@@ -33,10 +33,10 @@ NVLink/PCIe, where NCCL's own SMs do the stores -- the kernel's extra local memo
 ``copy_GBps``; the bytes per primitive are counted from NCCL's ring primitives. Over the
 network the NIC's DMA overlaps that work, so it is not charged.
 
-Protocols (NCCL's LL and Simple) scale the bytes a step puts on the links by
+Protocols (NCCL's LL, LL128 and Simple) scale the bytes a step puts on the links by
 1/bandwidth_fraction and add per-step overheads (``fabrics.yaml``). Like NCCL's tuner,
 :meth:`CollectiveModel.algorithm` picks the algorithm and protocol with the lowest predicted
-time for one group. NVLS/SHARP, CollNet, PAT and LL128 are not modelled.
+time for one group. NVLS/SHARP, CollNet and PAT are not modelled.
 """
 
 from __future__ import annotations
