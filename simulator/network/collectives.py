@@ -180,7 +180,7 @@ class CollectiveModel(AlgorithmPhases):
             hit = self._cost(*key)
             if (
                 algorithm is None
-                and "/LL" in hit.algorithm
+                and hit.algorithm.endswith("/LL")
                 and sum(len(g) > 1 for g in key[1]) > 1
             ):
                 # Each group's plan was chosen as if it ran alone; where concurrent groups
