@@ -8,9 +8,13 @@ gathers, ``pp`` for point-to-point sends) that run beside it, like CUDA streams.
 
 Collectives rendezvous: the n-th collective a process issues on a group matches the n-th of every
 other member, starts once all have issued it and their stream is free, and takes the time the
-network gives it. In folded mode that time is the collective model's cost on the real groups'
-links (all concurrent equivalent groups sharing them); in full mode every algorithm step is a set
-of flows in the max-min fair :class:`~simulator.network.flows.FlowNetwork`.
+network gives it. In folded mode a pipeline send takes the collective model's cost on the real
+groups' links (all concurrent copies sharing them), and data-parallel / ZeRO collectives run as
+bundles of every concurrent group's flows in the max-min fair
+:class:`~simulator.network.flows.FlowNetwork`, so collectives that overlap share links; in full
+mode every algorithm step of every collective is a set of flows in that network. Gathers and
+reductions of one process queue on one communicator; while one is in flight the process's
+kernels run slower by the measured interference factor.
 
 Inside a process, back-to-back parts with nothing else depending on them (a layer's kernels and
 its TP collectives in folded mode; a whole chunk's layers when no ZeRO-3 gather interleaves) are
