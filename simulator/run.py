@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -239,7 +238,3 @@ def _busiest(links: pd.DataFrame, k: int = 5) -> list[dict]:
             }
         )
     return out
-
-
-def kinds_count(events: pd.DataFrame) -> Counter:
-    return Counter(events["kind"])
