@@ -182,7 +182,7 @@ def build_plan(
     head = tf.head_params(m) + tf.final_norm_params(m)
 
     def vs_params(vs: int) -> float:
-        n = len(range(*_layer_span(res.stage_layers, vs))) * lp
+        n = res.stage_layers[vs] * lp
         if vs == 0:
             n += emb
         if vs == pp * v - 1:
@@ -374,8 +374,3 @@ def folded_link_bytes(engine, layout: Layout, coll: CollectiveModel, n_links: in
         for link, b in engine.plan.comm_cost(spec, p).link_bytes.items():
             out[link] += b
     return out
-
-
-def _layer_span(stage_layers: Sequence[int], vs: int) -> tuple[int, int]:
-    start = sum(stage_layers[:vs])
-    return start, start + stage_layers[vs]
