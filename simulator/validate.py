@@ -27,6 +27,17 @@ the prediction), ``device`` (default) for CUDA-event timing::
     ops: [all_reduce, all_gather, reduce_scatter]
     bands: [{name: ">= 1 MiB", min_bytes: 1048576, tolerance_mape: 0.10}, ...]
 
+Every suite says how it was used (``role``), because a suite looked at while choosing the
+model cannot measure how well the model predicts what it has not seen::
+
+    role: fit            # constants were fitted on this data (it measures the fit, nothing more)
+    role: development    # not fitted, but looked at while choosing or adjusting the model
+    role: held_out       # never seen before the model was frozen
+    role_note: what was chosen on it, or when it was frozen
+
+Results report the mean absolute percentage error (MAPE) and the bias (mean signed error,
+predicted over measured minus one): a model that is consistently fast or slow shows there.
+
 Paths are relative to the suite file.
 """
 
@@ -38,8 +49,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from simulator.config.load import (
     LoadedWorkload,
@@ -72,11 +81,26 @@ class CaseResult:
         return (self.predicted - self.measured) / self.measured
 
 
+ROLES = ("fit", "development", "held_out")
+
+
 @dataclass
 class SuiteResult:
     name: str
     cases: list[CaseResult]
     checks: list[tuple[str, float, float]]  # (what, value, limit)
+    role: str = ""
+    role_note: str = ""
+    # (what, MAPE, bias, cases) of each band's cases, for collective suites
+    bands: list[tuple[str, float, float, int]] = field(default_factory=list)
+
+    @property
+    def mape(self) -> float:
+        return mape(self.cases)
+
+    @property
+    def bias(self) -> float:
+        return bias(self.cases)
 
     @property
     def passed(self) -> bool:
@@ -106,6 +130,11 @@ def summary_value(summary: Mapping, metric: str) -> Any:
 
 def mape(results: list[CaseResult]) -> float:
     return sum(abs(r.error) for r in results) / len(results) if results else 0.0
+
+
+def bias(results: list[CaseResult]) -> float:
+    """Mean signed error: negative when the model predicts too little (too fast)."""
+    return sum(r.error for r in results) / len(results) if results else 0.0
 
 
 def load_case(suite_path: Path, defaults: Mapping, case: Mapping, idx: int) -> LoadedWorkload:
@@ -204,9 +233,12 @@ def run_collective_suite(path: Path, data: dict, progress=None) -> SuiteResult:
                                   {"op": r["op"], "group": g, "bytes": r["bytes"]}))
         if progress:
             progress()
-    checks = []
+    checks, bands = [], []
     for band in data.get("bands") or [{"name": "all", "tolerance_mape": 0.10}]:
         lo, hi = band.get("min_bytes", 0), band.get("max_bytes", float("inf"))
+        in_band = [c for c in results if lo <= c.extra["bytes"] <= hi]
+        if in_band:
+            bands.append((band["name"], mape(in_band), bias(in_band), len(in_band)))
         for op in sorted(ops):
             for g in sorted({c.extra["group"] for c in results}):
                 sel = [c for c in results if c.extra["op"] == op and c.extra["group"] == g
@@ -214,7 +246,7 @@ def run_collective_suite(path: Path, data: dict, progress=None) -> SuiteResult:
                 if sel:
                     checks.append((f"{op} group {g} {band['name']} MAPE", mape(sel),
                                    float(band["tolerance_mape"])))
-    return SuiteResult(data.get("name", path.stem), results, checks)
+    return SuiteResult(data.get("name", path.stem), results, checks, bands=bands)
 
 
 def run_suite(path: str | Path, progress=None) -> SuiteResult:
@@ -222,14 +254,31 @@ def run_suite(path: str | Path, progress=None) -> SuiteResult:
     p = Path(path)
     data: dict[str, Any] = read_yaml(p, what="validation suite")
     kind = data.get("kind", "workloads")
+    role = check_role(p, data)
     if kind == "workloads":
-        return run_workload_suite(p, data, progress)
-    if kind == "collectives":
-        return run_collective_suite(p, data, progress)
-    raise ConfigError(f"unknown suite kind {kind!r} (accepted: workloads, collectives)",
-                      file=str(p), field="kind")
+        res = run_workload_suite(p, data, progress)
+    elif kind == "collectives":
+        res = run_collective_suite(p, data, progress)
+    else:
+        raise ConfigError(f"unknown suite kind {kind!r} (accepted: workloads, collectives)",
+                          file=str(p), field="kind")
+    res.role, res.role_note = role, str(data.get("role_note", "")).strip()
+    return res
+
+
+def check_role(path: Path, data: Mapping) -> str:
+    """The suite's ``role`` (how it was used); a ConfigError when missing or unknown."""
+    role = data.get("role")
+    if role not in ROLES:
+        raise ConfigError(f"{'missing' if role is None else repr(role)}: say how the suite was "
+                          f"used (accepted: {', '.join(ROLES)})", file=str(path), field="role")
+    return role
 
 
 def suite_size(path: str | Path) -> int:
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    """Cases in a suite (for a progress bar); checks its ``role`` first, so that a bad suite
+    is reported before anything is drawn."""
+    p = Path(path)
+    data = read_yaml(p, what="validation suite") or {}
+    check_role(p, data)
     return len(data.get("cases") or []) or 1

@@ -1,4 +1,5 @@
-"""``simulator validate [SUITE.yaml ...]``: predicted vs measured, with errors and MAPE."""
+"""``simulator validate [SUITE.yaml ...]``: predicted vs measured, with errors, MAPE and bias,
+and how each suite was used (fit set, development set or held out)."""
 
 from __future__ import annotations
 
@@ -49,10 +50,28 @@ def render(res: SuiteResult, console: Console, quiet: bool) -> None:
             t.add_row(c.name, _fmt(c.metric, c.predicted), _fmt(c.metric, c.measured),
                       f"[{colour}]{c.error:+.1%}[/{colour}]")
         console.print(t)
+    role = res.role.replace("_", " ")
+    console.print(f"  {res.name} ({role} set): {len(res.cases)} cases, MAPE {res.mape:.1%}, "
+                  f"bias {res.bias:+.1%}")
+    for band, m, b, n in res.bands:
+        console.print(f"    {band}: {n} cases, MAPE {m:.1%}, bias {b:+.1%}")
     for what, value, limit in res.checks:
         ok = value <= limit
         mark = "[green]PASS[/green]" if ok else "[red]FAIL[/red]"
         console.print(f"  {mark} {res.name}: {what} = {value:.1%} (limit {limit:.0%})")
+
+
+def summary_table(results: list[SuiteResult]) -> Table:
+    """One row per suite: how it was used, cases, MAPE, bias (mean signed error), verdict."""
+    t = Table(title="validation summary (bias < 0: predicted too fast / too small)",
+              title_justify="left")
+    for col, just in (("suite", "left"), ("used as", "left"), ("cases", "right"),
+                      ("MAPE", "right"), ("bias", "right"), ("verdict", "left")):
+        t.add_column(col, justify=just)
+    for r in results:
+        t.add_row(r.name, r.role.replace("_", " "), str(len(r.cases)), f"{r.mape:.1%}",
+                  f"{r.bias:+.1%}", "[green]pass[/green]" if r.passed else "[red]FAIL[/red]")
+    return t
 
 
 def main(args) -> int:
@@ -60,15 +79,18 @@ def main(args) -> int:
     if not suites:
         raise ConfigError("no suites given and no validation/ folder found", file="validate")
     console = Console(width=max(100, Console().width), highlight=False)
-    failed = []
-    for path in suites:
+    failed, results = [], []
+    sizes = [suite_size(path) for path in suites]  # bad suites fail before any output
+    for path, size in zip(suites, sizes, strict=True):
         with Progress(TextColumn(f"validating {path.name}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True) as bar:
-            task = bar.add_task("", total=suite_size(path))
+            task = bar.add_task("", total=size)
             res = run_suite(path, progress=lambda task=task: bar.advance(task))
         render(res, console, args.quiet)
+        results.append(res)
         if not res.passed:
             failed.append(res.name)
+    console.print(summary_table(results))
     if failed:
         console.print(f"[red]{len(failed)} suite(s) outside tolerance: {', '.join(failed)}[/red]")
         return 1

@@ -1,0 +1,63 @@
+"""validate: how a suite was used, and bias (mean signed error) beside MAPE."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator.errors import ConfigError
+from simulator.validate import CaseResult, bias, mape, run_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _case(pred: float, meas: float) -> CaseResult:
+    return CaseResult("s", "c", "step_time_s", pred, meas)
+
+
+def test_bias_is_the_mean_signed_error_and_mape_its_absolute_mean():
+    cases = [_case(0.9, 1.0), _case(2.2, 2.0), _case(0.7, 1.0)]  # -10 %, +10 %, -30 %
+    assert bias(cases) == pytest.approx(-0.10)
+    assert mape(cases) == pytest.approx(0.50 / 3)
+
+
+def test_every_shipped_suite_says_how_it_was_used():
+    suites = [*ROOT.glob("validation/*.yaml"), *ROOT.glob("validation/*/suite.yaml")]
+    assert suites
+    for p in suites:
+        data = yaml.safe_load(p.read_text())
+        assert data.get("role") in ("fit", "development", "held_out"), p
+        assert str(data.get("role_note", "")).strip(), p
+
+
+def _collective_suite(tmp_path: Path, **extra) -> Path:
+    topo = ROOT / "topologies" / "h200x4-nvswitch.yaml"
+    data = ROOT / "data" / "measured" / "h200x4" / "collectives.jsonl"
+    suite = {"name": "t", "kind": "collectives", "data": str(data), "topology": str(topo),
+             "ops": ["all_gather"], "bands": [{"name": "all", "tolerance_mape": 1.0}], **extra}
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(suite))
+    return p
+
+
+def test_a_suite_without_a_role_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="role"):
+        run_suite(_collective_suite(tmp_path))
+    p = _collective_suite(tmp_path, role="validation")
+    r = subprocess.run([sys.executable, "-m", "simulator", "validate", str(p)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: ") and "role" in r.stderr and "held_out" in r.stderr
+
+
+def test_collective_suite_reports_role_and_band_bias(tmp_path):
+    res = run_suite(_collective_suite(tmp_path, role="held_out", role_note="x"))
+    assert res.role == "held_out"
+    ((name, m, b, n),) = res.bands
+    assert n == len(res.cases) == 20  # all_gather, groups of 4 and 2, 4 KiB .. 1 GiB
+    assert m == pytest.approx(res.mape) and b == pytest.approx(res.bias)
+    assert abs(b) <= m
