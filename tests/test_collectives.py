@@ -4,7 +4,6 @@ algorithm choice, speed, and the calibration against measured NCCL collectives o
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -223,18 +222,15 @@ def test_algorithm_choice_follows_size_and_scale():
         one.cost("all_gather", [range(8)], 1e6, "tree")
 
 
-def test_128_node_ring_with_8_groups_is_fast():
+def test_128_node_ring_with_8_groups_is_memoised():
+    """A ring over 128 nodes has 2(n-1) steps; asking again returns the memoised cost (its
+    speed is printed by benchmarks/micro.py, not asserted here)."""
     t = dgx(nodes=128)
     m = CollectiveModel(t)
     groups = [[n * 8 + r for n in range(128)] for r in range(8)]
-    t0 = time.perf_counter()
     c = m.cost("all_reduce", groups, 2.0**30, "ring")
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
     assert m.cost("all_reduce", groups, 2.0**30, "ring") is c
-    assert time.perf_counter() - t0 < 1e-3
     assert c.n_steps == 254
-    assert first < 0.2  # typically ~0.02 s
 
 
 def test_collective_summary_uses_nccl_tests_definitions():

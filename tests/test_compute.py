@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -120,16 +118,12 @@ def test_gemm_dtypes_scale_with_their_peak(models):
         models["A100-SXM-80GB"].gemm_s(4096, 4096, 4096, "fp8")
 
 
-def test_gemm_edge_cases_and_speed(models):
+def test_gemm_edge_cases(models):
     cm = models[H200]
     assert cm.gemm_s(0, 4096, 4096) == 0.0 and cm.gemm_efficiency(4096, 0, 4096) == 0.0
     with pytest.raises(ValueError):
         cm.gemm_s(-1, 4096, 4096)
     assert cm.gemm_s(1, 1, 1) >= load_gpu(H200).gemm.t0_s
-    start = time.perf_counter()
-    for i in range(100_000):
-        cm.gemm_s(4096, 8192, 1024 + 128 * (i % 64))
-    assert time.perf_counter() - start < 1.0
 
 
 def test_newer_gpus_are_faster_on_a_big_gemm(models):
