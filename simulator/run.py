@@ -70,6 +70,14 @@ def simulate(
             "(the default folded detail gives the same answer, see README)",
             file=str(loaded.workload_path),
         )
+    if work.model.moe is not None or work.model.attention_kind == "mla":
+        # The input keys are validated; the engine prices dense MHA/GQA layers only so far.
+        raise ConfigError(
+            "mixture-of-experts and MLA layers are not simulated yet (accepted: a dense "
+            "model with mha or gqa attention)",
+            file=str(loaded.workload_path),
+            field="model.moe" if work.model.moe is not None else "model.attention",
+        )
     machine = machine or make_machine(loaded)
     env = CountingEnvironment()
     plan, layout, net = build_plan(work, loaded.topology, res, machine, detail=detail, env=env)

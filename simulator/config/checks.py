@@ -23,6 +23,9 @@ class Resolved:
     virtual_stages: int
     microbatches: int  # per DP rank per step
     stage_layers: tuple[int, ...]  # layers per virtual stage, pp * virtual_stages entries
+    ep: int = 1  # expert-parallel degree (MoE layers)
+    etp: int = 1  # tensor-parallel degree inside experts
+    edp: int = 1  # expert data-parallel degree: tp*cp*dp / (ep*etp)
 
 
 def resolve(
@@ -149,7 +152,72 @@ def resolve(
             field="nics_per_node",
         )
     _check_link_cuts(work, topo, file)
-    return Resolved(n_gpus, tp, pp, dp, v, mbs, sl)
+    ep, etp, edp = check_moe(work, dp, file)
+    return Resolved(n_gpus, tp, pp, dp, v, mbs, sl, ep, etp, edp)
+
+
+#: Tolerance on ``training.moe_expert_load`` summing to 1.
+LOAD_SUM_TOL = 1e-3
+
+
+def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
+    """The MoE keys against the model and the layout; returns ``(ep, etp, edp)``.
+
+    MoE Parallel Folding (Liu et al. 2025, arXiv:2504.14960, Section 3): the MoE layers of a
+    pipeline stage run on the same ``tp*cp*dp`` GPUs as its attention layers, regrouped as
+    ``etp x ep x edp``; so ``ep*etp`` must divide ``tp*cp*dp`` and ``edp`` is the quotient.
+    Each EP rank holds ``experts/ep`` experts, split ``etp`` ways along their inner width.
+    """
+    m, t, par = work.model, work.training, work.parallelism
+    ep, etp = par.ep, par.etp
+    cp = getattr(par, "cp", 1) or 1
+
+    def fail(field: str, msg: str) -> ConfigError:
+        return ConfigError(msg, file=file, field=field)
+
+    if m.moe is None:
+        if ep > 1 or etp > 1:
+            raise fail(
+                "parallelism.ep" if ep > 1 else "parallelism.etp",
+                f"ep={ep}, etp={etp} need a mixture-of-experts model (model.moe is not set; "
+                "accepted: 1)",
+            )
+        if t.moe_expert_load is not None:
+            raise fail("training.moe_expert_load", "needs model.moe (the model is dense)")
+        return 1, 1, 1
+    moe = m.moe
+    width = par.tp * cp * dp
+    if width % (ep * etp):
+        raise fail(
+            "parallelism.ep",
+            f"ep*etp = {ep}*{etp} = {ep * etp} must divide tp*cp*dp = {par.tp}*{cp}*{dp} = "
+            f"{width} (the MoE layers fold onto the attention layers' GPUs)",
+        )
+    if moe.experts % ep:
+        raise fail(
+            "parallelism.ep",
+            f"experts={moe.experts} is not divisible by ep={ep} (each EP rank holds "
+            "experts/ep experts)",
+        )
+    if moe.ffn_hidden % etp:
+        raise fail(
+            "parallelism.etp", f"moe.ffn_hidden={moe.ffn_hidden} is not divisible by etp={etp}"
+        )
+    load = t.moe_expert_load
+    if load is not None:
+        if len(load) != moe.experts:
+            raise fail(
+                "training.moe_expert_load",
+                f"has {len(load)} entries, expected one per expert ({moe.experts})",
+            )
+        if any(x < 0 for x in load):
+            raise fail("training.moe_expert_load", "shares must be >= 0")
+        if abs(sum(load) - 1.0) > LOAD_SUM_TOL:
+            raise fail(
+                "training.moe_expert_load",
+                f"shares add up to {sum(load):.6g}, expected 1 (within {LOAD_SUM_TOL})",
+            )
+    return ep, etp, width // (ep * etp)
 
 
 def _check_link_cuts(work: WorkloadConfig, topo: TopologyConfig, file: str) -> None:

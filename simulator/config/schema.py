@@ -26,8 +26,71 @@ class Frozen(BaseModel):
 # Workload
 
 
+class MLAConfig(Frozen):
+    """DeepSeek multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, Section 2.1):
+    queries through a rank-``q_lora_rank`` bottleneck (none when null), keys and values
+    through a shared rank-``kv_lora_rank`` latent, each head's query/key split into a
+    ``qk_nope_head_dim`` part from the latent and a ``qk_rope_head_dim`` rotary part (the key's
+    rotary part is one head shared by all heads), values ``v_head_dim`` wide."""
+
+    q_lora_rank: PositiveInt | None = Field(1536, description="query low rank; null: full Wq")
+    kv_lora_rank: PositiveInt = 512
+    qk_nope_head_dim: PositiveInt = 128
+    qk_rope_head_dim: PositiveInt = 64
+    v_head_dim: PositiveInt = 128
+
+
+class MoEConfig(Frozen):
+    """Mixture-of-experts MLP (names as Megatron-Core's ``--num-experts``, ``--moe-router-topk``,
+    ``--moe-ffn-hidden-size``, ``--moe-shared-expert-intermediate-size``)."""
+
+    experts: PositiveInt = Field(description="routed experts per MoE layer")
+    top_k: PositiveInt = Field(description="routed experts each token goes to")
+    ffn_hidden: PositiveInt = Field(description="inner width of each routed expert")
+    shared_experts: int = Field(0, ge=0, description="always-active experts")
+    shared_ffn_hidden: PositiveInt | None = Field(
+        None, description="inner width of each shared expert; default ffn_hidden"
+    )
+    dense_layers: int = Field(
+        0, ge=0, description="the first layers keep a dense MLP of model.ffn_hidden"
+    )
+    capacity_factor: PositiveFloat | None = Field(
+        None, description="null: dropless; a number: tokens above that capacity are dropped"
+    )
+    router: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="softmax top-k (Mixtral, Qwen) or sigmoid scores (DeepSeek-V3)"
+    )
+    router_groups: PositiveInt = Field(
+        1, description="group-limited routing: experts in this many groups (DeepSeek-V3: 8)"
+    )
+    router_group_top_k: PositiveInt | None = Field(
+        None, description="groups a token may use (DeepSeek-V3: 4); default all"
+    )
+
+    @model_validator(mode="after")
+    def _routing(self) -> MoEConfig:
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}")
+        if self.experts % self.router_groups:
+            raise ValueError(
+                f"router_groups={self.router_groups} must divide experts={self.experts}"
+            )
+        if self.router_group_top_k is not None and self.router_group_top_k > self.router_groups:
+            raise ValueError(
+                f"router_group_top_k={self.router_group_top_k} exceeds "
+                f"router_groups={self.router_groups}"
+            )
+        return self
+
+    @property
+    def shared_ffn(self) -> int:
+        """Inner width of each shared expert."""
+        return self.shared_ffn_hidden or self.ffn_hidden
+
+
 class ModelConfig(Frozen):
-    """A decoder-only transformer (GPT: GELU MLP and MHA; Llama: SwiGLU MLP and GQA)."""
+    """A decoder-only transformer (GPT: GELU MLP and MHA; Llama: SwiGLU MLP and GQA), dense or
+    mixture-of-experts (``moe``), with MHA/GQA or DeepSeek's MLA attention."""
 
     layers: PositiveInt = Field(description="number of transformer layers")
     hidden: PositiveInt = Field(description="model width h")
@@ -43,15 +106,50 @@ class ModelConfig(Frozen):
         None, description="default: rmsnorm for swiglu models, layernorm for gelu models"
     )
     tied_embeddings: bool = Field(False, description="LM head shares the embedding matrix")
+    kv_channels: PositiveInt | None = Field(
+        None,
+        description="width of one attention head (Megatron's --kv-channels); default "
+        "hidden/heads (Qwen3-235B: 128 with hidden 4096 and 64 heads)",
+    )
+    attention: Literal["mha", "gqa", "mla"] | None = Field(
+        None, description="default: mha when kv_heads = heads, else gqa; mla needs model.mla"
+    )
+    mla: MLAConfig | None = Field(None, description="multi-head latent attention dimensions")
+    moe: MoEConfig | None = Field(None, description="mixture-of-experts MLP; null: dense")
 
     @model_validator(mode="after")
     def _kv_heads_divide_heads(self) -> ModelConfig:
         kv = self.kv_heads or self.heads
         if kv > self.heads or self.heads % kv:
             raise ValueError(f"kv_heads={kv} must divide heads={self.heads}")
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden={self.hidden} must be divisible by heads={self.heads}")
+        if self.kv_channels is None and self.hidden % self.heads:
+            raise ValueError(
+                f"hidden={self.hidden} must be divisible by heads={self.heads} "
+                "(or give model.kv_channels)"
+            )
+        if self.attention == "mla" and self.mla is None:
+            raise ValueError("attention: mla needs the model.mla dimensions")
+        if self.mla is not None and self.attention not in (None, "mla"):
+            raise ValueError(f"model.mla is given but attention is {self.attention!r} (use mla)")
+        if self.moe is not None and self.moe.dense_layers > self.layers:
+            raise ValueError(
+                f"moe.dense_layers={self.moe.dense_layers} exceeds layers={self.layers}"
+            )
         return self
+
+    @property
+    def attention_kind(self) -> str:
+        """``mha``, ``gqa`` or ``mla`` (the default follows kv_heads and model.mla)."""
+        if self.attention:
+            return self.attention
+        if self.mla is not None:
+            return "mla"
+        return "mha" if self.n_kv_heads == self.heads else "gqa"
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (0 for a dense model)."""
+        return 0 if self.moe is None else self.layers - self.moe.dense_layers
 
     @property
     def n_kv_heads(self) -> int:
@@ -59,7 +157,7 @@ class ModelConfig(Frozen):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.kv_channels or self.hidden // self.heads
 
     @property
     def ffn(self) -> int:
@@ -106,6 +204,19 @@ class TrainingConfig(Frozen):
     tokens: PositiveFloat | None = Field(
         None, description="tokens of the whole training run, for time/cost to train"
     )
+    moe_dispatcher: Literal["alltoall", "allgather"] = Field(
+        "alltoall",
+        description="token dispatch of an MoE layer (Megatron's --moe-token-dispatcher-type): "
+        "all-to-all over the EP group, or all-gather of every token and reduce-scatter back",
+    )
+    moe_expert_load: tuple[float, ...] | None = Field(
+        None, description="share of routed tokens per expert (sums to 1); default uniform"
+    )
+    overlap_moe_expert_parallel_comm: bool = Field(
+        False,
+        description="Megatron-Core's switch: the EP all-to-all of one micro-batch overlaps "
+        "the compute of another (combined 1F1B)",
+    )
 
 
 class ParallelismConfig(Frozen):
@@ -121,6 +232,8 @@ class ParallelismConfig(Frozen):
     stage_layers: tuple[PositiveInt, ...] | None = Field(
         None, description="layers per pipeline stage (pp * virtual_stages entries)"
     )
+    ep: PositiveInt = Field(1, description="expert-parallel degree (MoE layers)")
+    etp: PositiveInt = Field(1, description="tensor-parallel degree inside each expert")
     pp_scatter_gather: bool = Field(
         True,
         description="send 1/tp of a stage boundary activation per TP rank and all-gather it over "
