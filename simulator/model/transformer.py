@@ -32,7 +32,7 @@ from functools import lru_cache
 
 from simulator.config.schema import ModelConfig
 from simulator.errors import ConfigError
-from simulator.model import eager
+from simulator.model import eager, mla, moe
 from simulator.model.ops import (
     DTYPE_BYTES,
     FP32,
@@ -482,20 +482,47 @@ def _norm_params(model: ModelConfig) -> int:
     return (2 if model.norm_kind == "layernorm" else 1) * model.hidden
 
 
-@lru_cache(maxsize=256)
-def layer_params(model: ModelConfig) -> int:
-    """Parameters of one transformer layer: Q, K, V, O projections (GQA: K and V have
-    ``kv_heads * head_dim`` outputs), the MLP (SwiGLU three ``h x ffn`` matrices, GELU two),
-    two norms, and for the GPT family the biases. For GPT (ffn = 4h) this is
-    ``12h^2 + 13h`` (Narayanan et al. 2021, Section 5.1)."""
+def attention_params(model: ModelConfig) -> int:
+    """Weight matrices of a layer's attention: Q, K, V, O (GQA: K and V have
+    ``kv_heads * head_dim`` outputs), or MLA's low-rank projections and latent norms."""
+    if model.attention_kind == "mla":
+        return mla.mla_params(model)
     h, hd = model.hidden, model.head_dim
     q, kv = model.heads * hd, model.n_kv_heads * hd
-    n = h * (q + 2 * kv) + q * h
-    n += (3 if model.activation == "swiglu" else 2) * h * model.ffn
+    return h * (q + 2 * kv) + q * h
+
+
+def _is_moe(model: ModelConfig, moe_layer: bool | None) -> bool:
+    return model.moe is not None if moe_layer is None else bool(moe_layer and model.moe)
+
+
+@lru_cache(maxsize=256)
+def layer_params(model: ModelConfig, moe_layer: bool | None = None) -> int:
+    """Parameters of one transformer layer: the attention (:func:`attention_params`), the MLP
+    (SwiGLU three ``h x ffn`` matrices, GELU two; for an MoE layer every expert and the router,
+    :func:`moe.moe_mlp_params`), two norms, and for the GPT family the biases. For GPT
+    (ffn = 4h) this is ``12h^2 + 13h`` (Narayanan et al. 2021, Section 5.1). ``moe_layer``:
+    which kind of layer of an MoE model (default: an MoE layer when the model has experts)."""
+    h, hd = model.hidden, model.head_dim
+    q, kv = model.heads * hd, model.n_kv_heads * hd
+    n = attention_params(model)
+    if _is_moe(model, moe_layer):
+        n += moe.moe_mlp_params(model)
+    else:
+        n += (3 if model.activation == "swiglu" else 2) * h * model.ffn
     n += 2 * _norm_params(model)
     if arch(model).biases:
         fc1_out = 2 * model.ffn if model.activation == "swiglu" else model.ffn
         n += (q + 2 * kv) + h + fc1_out + h
+    return n
+
+
+def active_layer_params(model: ModelConfig, moe_layer: bool | None = None) -> int:
+    """Parameters one token uses in a layer: :func:`layer_params` with only ``top_k`` routed
+    experts (plus the shared ones and the router) in an MoE layer."""
+    n = layer_params(model, moe_layer)
+    if _is_moe(model, moe_layer):
+        n -= moe.moe_mlp_params(model) - moe.moe_mlp_active_params(model)
     return n
 
 
@@ -515,10 +542,29 @@ def final_norm_params(model: ModelConfig) -> int:
     return _norm_params(model)
 
 
+def _sum_layers(model: ModelConfig, per_layer) -> int:
+    """``per_layer(moe_layer)`` summed over the model's dense and MoE layers."""
+    if model.moe is None:
+        return model.layers * per_layer(False)
+    return model.moe.dense_layers * per_layer(False) + model.moe_layers * per_layer(True)
+
+
 def total_params(model: ModelConfig) -> int:
-    """All parameters (unpadded vocabulary, the convention of published counts)."""
+    """All parameters (unpadded vocabulary, the convention of published counts). DeepSeek-V3:
+    671 B without its multi-token-prediction module; Mixtral 8x7B: 46.7 B."""
     return (
-        model.layers * layer_params(model)
+        _sum_layers(model, lambda x: layer_params(model, x))
+        + embedding_params(model)
+        + head_params(model)
+        + final_norm_params(model)
+    )
+
+
+def active_params(model: ModelConfig) -> int:
+    """Parameters one token uses (equal to :func:`total_params` for a dense model).
+    DeepSeek-V3: 37 B; Mixtral 8x7B: 12.9 B; Qwen3-235B-A22B: 22 B."""
+    return (
+        _sum_layers(model, lambda x: active_layer_params(model, x))
         + embedding_params(model)
         + head_params(model)
         + final_norm_params(model)
@@ -544,24 +590,38 @@ def stage_params(model: ModelConfig, n_layers: int, *, first: bool, last: bool) 
 # Model and hardware FLOPs
 
 
-def _layer_matmul_flops_per_token(model: ModelConfig) -> int:
-    """Forward FLOPs of a layer's weight GEMMs per token: 2 x its weight-matrix entries."""
-    h, hd = model.hidden, model.head_dim
-    q, kv = model.heads * hd, model.n_kv_heads * hd
-    mats = h * (q + 2 * kv) + q * h + (3 if model.activation == "swiglu" else 2) * h * model.ffn
-    return 2 * mats
+def _layer_matmul_flops_per_token(model: ModelConfig, moe_layer: bool | None = None) -> int:
+    """Forward FLOPs of a layer's weight GEMMs per token: 2 x the weight-matrix entries it
+    multiplies by (an MoE layer: ``top_k`` routed experts, the shared ones and the router)."""
+    if model.attention_kind == "mla":
+        att = sum(a * b for _, a, b in mla.mla_matrices(model))
+    else:
+        h, hd = model.hidden, model.head_dim
+        q, kv = model.heads * hd, model.n_kv_heads * hd
+        att = h * (q + 2 * kv) + q * h
+    if _is_moe(model, moe_layer):
+        mlp = moe.moe_mlp_active_params(model)
+    else:
+        mlp = (3 if model.activation == "swiglu" else 2) * model.hidden * model.ffn
+    return 2 * (att + mlp)
 
 
 def _attention_flops_per_token(model: ModelConfig) -> int:
-    """Forward QK^T and PV FLOPs per token, non-causal: 2*s*(heads*hd) each."""
+    """Forward QK^T and PV FLOPs per token, non-causal: 2*s*(heads*hd) each (MLA:
+    :func:`mla.mla_attention_flops_per_token`)."""
+    if model.attention_kind == "mla":
+        return mla.mla_attention_flops_per_token(model)
     return 4 * model.seq_len * model.heads * model.head_dim
 
 
-def layer_forward_flops(model: ModelConfig, tokens: int, *, causal: bool = False) -> int:
+def layer_forward_flops(
+    model: ModelConfig, tokens: int, *, causal: bool = False, moe_layer: bool | None = None
+) -> int:
     """Forward matmul FLOPs of one layer over ``tokens`` tokens (all TP ranks together).
     GPT: ``24 t h^2 + 4 t s h`` non-causal (Narayanan et al. 2021, Appendix)."""
     att = _attention_flops_per_token(model)
-    return tokens * (_layer_matmul_flops_per_token(model) + (att // 2 if causal else att))
+    mm = _layer_matmul_flops_per_token(model, moe_layer)
+    return tokens * (mm + (att // 2 if causal else att))
 
 
 def model_flops_per_step(model: ModelConfig, global_batch: int) -> float:
@@ -570,12 +630,13 @@ def model_flops_per_step(model: ModelConfig, global_batch: int) -> float:
 
     For GPT this is ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` (Narayanan et al. 2021, eq. 3
     without recomputation; Korthikanti et al. 2022, Section 6); for Llama the same counting
-    with GQA projections and three SwiGLU matrices. Computed in exact integers.
+    with GQA projections and three SwiGLU matrices; for an MoE model the active parameters
+    only (``top_k`` routed and the shared experts, the router) and MLA's projections.
+    Computed in exact integers.
     """
     tokens = global_batch * model.seq_len
-    fwd = (
-        model.layers * layer_forward_flops(model, tokens) + tokens * 2 * model.hidden * model.vocab
-    )
+    layers = _sum_layers(model, lambda x: layer_forward_flops(model, tokens, moe_layer=x))
+    fwd = layers + tokens * 2 * model.hidden * model.vocab
     return float(3 * fwd)
 
 
@@ -588,7 +649,7 @@ def hardware_flops_per_step(model: ModelConfig, global_batch: int, recompute: st
     extra = {
         "none": 0,
         "selective": model.layers * tokens * _attention_flops_per_token(model),
-        "full": model.layers * layer_forward_flops(model, tokens),
+        "full": _sum_layers(model, lambda x: layer_forward_flops(model, tokens, moe_layer=x)),
     }
     if recompute not in extra:
         raise ConfigError(

@@ -1,0 +1,351 @@
+"""Mixture-of-experts layers: parameters (total and active), routing, token dispatch volumes,
+expert load per EP rank, and the per-rank kernels of an MoE block.
+
+Pure functions, no SimPy. Conventions follow Megatron-Core's MoE (``megatron/core/
+transformer/moe``) and MoE Parallel Folding (Liu et al. 2025, arXiv:2504.14960):
+
+* An MoE layer's MLP is ``experts`` routed experts (each a SwiGLU or GELU MLP of
+  ``moe.ffn_hidden``) and ``shared_experts`` always-active ones (``moe.shared_ffn``), chosen per
+  token by a router ``h x experts`` (softmax top-k, as Mixtral and Qwen; or sigmoid scores with
+  group-limited top-k, as DeepSeek-V3, arXiv:2412.19437, Section 2.1.2). The first
+  ``dense_layers`` layers keep a dense MLP of ``model.ffn_hidden`` (DeepSeek-V3: 3).
+* Layout (Parallel Folding): the MoE block of a stage runs on the same ``tp*cp*dp`` GPUs as its
+  attention, regrouped ``etp x ep x edp``. Megatron requires sequence parallelism with TP in
+  MoE models, so ``tokens = b*s/(tp*cp)`` tokens of a micro-batch enter the router on each
+  rank. Each EP rank holds ``experts/ep`` experts (expert ``e`` on rank ``e // (experts/ep)``),
+  each split ``etp`` ways along its inner width.
+* Dispatch (``moe_dispatcher: alltoall``): every rank permutes its ``tokens*top_k`` token copies
+  by expert, exchanges the per-expert counts, sends each EP peer the copies routed to its
+  experts (``all_to_all``), all-gathers them over ETP, runs its experts, and reverses the path
+  (reduce-scatter over ETP, ``all_to_all`` combine, unpermute with the routing weights).
+  Backward repeats both exchanges with gradients. ``allgather``: every rank all-gathers the
+  EP group's tokens, computes its experts on the ones routed to them, and reduce-scatters the
+  outputs back (Megatron's ``MoEAllGatherTokenDispatcher``).
+* Load: ``moe_expert_load`` gives each expert's share of the routed copies (default uniform).
+  An all-to-all and the expert GEMMs after it wait for the busiest EP rank, so the kernels
+  below are those of the busiest rank. ``capacity_factor`` caps each expert at
+  ``capacity_factor * copies / experts`` copies (Fedus et al. 2021, arXiv:2101.03961, eq. 3;
+  Megatron's ``moe_expert_capacity_factor``); the rest are dropped.
+
+GELU experts carry no biases here (every MoE model shipped is SwiGLU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from simulator.config.schema import ModelConfig
+from simulator.model.ops import FP32, Op, gemm_grads, gemm_op, mem_op
+
+#: GEMM tile rows a grouped-GEMM kernel pads each expert's token count to (CUTLASS grouped
+#: GEMM with 128-row tiles, as Transformer Engine's grouped linear uses on Hopper).
+GROUPED_TILE_M = 128
+
+
+def _mats(model: ModelConfig) -> int:
+    return 3 if model.activation == "swiglu" else 2
+
+
+def expert_params(model: ModelConfig, ffn: int) -> int:
+    """One expert MLP of inner width ``ffn``: ``3 h ffn`` (SwiGLU) or ``2 h ffn`` (GELU)."""
+    return _mats(model) * model.hidden * ffn
+
+
+def router_params(model: ModelConfig) -> int:
+    """The router's ``h x experts`` matrix."""
+    return model.hidden * model.moe.experts
+
+
+def moe_mlp_params(model: ModelConfig) -> int:
+    """Parameters of one MoE layer's MLP: routed and shared experts and the router.
+    Mixtral 8x7B (h 4096, 8 experts of 14336): 1,409,318,912 + 32,768."""
+    moe = model.moe
+    return (
+        moe.experts * expert_params(model, moe.ffn_hidden)
+        + moe.shared_experts * expert_params(model, moe.shared_ffn)
+        + router_params(model)
+    )
+
+
+def moe_mlp_active_params(model: ModelConfig) -> int:
+    """Parameters one token uses in an MoE layer's MLP: ``top_k`` routed experts, the shared
+    experts and the router."""
+    moe = model.moe
+    return (
+        moe.top_k * expert_params(model, moe.ffn_hidden)
+        + moe.shared_experts * expert_params(model, moe.shared_ffn)
+        + router_params(model)
+    )
+
+
+def routed_expert_params(model: ModelConfig) -> int:
+    """Parameters of one MoE layer's routed experts (the part sharded over EP)."""
+    return model.moe.experts * expert_params(model, model.moe.ffn_hidden)
+
+
+# --------------------------------------------------------------------------------------------
+# Load and dispatch
+
+
+@dataclass(frozen=True)
+class MoELocal:
+    """One micro-batch's MoE block on the busiest EP rank (see the module docstring)."""
+
+    tokens: int  # tokens entering the router on each rank: b*s/(tp*cp)
+    local_experts: int  # experts per EP rank
+    ffn: int  # each local expert's inner width on this rank: ffn_hidden / etp
+    expert_tokens: tuple[float, ...]  # copies each local expert computes (after ETP gather)
+    sent: float  # token copies each rank sends to other EP ranks (the busiest rank's inflow)
+    received: float  # token copies the busiest rank receives from other EP ranks
+    imbalance: float  # busiest rank's copies / the mean rank's
+    dropped: float  # fraction of routed copies dropped by the capacity factor
+    busiest_share: float  # fraction of every rank's kept copies routed to the busiest rank
+
+    @property
+    def uniform(self) -> bool:
+        """Every EP rank gets the same share (the all-to-all is even)."""
+        return abs(self.imbalance - 1.0) < 1e-9
+
+
+def expert_shares(model: ModelConfig, load: tuple[float, ...] | None) -> tuple[float, ...]:
+    """Each expert's share of the routed copies (uniform when ``load`` is None)."""
+    E = model.moe.experts
+    return tuple(load) if load is not None else (1.0 / E,) * E
+
+
+@lru_cache(maxsize=256)
+def moe_local(
+    model: ModelConfig,
+    micro_batch: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    etp: int,
+    load: tuple[float, ...] | None = None,
+) -> MoELocal:
+    """Tokens per rank, the busiest EP rank's expert loads and the dispatch volumes.
+
+    The ``ep*etp`` ranks of an EP x ETP block route ``N = ep*etp*tokens*top_k`` copies; expert
+    ``e`` gets ``share_e * N`` (capped at ``capacity_factor * N / experts``). EP rank ``r`` holds
+    experts ``r*E/ep .. (r+1)*E/ep - 1``; its ETP ranks all-gather what their EP peers sent, so
+    each computes every copy of its experts on ``ffn/etp`` columns. With uniform load a rank
+    sends ``tokens*top_k*(ep-1)/ep`` copies to its peers and receives as many."""
+    moe = model.moe
+    E, k = moe.experts, moe.top_k
+    tokens = micro_batch * -(-model.seq_len // (tp * cp))
+    shares = expert_shares(model, load)
+    N = ep * etp * tokens * k
+    kept = [s * N for s in shares]
+    if moe.capacity_factor is not None:
+        cap = moe.capacity_factor * N / E
+        kept = [min(x, cap) for x in kept]
+    per = E // ep
+    rank_load = [sum(kept[r * per : (r + 1) * per]) for r in range(ep)]
+    busiest = max(range(ep), key=lambda r: (rank_load[r], -r))
+    mine = tuple(kept[busiest * per : (busiest + 1) * per])
+    mean = sum(rank_load) / ep
+    # Each rank of the busiest EP rank's ETP slice receives share_r* of every peer's copies.
+    share_busiest = rank_load[busiest] / sum(kept) if sum(kept) else 1.0 / ep
+    return MoELocal(
+        tokens=tokens,
+        local_experts=per,
+        ffn=moe.ffn_hidden // etp,
+        expert_tokens=mine,
+        sent=tokens * k * (ep - 1) / ep,
+        received=tokens * k * (ep - 1) * share_busiest,
+        imbalance=rank_load[busiest] / mean if mean else 1.0,
+        dropped=1.0 - sum(kept) / N if N else 0.0,
+        busiest_share=share_busiest,
+    )
+
+
+def alltoall_bytes_per_rank(
+    tokens: int, top_k: int, hidden: int, dtype_bytes: int, ep: int
+) -> float:
+    """Bytes one rank sends to the other EP ranks in one all-to-all with uniform routing:
+    ``tokens * top_k * hidden * bytes * (ep-1)/ep``. An MoE layer runs two (dispatch and
+    combine) in the forward and two in the backward."""
+    return tokens * top_k * hidden * dtype_bytes * (ep - 1) / ep
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A collective an MoE block issues: ``collective`` over the ``dim`` group (``ep``,
+    ``etp`` or ``tp``), ``nbytes`` as nccl-tests counts it (an all-to-all: what one rank sends
+    in all, its own share included; an all-gather: the gathered result). ``share``: the
+    fraction of every rank's data that goes to the busiest rank, for an uneven all-to-all
+    (None: uniform, ``1/ep``)."""
+
+    name: str
+    collective: str
+    dim: str
+    nbytes: float
+    share: float | None = None
+
+
+def _grouped_gemm(name: str, loc: MoELocal, k: int, n: int, d: int) -> Op:
+    """The busiest rank's experts as one grouped-GEMM kernel ``[tokens_e, k] @ [k, n]``: FLOPs
+    and bytes of the real tokens, shape of every expert's tokens padded to the kernel's tile
+    (the small-M cost of a grouped GEMM: an expert with 10 tokens costs a 128-row tile)."""
+    real = sum(loc.expert_tokens)
+    padded = sum(-(-round(m) // GROUPED_TILE_M) * GROUPED_TILE_M for m in loc.expert_tokens)
+    return Op(
+        name, "gemm", "moe", m=max(1, int(padded)), k=k, n=n,
+        flops=2.0 * real * k * n, bytes=float((real * k + loc.local_experts * k * n + real * n) * d),
+    )  # fmt: skip
+
+
+def _expert_ops(model: ModelConfig, loc: MoELocal, d: int, grouped: bool) -> list[Op]:
+    """Expert compute of the busiest rank: grouped ``fc1, act, fc2`` (fused kernels), or
+    ``fc1, act, fc2`` per expert one after another (eager PyTorch; an expert with no token
+    is skipped)."""
+    h, f = model.hidden, loc.ffn
+    fc1_out = 2 * f if model.activation == "swiglu" else f
+    per_tok = (3 if model.activation == "swiglu" else 2) * f * d
+    if grouped:
+        R = sum(loc.expert_tokens)
+        return [
+            _grouped_gemm("expert_fc1", loc, h, fc1_out, d),
+            mem_op("expert_act", "moe", R * per_tok),
+            _grouped_gemm("expert_fc2", loc, f, h, d),
+        ]
+    ops = []
+    for i, m in enumerate(loc.expert_tokens):
+        m = round(m)
+        if m < 1:
+            continue
+        ops += [
+            gemm_op(f"expert_fc1_e{i}", "moe", m, h, fc1_out, d),
+            mem_op(f"expert_act_e{i}", "moe", m * per_tok),
+            gemm_op(f"expert_fc2_e{i}", "moe", m, f, h, d),
+        ]
+    return ops
+
+
+def moe_forward_ops(
+    model: ModelConfig,
+    loc: MoELocal,
+    *,
+    tp: int,
+    ep: int,
+    etp: int,
+    d: int,
+    dispatcher: str = "alltoall",
+    grouped: bool = True,
+) -> list[Op | Comm]:
+    """Kernels and collectives of one MoE block's forward on the busiest EP rank, after the
+    attention's residual add: ``norm2, router, router_topk, permute, [count exchange,
+    dispatch, etp gather], expert fc1, act, fc2, [etp scatter, combine], unpermute, [shared
+    expert], residual2``. ``grouped=False`` computes the experts one after another (eager
+    PyTorch); the memory-bound kernels read and write the token copies they move."""
+    moe, h = model.moe, model.hidden
+    t, k, E = loc.tokens, moe.top_k, moe.experts
+    R = sum(loc.expert_tokens)  # copies this rank's experts compute
+    R_ep = R / etp  # copies this rank received through the all-to-all (before ETP gather)
+    ops: list[Op | Comm] = [
+        mem_op("norm2", "moe", 2 * t * h * d),
+        gemm_op("router", "moe", t, h, E, d),
+        # scores (fp32 softmax or sigmoid), top-k, the routing map and weights; aux loss
+        mem_op("router_topk", "moe", t * E * (d + 3 * FP32)),
+    ]
+    if dispatcher == "allgather":
+        full = ep * etp * t
+        ops += [
+            Comm("moe_gather", "all_gather", "ep", full * h * d),
+            mem_op("permute", "moe", (full + R) * h * d),
+        ]
+    else:
+        ops.append(mem_op("permute", "moe", (1 + k) * t * h * d))
+        if ep > 1:
+            ops += [
+                Comm("moe_counts", "all_to_all", "ep", ep * (E // ep) * 8.0),
+                Comm("moe_dispatch", "all_to_all", "ep", t * k * h * d, None if loc.uniform else loc.busiest_share),
+            ]
+        if etp > 1:
+            ops.append(Comm("moe_etp_gather", "all_gather", "etp", R * h * d))
+        if ep > 1 and loc.local_experts > 1:
+            ops.append(mem_op("sort_chunks", "moe", 2 * R_ep * h * d))
+    ops += _expert_ops(model, loc, d, grouped)
+    if dispatcher == "allgather":
+        ops += [
+            mem_op("unpermute", "moe", (R + ep * etp * t) * h * d),
+            Comm("moe_scatter", "reduce_scatter", "ep", ep * etp * t * h * d),
+        ]
+    else:
+        if etp > 1:
+            ops.append(Comm("moe_etp_scatter", "reduce_scatter", "etp", R * h * d))
+        if ep > 1 and loc.local_experts > 1:
+            ops.append(mem_op("unsort_chunks", "moe", 2 * R_ep * h * d))
+        if ep > 1:
+            ops.append(Comm("moe_combine", "all_to_all", "ep", t * k * h * d, None if loc.uniform else loc.busiest_share))
+        ops.append(mem_op("unpermute", "moe", (k * t * h + t * h) * d + t * k * FP32))
+    ops += _shared_expert_ops(model, t, tp, d)
+    ops.append(mem_op("residual2", "moe", 3 * t * h * d))
+    return ops
+
+
+def _shared_expert_ops(model: ModelConfig, t: int, tp: int, d: int) -> list[Op | Comm]:
+    """Shared experts as Megatron's ``SharedExpertMLP``: a TP-split MLP over the micro-batch's
+    ``t*tp`` tokens, its input all-gathered and its output reduce-scattered over TP."""
+    moe, h = model.moe, model.hidden
+    if not moe.shared_experts:
+        return []
+    f = moe.shared_experts * moe.shared_ffn // tp
+    T = t * tp
+    fc1_out = 2 * f if model.activation == "swiglu" else f
+    ops: list[Op | Comm] = []
+    if tp > 1:
+        ops.append(Comm("shared_gather", "all_gather", "tp", T * h * d))
+    ops += [
+        gemm_op("shared_fc1", "moe", T, h, fc1_out, d),
+        mem_op("shared_act", "moe", (3 if model.activation == "swiglu" else 2) * T * f * d),
+        gemm_op("shared_fc2", "moe", T, f, h, d),
+    ]
+    if tp > 1:
+        ops.append(Comm("shared_scatter", "reduce_scatter", "tp", T * h * d))
+    return ops
+
+
+def moe_backward_ops(
+    model: ModelConfig,
+    loc: MoELocal,
+    *,
+    tp: int,
+    ep: int,
+    etp: int,
+    d: int,
+    dispatcher: str = "alltoall",
+    grouped: bool = True,
+) -> list[Op | Comm]:
+    """The forward reversed: each GEMM's dgrad and wgrad, every collective's conjugate (an
+    all-to-all stays an all-to-all with the gradients, an all-gather becomes a reduce-scatter
+    and back), memory-bound kernels at 1.5x their forward bytes (they read the saved input and
+    the incoming gradient), except the permutations, whose backward is the other permutation.
+    The count exchange is not repeated."""
+    fwd = moe_forward_ops(
+        model, loc, tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=grouped
+    )
+    conj = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}
+    out: list[Op | Comm] = []
+    for op in reversed(fwd):
+        if isinstance(op, Comm):
+            if op.name != "moe_counts":
+                out.append(Comm(op.name, conj.get(op.collective, op.collective), op.dim,
+                                op.nbytes, op.share))  # fmt: skip
+        elif op.kind == "gemm":
+            # dgrad and wgrad; a grouped GEMM keeps its real tokens' FLOPs
+            out += [
+                Op(g.name, g.kind, g.block, m=g.m, k=g.k, n=g.n, flops=op.flops,
+                   bytes=g.bytes, backward=True)
+                for g in gemm_grads(op, d)
+            ]  # fmt: skip
+        elif op.name in ("permute", "unpermute", "sort_chunks", "unsort_chunks"):
+            out.append(mem_op(op.name, op.block, op.bytes, True))
+        else:
+            out.append(mem_op(op.name, op.block, op.bytes * 1.5, True))
+    return out
