@@ -34,7 +34,7 @@ def parse_bytes(text: str) -> float:
 
 def register(sub) -> None:
     p = sub.add_parser("collective", help="predict one NCCL collective (nccl-tests figures)")
-    p.add_argument("op", help=" | ".join(OPS))
+    p.add_argument("op", help=" | ".join(OPS) + " (or alltoall, allreduce, allgather, ...)")
     p.add_argument("--bytes", required=True,
                    help="message size as nccl-tests counts it: 1073741824, 64MiB, 1GB")
     p.add_argument("--topology", required=True, help="topology YAML")
@@ -45,7 +45,14 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
+#: nccl-tests' names (``alltoall_perf``, ``all_reduce_perf`` ...) and spellings without the
+#: underscore, accepted beside the simulator's own.
+ALIASES = {"alltoall": "all_to_all", "allreduce": "all_reduce", "allgather": "all_gather",
+           "reducescatter": "reduce_scatter", "sendrecv": "send"}
+
+
 def main(args) -> int:
+    args.op = ALIASES.get(args.op.lower(), args.op)
     if args.op not in OPS:
         raise ConfigError(f"unknown collective {args.op!r} (accepted: {', '.join(OPS)})",
                           file="collective")

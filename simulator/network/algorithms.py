@@ -66,7 +66,7 @@ class AlgorithmPhases:
         topo = self.topology
         if alg == "direct":  # all-to-all: every rank sends S/n to every other at once
             tr = tuple((a, b, S / n) for a in g for b in g if a != b)
-            return [self._direct_phase(tr, (n - 1) * S / n)]
+            return [self._direct_phase(self._pxn(tr), (n - 1) * S / n)]
         if alg == "chain":  # broadcast from g[0], pipelined along the ring channels
             chans = self._ring(g)
             tr, path, hops = [], 0.0, [0, 0]
@@ -83,6 +83,30 @@ class AlgorithmPhases:
         if alg == "p2p":
             return [self._direct_phase(((g[0], g[1], S),), S)]
         raise AssertionError(alg)
+
+    def _pxn(self, tr):
+        """NCCL's PXN (PCI x NVLink, NCCL >= 2.12, on by default): a send to a GPU of another
+        node whose NIC is on a different rail first crosses NVLink to the GPU of the sender's
+        node that sits on the receiver's rail, which sends it over its own NIC, so inter-node
+        all-to-all traffic stays on its rail and off the spine ("Doubling all2all Performance
+        with NCCL 2.12", NVIDIA technical blog, 2022). Only on rail-optimised fabrics of
+        NVLink-connected nodes; the relayed bytes are two transfers of the same size."""
+        topo = self.topology
+        cfg = topo.cfg
+        k, m = topo.gpus_per_node, topo.nics_per_node
+        if not (cfg.rail_optimized and m > 1 and topo.intra != "pcie" and topo.nodes > 1):
+            return tr
+        out = []
+        for a, b, nb in tr:
+            if topo.node_of(a) != topo.node_of(b):
+                j = topo.nic_of(b)
+                if topo.nic_of(a) != j:
+                    r = topo.node_of(a) * k + -(-j * k // m)  # first GPU on NIC j
+                    if r != a:
+                        out += [(a, r, nb), (r, b, nb)]
+                        continue
+            out.append((a, b, nb))
+        return tuple(out)
 
     def _direct_phase(self, tr, local: float) -> Phase:
         topo = self.topology

@@ -242,6 +242,47 @@ class CollectiveModel(AlgorithmPhases):
         self._bundle_cache[key] = out
         return out
 
+    def all_to_all_v(
+        self, groups: Sequence[Sequence[int]], nbytes: float, split: Sequence[float]
+    ) -> CollectiveCost:
+        """Uneven all-to-alls (``all_to_all_single`` with split sizes) running at once on
+        ``groups``: every rank sends ``nbytes * split[j]`` to the ``j``-th rank of its group
+        (``split`` sums to 1; uniform ``1/n`` is :meth:`cost` of ``all_to_all``). One direct
+        step (with PXN, :meth:`_pxn`), at the protocol NCCL's tuner would pick for it; the time
+        is the busiest receiver's. Cached."""
+        key = ("all_to_all_v", tuple(tuple(g) for g in groups), float(nbytes), tuple(split))
+        hit = self._cost_cache.get(key)
+        if hit is not None:
+            return hit
+        tr = []
+        for g in key[1]:
+            if len(g) != len(split):
+                raise ValueError(f"split has {len(split)} entries for a group of {len(g)}")
+            tr += [(a, b, nbytes * split[j]) for a in g for j, b in enumerate(g) if a != b]
+        live = [g for g in key[1] if len(g) > 1]
+        if not live or not tr:
+            return CollectiveCost(0.0, "none", 0, 0.0, {})
+        n = len(split)
+        local = max((n - 1) * nbytes * x for x in split)  # the busiest receiver's bytes
+        ph = self._direct_phase(self._pxn(tuple(tr)), local)
+        fluid = self._fluid(ph)
+        best = min(self.protocols, key=lambda p: fluid * self._wire(ph, p) + self._lat(ph, p))
+        w = self._wire(ph, best)
+        flows = [(self.topology.route(s, d), nb * w) for s, d, nb in ph.transfers]
+        link_bytes: dict[int, float] = {}
+        for r, nb in flows:
+            for lid in r:
+                link_bytes[lid] = link_bytes.get(lid, 0.0) + nb
+        hit = CollectiveCost(
+            time_s=self._launch + fluid * w + self._lat(ph, best),
+            algorithm=f"direct/{best.name}",
+            n_steps=1,
+            launch_s=self._launch,
+            link_bytes=link_bytes,
+        )
+        self._cost_cache[key] = hit
+        return hit
+
     def p2p_cost(self, pairs: Sequence[tuple[int, int]], nbytes: float) -> CollectiveCost:
         """Concurrent sends of ``nbytes`` each, from ``src`` to ``dst`` of every pair."""
         return self.cost("send", [tuple(p) for p in pairs], nbytes)
