@@ -98,7 +98,7 @@ class AlgorithmPhases:
             return tr
         out = []
         for a, b, nb in tr:
-            if topo.node_of(a) != topo.node_of(b):
+            if topo.crosses_network(a, b):
                 j = topo.nic_of(b)
                 if topo.nic_of(a) != j:
                     r = topo.node_of(a) * k + -(-j * k // m)  # first GPU on NIC j
