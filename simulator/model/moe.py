@@ -349,3 +349,32 @@ def moe_backward_ops(
         else:
             out.append(mem_op(op.name, op.block, op.bytes * 1.5, True))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Memory
+
+
+def moe_activation_bytes(
+    model: ModelConfig, loc: MoELocal, *, tp: int, d: int, recompute: str = "none"
+) -> float:
+    """What an MoE block keeps for its backward on the busiest rank, per micro-batch (fused
+    kernels): the norm input and the router's input (``t x h``), the routing weights and map
+    (fp32 and a byte per expert), the dispatched copies the expert GEMMs read (``R x h``), the
+    activation's input (``R x fc1_out``) and fc2's input (``R x ffn``), the combined copies the
+    unpermute multiplies by the routing weights (``t*top_k x h``), and the shared experts'
+    inputs of their GEMMs. ``R`` is the busiest rank's copies, ``top_k*t`` with uniform load.
+    ``full`` recomputation keeps only the layer's input (counted with the attention)."""
+    if recompute == "full":
+        return 0.0
+    moe, h = model.moe, model.hidden
+    t, k, E, R, f = loc.tokens, moe.top_k, moe.experts, sum(loc.expert_tokens), loc.ffn
+    fc1_out = 2 * f if model.activation == "swiglu" else f
+    n = 2 * t * h * d + t * E * (FP32 + 1)
+    n += R * (h + fc1_out + f) * d
+    n += t * k * h * d
+    if moe.shared_experts:
+        fs = moe.shared_experts * moe.shared_ffn // tp
+        fs1 = 2 * fs if model.activation == "swiglu" else fs
+        n += t * tp * (fs1 + fs) * d
+    return float(n)
