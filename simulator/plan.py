@@ -1,10 +1,12 @@
-"""Layout search: the best (tp, pp, dp, micro-batch, ZeRO, recompute, schedule, SP) for N GPUs.
+"""Layout search: the best (tp, cp, pp, dp, micro-batch, ZeRO, recompute, schedule, SP) for N GPUs.
 
 :func:`plan` works in three passes, each cheaper than the next is accurate:
 
 1. **Enumerate** (:func:`enumerate_layouts`): tp over the divisors of N up to
-   ``min(gpus_per_node, 16)`` (TP stays inside the NVLink domain), pp over the divisors of
-   ``N / tp`` up to the layer count, ``dp = N / (tp * pp)``, micro-batch 1, 2, 4, 8 (dividing
+   ``min(gpus_per_node, 16)`` (TP stays inside the NVLink domain), cp over the powers of two
+   dividing ``N / tp`` that leave each rank at least :data:`MIN_CP_TOKENS` tokens of a
+   sequence (context parallelism pays only for long sequences), pp over the divisors of
+   ``N / (tp * cp)`` up to the layer count, ``dp = N / (tp * cp * pp)``, micro-batch 1, 2, 4, 8 (dividing
    the per-replica batch), ZeRO 0-3 (ZeRO > 0 only with dp > 1; ZeRO-3 only without pipeline
    parallelism, as in DeepSpeed and PyTorch FSDP), recompute none / selective / full, schedule
    1F1B or interleaved 1F1B with 2..8 virtual stages (pp > 1), sequence parallelism on or off
@@ -47,6 +49,9 @@ from simulator.sweep import process_pool
 MICRO_BATCHES = (1, 2, 4, 8)
 MAX_VIRTUAL_STAGES = 8
 MAX_TP = 16
+#: Fewest tokens of a sequence per context-parallel rank the search considers (Megatron-LM's
+#: guidance: context parallelism for sequences of 8K tokens and more, i.e. >= 4K per rank at cp 2).
+MIN_CP_TOKENS = 4096
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -67,11 +72,13 @@ class Candidate:
     pp_schedule: str
     virtual_stages: int
     sequence_parallel: bool
+    cp: int = 1
 
     def overrides(self) -> dict[str, Any]:
         """The ``--set`` overrides that give this layout."""
         return {
             "parallelism.tp": self.tp,
+            "parallelism.cp": self.cp,
             "parallelism.pp": self.pp,
             "parallelism.dp": self.dp,
             "parallelism.zero": self.zero,
@@ -94,7 +101,7 @@ class Candidate:
             if self.pp_schedule == "gpipe":
                 sched = " GPipe"
         return (
-            f"TP{self.tp} PP{self.pp} DP{self.dp} mb{self.micro_batch} ZeRO-{self.zero} "
+            f"TP{self.tp}{f' CP{self.cp}' if self.cp > 1 else ''} PP{self.pp} DP{self.dp} mb{self.micro_batch} ZeRO-{self.zero} "
             f"rc:{self.recompute}{sched}{' SP' if self.sequence_parallel else ''}"
         )
 
@@ -102,7 +109,7 @@ class Candidate:
         """``work`` with this layout (stage_layers dropped: layers split evenly)."""
         par = work.parallelism.model_dump()
         par.update(
-            tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero,
+            tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, zero=self.zero,
             sequence_parallel=self.sequence_parallel, pp_schedule=self.pp_schedule,
             virtual_stages=self.virtual_stages, stage_layers=None,
         )  # fmt: skip
@@ -124,8 +131,9 @@ def candidate_of(work: WorkloadConfig, res: Resolved) -> Candidate:
     """The candidate describing a workload's own (resolved) layout."""
     p, t = work.parallelism, work.training
     return Candidate(
-        res.tp, res.pp, res.dp, t.micro_batch, p.zero, t.recompute, p.pp_schedule,
-        res.virtual_stages, bool(p.sequence_parallel and res.tp > 1),
+        res.size("tp"), res.size("pp"), res.size("dp"), t.micro_batch, p.zero, t.recompute,
+        p.pp_schedule, res.virtual_stages, bool(p.sequence_parallel and res.size("tp") > 1),
+        res.size("cp"),
     )  # fmt: skip
 
 
@@ -135,36 +143,44 @@ def divisors(n: int) -> list[int]:
 
 def enumerate_layouts(work: WorkloadConfig, n_gpus: int, gpus_per_node: int) -> Iterator[Candidate]:
     """Every layout of the search space (see the module docstring), before any check."""
-    m, gb = work.model, work.training.global_batch
+    m = work.model
     for tp in divisors(n_gpus):
         if tp > min(gpus_per_node, MAX_TP):
             break
-        for pp in divisors(n_gpus // tp):
-            if pp > m.layers:
-                break
-            dp = n_gpus // (tp * pp)
-            if gb % dp:
+        cps = [c for c in divisors(n_gpus // tp) if c & (c - 1) == 0]
+        for cp in [c for c in cps if c == 1 or m.seq_len // c >= MIN_CP_TOKENS]:
+            yield from _layouts_of(work, n_gpus, tp, cp)
+
+
+def _layouts_of(work: WorkloadConfig, n_gpus: int, tp: int, cp: int) -> Iterator[Candidate]:
+    """The layouts with ``tp`` and ``cp`` fixed."""
+    m, gb = work.model, work.training.global_batch
+    for pp in divisors(n_gpus // (tp * cp)):
+        if pp > m.layers:
+            break
+        dp = n_gpus // (tp * cp * pp)
+        if gb % dp:
+            continue
+        per_replica = gb // dp
+        for mb in MICRO_BATCHES:
+            if per_replica % mb:
                 continue
-            per_replica = gb // dp
-            for mb in MICRO_BATCHES:
-                if per_replica % mb:
-                    continue
-                n_micro = per_replica // mb
-                scheds = [("1f1b", 1)]
-                if pp > 1 and n_micro % pp == 0:
-                    per_stage = m.layers // pp if m.layers % pp == 0 else 0
-                    scheds += [
-                        ("interleaved", v)
-                        for v in range(2, MAX_VIRTUAL_STAGES + 1)
-                        if per_stage and per_stage % v == 0
-                    ]
-                zeros = [0] if dp == 1 else ([0, 1, 2, 3] if pp == 1 else [0, 1, 2])
-                sps = [False, True] if tp > 1 else [False]
-                for zero in zeros:
-                    for rc in RECOMPUTE:
-                        for sched, v in scheds:
-                            for sp in sps:
-                                yield Candidate(tp, pp, dp, mb, zero, rc, sched, v, sp)
+            n_micro = per_replica // mb
+            scheds = [("1f1b", 1)]
+            if pp > 1 and n_micro % pp == 0:
+                per_stage = m.layers // pp if m.layers % pp == 0 else 0
+                scheds += [
+                    ("interleaved", v)
+                    for v in range(2, MAX_VIRTUAL_STAGES + 1)
+                    if per_stage and per_stage % v == 0
+                ]
+            zeros = [0] if dp * cp == 1 else ([0, 1, 2, 3] if pp == 1 else [0, 1, 2])
+            sps = [False, True] if tp > 1 else [False]
+            for zero in zeros:
+                for rc in RECOMPUTE:
+                    for sched, v in scheds:
+                        for sp in sps:
+                            yield Candidate(tp, pp, dp, mb, zero, rc, sched, v, sp, cp)
 
 
 def plan_topology(topo: TopologyConfig, n_gpus: int, *, file: str = "--gpus") -> TopologyConfig:

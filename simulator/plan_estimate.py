@@ -38,15 +38,17 @@ from typing import TYPE_CHECKING
 
 from simulator.config.checks import Resolved, resolve
 from simulator.config.schema import TopologyConfig, WorkloadConfig
-from simulator.engine.build import Machine
+from simulator.engine.build import GRAD_DIMS, Machine, make_layout
 from simulator.engine.program import (
     Pricer,
     StagePrograms,
     build_stage_programs,
     program_time,
 )
+from simulator.model import comm as mc
 from simulator.model import memory as mem
 from simulator.model import transformer as tf
+from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.parallel.layout import Layout
 from simulator.parallel.schedules import schedule
 
@@ -54,7 +56,6 @@ if TYPE_CHECKING:
     from simulator.plan import Candidate
 
 GiB = 2**30
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 #: DP / PP collectives above this size are costed by linear interpolation (Estimator._cost).
 LINEAR_FROM, LINEAR_TO = float(2**25), float(2**30)
 
@@ -102,6 +103,21 @@ def peak_inflight_bytes(name: str, stage: int, pp: int, m: int, v: int, chunk_by
 # Estimator
 
 
+def _shard(res: Resolved) -> int:
+    """Ranks that hold the same weights: gradients are reduced and ZeRO shards over them."""
+    n = 1
+    for d in GRAD_DIMS:
+        n *= res.size(d)
+    return n
+
+
+def _add(acc: dict[str, float], n: int, *times) -> None:
+    """Add ``n`` times the exposed communication per dimension of ``program_time`` results."""
+    for t in times:
+        for dim, secs in t[2]:
+            acc[dim] = acc.get(dim, 0.0) + n * secs
+
+
 @dataclass
 class Estimate:
     """Analytic memory and throughput of one candidate."""
@@ -141,16 +157,16 @@ class Estimator:
         n = res.stage_layers[vs] * self.lp
         if vs == 0:
             n += self.emb
-        if vs == res.pp * res.virtual_stages - 1:
+        if vs == res.size("pp") * res.virtual_stages - 1:
             n += self.head
         return n
 
     def _stage_params(self, res: Resolved, stage: int) -> float:
-        return sum(self._vs_params(res, c * res.pp + stage) for c in range(res.virtual_stages))
+        pp = res.size("pp")
+        return sum(self._vs_params(res, c * pp + stage) for c in range(res.virtual_stages))
 
     def _layout(self, res: Resolved) -> Layout:
-        order = tuple(self.work.parallelism.order)
-        return Layout(res.tp, res.dp, res.pp, order, res.virtual_stages, res.stage_layers)
+        return make_layout(self.work, res)
 
     def _cost(self, op: str, kind: str, res: Resolved, nbytes: float) -> float:
         """Folded cost of a collective on the real groups of stage 0 (see :meth:`_exact`).
@@ -159,7 +175,7 @@ class Estimator:
         exact costs at ``LINEAR_FROM`` and ``LINEAR_TO`` (bandwidth-bound collectives take
         a fixed latency plus bytes over bandwidth), so a layout needs two costings per
         operation instead of one per message size."""
-        if kind == "tp" or nbytes <= LINEAR_FROM:
+        if kind in ("tp", "cp") or nbytes <= LINEAR_FROM:
             return self._exact(op, kind, res, nbytes)
         a = self._exact(op, kind, res, LINEAR_FROM)
         b = self._exact(op, kind, res, LINEAR_TO)
@@ -167,51 +183,49 @@ class Estimator:
 
     def _exact(self, op: str, kind: str, res: Resolved, nbytes: float) -> float:
         """The collective model's cost of ``op`` on every concurrent group of one stage: TP
-        groups (only those inside the first node: nothing else shares their NVLink), the
-        ``tp`` DP groups of stage 0, or the sends of every (replica, TP rank) from stage 0
+        groups (only those inside the first node: nothing else shares their NVLink), the CP
+        groups of stage 0 (a ``send_recv`` is every member's send to its ring successor), the
+        gradient-reduction (cp x dp) groups of stage 0, or the sends of every rank of stage 0
         to stage 1. Cached."""
-        key = (
-            (op, kind, res.tp, nbytes)
-            if kind == "tp"
-            else (op, kind, res.tp, res.pp, res.dp, nbytes)
-        )
+        key = (op, kind, res.size("tp"), nbytes) if kind == "tp" else (op, kind, res.sizes, nbytes)
         hit = self._coll.get(key)
         if hit is None:
             lay, coll = self._layout(res), self.machine.collectives
             gpn = self.topo.gpus_per_node
             if kind == "tp":
-                groups = [lay.tp_group(d, 0) for d in range(res.dp)]
+                groups = lay.groups("tp", {"pp": (0,)})
                 local = [g for g in groups if max(g) < gpn]
                 hit = coll.cost(op, tuple(local or groups), nbytes).time_s
-            elif kind == "dp":
-                groups = tuple(lay.dp_group(r, 0) for r in range(res.tp))
-                hit = coll.cost(op, groups, nbytes).time_s
+            elif kind in ("dp", "cp"):
+                groups = lay.groups(GRAD_DIMS if kind == "dp" else kind, {"pp": (0,)})
+                if op == "send_recv":
+                    pairs = [(g[i], g[(i + 1) % len(g)]) for g in groups for i in range(len(g))]
+                    hit = coll.p2p_cost(pairs, nbytes).time_s
+                else:
+                    hit = coll.cost(op, tuple(groups), nbytes).time_s
             else:
-                pairs = [
-                    (lay.rank(r, d, 0), lay.rank(r, d, 1 % res.pp))
-                    for d in range(res.dp)
-                    for r in range(res.tp)
-                ]
+                dst = 1 % res.size("pp")
+                pairs = [(g, lay.rank({**lay.coords(g), "pp": dst})) for g in range(lay.n_gpus)
+                         if lay.coords(g)["pp"] == 0]  # fmt: skip
                 hit = coll.p2p_cost(pairs, nbytes).time_s
             self._coll[key] = hit
         return hit
 
     def programs(self, cand: Candidate, res: Resolved) -> StagePrograms:
-        key = (cand.tp, cand.sequence_parallel, cand.micro_batch, cand.recompute)
+        key = (cand.tp, cand.cp, cand.sequence_parallel, cand.micro_batch, cand.recompute)
         hit = self._progs.get(key)
         if hit is None:
             t = self.work.training
-            tp_cost = None
-            if cand.tp > 1:
 
-                def tp_cost(op: str, nbytes: float) -> float:
-                    return self._cost(op, "tp", res, nbytes)
+            def comm_cost(dim: str, op: str, nbytes: float) -> float:
+                return self._cost(op, dim, res, nbytes)
 
             hit = build_stage_programs(
                 model=self.work.model, micro_batch=cand.micro_batch, tp=cand.tp,
                 sp=cand.sequence_parallel, recompute=cand.recompute, dtype=t.precision,
-                cm=self.machine.compute, tp_cost=tp_cost, flash_attention=t.flash_attention,
-                kernels=t.kernels, param_dtype=t.param_dtype,
+                cm=self.machine.compute, comm_cost=comm_cost, flash_attention=t.flash_attention,
+                kernels=t.kernels, param_dtype=t.param_dtype, cp=cand.cp,
+                cp_comm=self.work.parallelism.cp_comm,
             )  # fmt: skip
             self._progs[key] = hit
         return hit
@@ -232,7 +246,7 @@ class Estimator:
 
     def memory_bytes(self, cand: Candidate, res: Resolved) -> float:
         """Peak bytes per GPU (worst stage) as the pre-screen counts them (module docstring)."""
-        m, t = self.work.model, self.work.training
+        m, t = mc.cp_local(self.work.model, cand.cp), self.work.training
         kw = dict(
             micro_batch=cand.micro_batch, tp=cand.tp, sequence_parallel=cand.sequence_parallel
         )
@@ -242,12 +256,12 @@ class Estimator:
         )
         act_embed = mem.embedding_activation_bytes(m, **kw, **impl)
         act_head = mem.head_activation_bytes(m, **kw, **impl)
-        pp, v = res.pp, res.virtual_stages
+        pp, v = res.size("pp"), res.virtual_stages
         last = pp * v - 1
         worst = 0.0
         for s in range(pp):
             states = mem.model_state_bytes(
-                self._stage_params(res, s) / cand.tp, zero=cand.zero, dp=res.dp,
+                self._stage_params(res, s) / cand.tp, zero=cand.zero, dp=_shard(res),
                 param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype, kernels=t.kernels,
             ).total  # fmt: skip
             chunk = []
@@ -272,7 +286,8 @@ class Estimator:
             return est
         work, t = self.work, self.work.training
         progs = self.programs(cand, res)
-        pp, v, m, dp, tp = res.pp, res.virtual_stages, res.microbatches, res.dp, res.tp
+        pp, v, m, tp = res.size("pp"), res.virtual_stages, res.microbatches, res.size("tp")
+        dp = _shard(res)  # ranks the gradients are reduced over, ZeRO shards over
         last = pp * v - 1
         lf = program_time(progs.layer_fwd)
         lb = program_time(progs.layer_bwd)
@@ -290,7 +305,8 @@ class Estimator:
 
         T, F, B, comp, tpc, gx = [], [], [], [], [], []
         for s in range(pp):
-            f = b = c_ = x = g_ = 0.0
+            f = b = c_ = g_ = 0.0
+            x: dict[str, float] = {}
             for ch in range(v):
                 vs = ch * pp + s
                 n = res.stage_layers[vs]
@@ -302,13 +318,15 @@ class Estimator:
                 f += n * lf_t
                 b += n * lb_t
                 c_ += n * (lf[1] + lb[1] + lr[1])
-                x += n * (lf[2] + lb[2] + lr[2])
+                _add(x, n, lf, lb, lr)
                 if vs == 0:
                     f, b = f + ef[0], b + eb[0]
-                    c_, x = c_ + ef[1] + eb[1], x + ef[2] + eb[2]
+                    c_ = c_ + ef[1] + eb[1]
+                    _add(x, 1, ef, eb)
                 if vs == last:
                     f, b = f + hf[0], b + hb[0]
-                    c_, x = c_ + hf[1] + hb[1], x + hf[2] + hb[2]
+                    c_ = c_ + hf[1] + hb[1]
+                    _add(x, 1, hf, hb)
             if cand.zero == 3:
                 f += z3_gather  # the first layer's gather is never hidden
                 b += z3_gather
@@ -331,7 +349,7 @@ class Estimator:
         pp_comm = 0.0
         if pp > 1:
             send = self._cost("send", "pp", res, tf.pp_activation_bytes(
-                work.model, micro_batch=cand.micro_batch, tp=tp,
+                mc.cp_local(work.model, cand.cp), micro_batch=cand.micro_batch, tp=tp,
                 sequence_parallel=cand.sequence_parallel,
                 scatter_gather=work.parallelism.pp_scatter_gather,
             ))  # fmt: skip
@@ -385,10 +403,13 @@ class Estimator:
         est.step_time_s = step
         est.tokens_per_s = t.global_batch * work.model.seq_len / step
         s0 = max(range(pp), key=lambda s: T[s])
-        comp_s, tp_s, gather_s = m * comp[s0], m * tpc[s0], m * gx[s0]
+        comp_s, gather_s = m * comp[s0], m * gx[s0]
+        exposed = {d: m * x for d, x in tpc[s0].items()}
+        tp_s = sum(exposed.values())
         est.breakdown_s = {
             "compute": comp_s,
-            "tp_comm": tp_s,
+            "tp_comm": exposed.get("tp", 0.0),
+            "cp_comm": exposed.get("cp", 0.0),
             "dp_comm": max(0.0, parts[0] - parts[2]) + gather_s,
             "pp_comm": pp_comm,
             "pp_bubble": bubble + max(0.0, busy - comp_s - tp_s - gather_s),

@@ -15,7 +15,7 @@ import pandas as pd
 from simulator.config.checks import Resolved, resolve
 from simulator.config.load import LoadedWorkload
 from simulator.cost import COST_KEYS, training_cost
-from simulator.engine.build import Machine, build_plan, folded_link_bytes
+from simulator.engine.build import Machine, build_plan, folded_link_bytes, make_job
 from simulator.engine.records import EVENT_COLUMNS, LINK_COLUMNS, MEMORY_COLUMNS
 from simulator.engine.sim import CountingEnvironment, Engine
 from simulator.errors import ConfigError
@@ -80,7 +80,8 @@ def simulate(
         )
     machine = machine or make_machine(loaded)
     env = CountingEnvironment()
-    plan, layout, net = build_plan(work, loaded.topology, res, machine, detail=detail, env=env)
+    job = make_job(work, loaded.topology, res, machine)
+    plan, net = build_plan(job, detail=detail, env=env)
     if net is not None and machine.topology.n_links <= LINK_SERIES_MAX_LINKS:
         net.record()
     engine = Engine(plan, env)
@@ -89,7 +90,7 @@ def simulate(
     procs = plan.procs
     step = max(p.end_s for p in procs)
     crit = max(procs, key=lambda p: (p.end_s, -p.pid))
-    bd = breakdown(crit, step, res.pp > 1)
+    bd = breakdown(crit, step, res.size("pp") > 1)
 
     events = pd.DataFrame.from_records(engine.rows, columns=list(EVENT_COLUMNS))
     events = events.sort_values(["start_s", "gpu", "stream", "end_s"], kind="stable").reset_index(
@@ -99,7 +100,7 @@ def simulate(
     mem_gib, worst_proc = memory_peak(
         memory, machine.gpu.hbm_GiB * GiB, getattr(machine.gpu, "runtime_reserved_GiB", 0.0) * GiB
     )
-    links = _links_table(engine, machine, net, layout, step)
+    links = _links_table(engine, machine, net, step)
 
     m, t = work.model, work.training
     n = res.n_gpus
@@ -128,9 +129,7 @@ def simulate(
         "gpu": machine.gpu.name,
         "topology": loaded.topology.name,
         "layout": {
-            "tp": res.tp,
-            "pp": res.pp,
-            "dp": res.dp,
+            **{d: res.size(d) for d in ("tp", "cp", "pp", "dp")},
             "zero": work.parallelism.zero,
             "sequence_parallel": work.parallelism.sequence_parallel,
             "pp_schedule": work.parallelism.pp_schedule,
@@ -171,7 +170,7 @@ def _memory_table(mem_rows, procs) -> pd.DataFrame:
     return df[list(MEMORY_COLUMNS)]
 
 
-def _links_table(engine: Engine, machine: Machine, net, layout, step: float) -> pd.DataFrame:
+def _links_table(engine: Engine, machine: Machine, net, step: float) -> pd.DataFrame:
     topo = machine.topology
     if not topo.n_links:
         nbytes = busy = np.zeros(0)
@@ -180,7 +179,7 @@ def _links_table(engine: Engine, machine: Machine, net, layout, step: float) -> 
         busy = np.asarray(net.link_busy_s, dtype=float)
     else:
         # Statically priced traffic (TP, pipeline sends) counts as busy at the link's rate.
-        static = folded_link_bytes(engine, layout, machine.collectives, topo.n_links)
+        static = folded_link_bytes(engine, machine.collectives, topo.n_links)
         nbytes = static + (net.link_bytes if net is not None else 0.0)
         busy = static / np.maximum(topo.capacity, 1e-30) + (
             net.link_busy_s if net is not None else 0.0

@@ -17,6 +17,7 @@ MODEL = {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "kv_heads
          "vocab": 32000, "seq_len": 1024, "activation": "gelu"}
 LLAMA = {"layers": 4, "hidden": 1024, "ffn_hidden": 2816, "heads": 16, "kv_heads": 4,
          "vocab": 32000, "seq_len": 1024, "activation": "swiglu"}
+LONG = {**LLAMA, "layers": 2, "seq_len": 16384}
 
 CASES = [
     # (name, nodes, gpus/node, model, parallelism, training)
@@ -29,6 +30,15 @@ CASES = [
      {"global_batch": 64}),
     ("tp8-pp2-dp16-zero1", 32, 8, MODEL,
      {"tp": 8, "pp": 2, "dp": 16, "zero": 1, "sequence_parallel": True}, {"global_batch": 64}),
+    # context parallelism: ring attention inside a node, all-gather across nodes, ring across
+    ("tp2-cp4-ring", 1, 8, LONG,
+     {"tp": 2, "cp": 4, "pp": 1, "dp": 1, "sequence_parallel": True}, {"global_batch": 2}),
+    ("tp2-cp2-dp4-allgather", 2, 8, LONG,
+     {"tp": 2, "cp": 2, "pp": 1, "dp": 4, "cp_comm": "all_gather", "zero": 1},
+     {"global_batch": 8}),
+    ("tp4-cp4-dp2-ring-across-nodes", 4, 8, LONG,
+     {"tp": 4, "cp": 4, "pp": 1, "dp": 2, "sequence_parallel": True, "zero": 1},
+     {"global_batch": 4}),
 ]
 
 

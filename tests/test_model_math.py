@@ -10,6 +10,7 @@ import pytest
 
 from simulator.config.schema import ModelConfig
 from simulator.errors import ConfigError
+from simulator.model import comm as mc
 from simulator.model import transformer as tf
 
 LLAMA2_7B = ModelConfig(
@@ -317,14 +318,35 @@ def test_comm_volumes():
         tf.pp_activation_bytes(m, sequence_parallel=False, scatter_gather=True, **kw)
         == 4096 * 8192 * 2 / 8
     )
-    fwd = tf.tp_comm_points(m, micro_batch=1, sequence_parallel=False, backward=False)
-    assert [(c.op, c.collective) for c in fwd] == [
-        ("out_proj", "all_reduce"),
-        ("fc2", "all_reduce"),
-    ]
-    sp = tf.tp_comm_points(m, micro_batch=1, sequence_parallel=True, backward=True)
-    names = {o.name for o in tf.layer_backward_ops(m, micro_batch=1, tp=8, sequence_parallel=True)}
-    assert all(c.op in names for c in sp)
+
+
+def test_tp_collectives_are_ops_at_megatrons_places():
+    """Shoeybi et al. 2019 Fig. 4: two all-reduces per layer forward, after the row-parallel
+    GEMMs, two in backward after the column-parallel input gradients (overlapping the weight
+    gradients). With SP (Korthikanti et al. 2022 Sec. 4.2): forward all-gather before qkv and
+    fc1, reduce-scatter after out_proj and fc2; backward adds the two re-gathers of the
+    sharded input."""
+    m = LLAMA2_70B
+    x = 4096 * 8192 * 2.0
+
+    def seq(sp, bwd):
+        ops = mc.layer_ops(m, micro_batch=1, tp=8, sequence_parallel=sp, backward=bwd)
+        out, prev = [], None
+        for op in ops:
+            if op.kind == "comm":
+                assert op.dim == "tp" and op.bytes == x
+                out.append((op.collective, prev, op.overlap))
+            prev = op.name
+        return out
+
+    assert seq(False, False) == [("all_reduce", "out_proj", False), ("all_reduce", "fc2", False)]
+    assert seq(False, True) == [("all_reduce", "fc1_dgrad", True), ("all_reduce", "qkv_dgrad", True)]
+    fwd_sp = seq(True, False)
+    assert [c for c, _, _ in fwd_sp] == ["all_gather", "reduce_scatter"] * 2
+    bwd_sp = seq(True, True)
+    assert [c for c, _, _ in bwd_sp].count("all_gather") == 4
+    assert [c for c, _, _ in bwd_sp].count("reduce_scatter") == 2
+    assert all(o for c, _, o in bwd_sp if c == "reduce_scatter")
 
 
 def test_invalid_tp_raises_config_error():

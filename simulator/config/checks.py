@@ -14,18 +14,87 @@ from simulator.errors import ConfigError
 
 @dataclass(frozen=True)
 class Resolved:
-    """Derived sizes every later stage needs (all validated)."""
+    """Derived sizes every later stage needs (all validated).
+
+    ``sizes`` maps each parallel dimension, in rank order (innermost first), to its size;
+    :meth:`size` is 1 for a dimension the job does not use."""
 
     n_gpus: int
-    tp: int
-    pp: int
-    dp: int
+    sizes: tuple[tuple[str, int], ...]
     virtual_stages: int
     microbatches: int  # per DP rank per step
     stage_layers: tuple[int, ...]  # layers per virtual stage, pp * virtual_stages entries
     ep: int = 1  # expert-parallel degree (MoE layers)
     etp: int = 1  # tensor-parallel degree inside experts
     edp: int = 1  # expert data-parallel degree: tp*cp*dp / (ep*etp)
+
+    def size(self, dim: str) -> int:
+        return dict(self.sizes).get(dim, 1)
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        return tuple(d for d, _ in self.sizes)
+
+
+def _product(sizes: dict[str, int]) -> int:
+    n = 1
+    for v in sizes.values():
+        n *= v
+    return n
+
+
+def _world(work: WorkloadConfig, n_gpus: int, topo: TopologyConfig, fail) -> dict[str, int]:
+    """Sizes of the dense dimensions; ``dp`` (when not given) fills the cluster."""
+    par = work.parallelism
+    # cp = 1 is left out of the messages (the job has no context parallelism)
+    given = {d: getattr(par, d) for d in par.dims_order if d != "dp" and (d != "cp" or par.cp > 1)}
+    rest = _product(given)
+    names = "*".join(given)
+    if par.dp is None:
+        if n_gpus % rest:
+            raise fail(
+                "parallelism.tp",
+                f"{names} = {rest} does not divide the cluster's {n_gpus} GPUs",
+            )
+        dp = n_gpus // rest
+    else:
+        dp = par.dp
+        if rest * dp != n_gpus:
+            vals = "*".join(str(v) for v in given.values())
+            raise fail(
+                "parallelism.dp",
+                f"{names}*dp = {vals}*{dp} = {rest * dp}, but the cluster "
+                f"'{topo.name}' has {n_gpus} GPUs ({topo.nodes} nodes x {topo.gpus_per_node}); "
+                f"they must be equal (e.g. dp={n_gpus // rest})"
+                if n_gpus % rest == 0
+                else f"{names}*dp = {rest * dp}, but the cluster '{topo.name}' has {n_gpus} GPUs",
+            )
+    return {d: (dp if d == "dp" else given.get(d, 1)) for d in par.dims_order}
+
+
+def _check_cp(work: WorkloadConfig, cp: int, tp: int, fail) -> None:
+    """Context parallelism: 2*cp load-balanced chunks per sequence (Megatron-LM), fused
+    flash-attention kernels (Transformer Engine implements it only there)."""
+    m, t, par = work.model, work.training, work.parallelism
+    if cp == 1:
+        return
+    if m.seq_len % (2 * cp):
+        raise fail(
+            "parallelism.cp",
+            f"seq_len={m.seq_len} is not divisible by 2*cp = {2 * cp} (the sequence is split "
+            "into 2*cp chunks)",
+        )
+    if par.sequence_parallel and (m.seq_len // cp) % tp:
+        raise fail(
+            "parallelism.sequence_parallel",
+            f"seq_len/cp = {m.seq_len // cp} is not divisible by tp={tp}",
+        )
+    if t.kernels != "fused" or not t.flash_attention:
+        raise fail(
+            "parallelism.cp",
+            f"cp={cp} needs fused flash-attention kernels (training.kernels: fused, "
+            "training.flash_attention: true), as Transformer Engine's context parallelism does",
+        )
 
 
 def resolve(
@@ -34,29 +103,12 @@ def resolve(
     """Check the workload against the cluster and derive the layout sizes."""
     m, t, par = work.model, work.training, work.parallelism
     n_gpus = topo.nodes * topo.gpus_per_node
-    tp, pp = par.tp, par.pp
 
     def fail(field: str, msg: str) -> ConfigError:
         return ConfigError(msg, file=file, field=field)
 
-    if par.dp is None:
-        if n_gpus % (tp * pp):
-            raise fail(
-                "parallelism.tp",
-                f"tp*pp = {tp * pp} does not divide the cluster's {n_gpus} GPUs",
-            )
-        dp = n_gpus // (tp * pp)
-    else:
-        dp = par.dp
-        if tp * pp * dp != n_gpus:
-            raise fail(
-                "parallelism.dp",
-                f"tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp}, but the cluster "
-                f"'{topo.name}' has {n_gpus} GPUs ({topo.nodes} nodes x {topo.gpus_per_node}); "
-                f"they must be equal (e.g. dp={n_gpus // (tp * pp)})"
-                if n_gpus % (tp * pp) == 0
-                else f"tp*pp*dp = {tp * pp * dp}, but the cluster '{topo.name}' has {n_gpus} GPUs",
-            )
+    sizes = _world(work, n_gpus, topo, fail)
+    tp, pp, dp = sizes["tp"], sizes["pp"], sizes["dp"]
     if m.heads % tp:
         raise fail("parallelism.tp", f"heads={m.heads} is not divisible by tp={tp}")
     kv = m.n_kv_heads
@@ -72,6 +124,7 @@ def resolve(
             "parallelism.sequence_parallel",
             f"seq_len={m.seq_len} is not divisible by tp={tp}",
         )
+    _check_cp(work, sizes["cp"], tp, fail)
 
     v = par.virtual_stages
     if par.pp_schedule != "interleaved" and v != 1:
@@ -116,8 +169,6 @@ def resolve(
             "training.global_batch",
             f"the interleaved schedule needs micro-batches ({mbs}) to be a multiple of pp={pp}",
         )
-    if par.zero >= 1 and dp == 1:
-        pass  # legal, ZeRO over one rank is plain data parallel
     for i, s in enumerate(work.faults.stragglers):
         if s.gpu is not None and s.gpu >= n_gpus:
             raise fail(
@@ -153,7 +204,7 @@ def resolve(
         )
     _check_link_cuts(work, topo, file)
     ep, etp, edp = check_moe(work, dp, file)
-    return Resolved(n_gpus, tp, pp, dp, v, mbs, sl, ep, etp, edp)
+    return Resolved(n_gpus, tuple(sizes.items()), v, mbs, sl, ep, etp, edp)
 
 
 #: Tolerance on ``training.moe_expert_load`` summing to 1.

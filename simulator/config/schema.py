@@ -223,8 +223,16 @@ class ParallelismConfig(Frozen):
     """How the job is split over GPUs."""
 
     tp: PositiveInt = 1
+    cp: PositiveInt = Field(
+        1, description="context parallel degree: each sequence split over cp GPUs in 2*cp chunks"
+    )
+    cp_comm: Literal["p2p", "all_gather"] = Field(
+        "p2p",
+        description="p2p: ring attention, K/V blocks passed around the CP ring beside the "
+        "blockwise attention kernels; all_gather: K/V all-gathered before attention (Llama 3)",
+    )
     pp: PositiveInt = 1
-    dp: PositiveInt | None = Field(None, description="default: GPUs / (tp * pp)")
+    dp: PositiveInt | None = Field(None, description="default: GPUs / (tp * cp * pp)")
     zero: Literal[0, 1, 2, 3] = 0
     sequence_parallel: bool = False
     pp_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
@@ -239,15 +247,27 @@ class ParallelismConfig(Frozen):
         description="send 1/tp of a stage boundary activation per TP rank and all-gather it over "
         "NVLink at the receiver (Narayanan et al. SC21, Sec. 4.1)",
     )
-    order: tuple[Literal["tp", "dp", "pp"], ...] = Field(
-        ("tp", "dp", "pp"), description="rank order, innermost (fastest varying) first"
+    order: tuple[Literal["tp", "cp", "dp", "pp"], ...] = Field(
+        ("tp", "cp", "dp", "pp"),
+        description="rank order, innermost (fastest varying) first; cp may be left out "
+        "(it then follows tp)",
     )
 
     @model_validator(mode="after")
     def _order_is_permutation(self) -> ParallelismConfig:
-        if sorted(self.order) != ["dp", "pp", "tp"]:
-            raise ValueError(f"order must list tp, dp and pp once each, got {list(self.order)}")
+        if sorted(self.order) not in (["dp", "pp", "tp"], ["cp", "dp", "pp", "tp"]):
+            raise ValueError(
+                f"order must list tp, dp and pp (and optionally cp) once each, got {list(self.order)}"
+            )
         return self
+
+    @property
+    def dims_order(self) -> tuple[str, ...]:
+        """``order`` with every dense dimension: cp right after tp when not listed."""
+        o = list(self.order)
+        if "cp" not in o:
+            o.insert(o.index("tp") + 1, "cp")
+        return tuple(o)
 
 
 class ClusterConfig(Frozen):

@@ -1,21 +1,22 @@
-"""Turn validated configs into a :class:`~simulator.engine.sim.StepPlan`.
+"""Turn a resolved job into a :class:`~simulator.engine.sim.StepPlan`.
 
 Folding (``detail="folded"``): DP replicas are grouped into *replica classes* by their
 signature (per-stage straggler slowdown and whether a faulted link touches them); each
-(class, stage) is one simulated process standing for the whole TP group in every replica of the
-class. Ranks with identical op sequences and equivalent network positions share a process,
-while every collective is priced on the real groups' links with all of the class's concurrent
-copies sharing them. A fault that breaks the symmetry adds classes (more processes), never
-removes detail.
+(class, stage) is one simulated process standing for every GPU of the stage in every replica of
+the class: the ranks of its *inner* dimensions (all but ``dp`` and ``pp``: ``tp`` and ``cp``),
+which synchronise at every layer, and the replicas, whose op sequences and network positions
+are equivalent. Every collective is still priced on the real groups' links with all of the
+class's concurrent copies sharing them. A fault that breaks the symmetry adds classes (more
+processes), never removes detail.
 
-Full detail (``detail="full"``): one process per GPU, every TP/DP collective and send executed
+Full detail (``detail="full"``): one process per GPU, every collective and send executed
 step by step as flows in the max-min fair network.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,15 +28,22 @@ from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_pr
 from simulator.engine.sim import CommSpec, Proc, StepPlan
 from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
+from simulator.model import comm as mc
 from simulator.model import memory as mem
 from simulator.model import transformer as tf
+from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
-from simulator.network.collectives import CollectiveModel
+from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
 from simulator.network.flows import FlowNetwork
 from simulator.network.topology import Topology, load_fabrics
 from simulator.parallel.layout import Layout
 
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+#: Dimensions whose gradients are reduced together, and over which ZeRO shards the model
+#: states: context- and data-parallel ranks hold the same weights (Megatron-LM's
+#: data-parallel group "with context parallel").
+GRAD_DIMS = ("cp", "dp")
+#: Dimensions that are not folded into one process: replicas and pipeline stages.
+OUTER_DIMS = ("dp", "pp")
 
 
 @dataclass
@@ -48,9 +56,31 @@ class Machine:
     collectives: CollectiveModel
 
 
+@dataclass(frozen=True)
+class Job:
+    """A resolved job, what every lower layer receives: the workload's model and training
+    settings, its layout (every dimension's size and order, the pipeline split) and the
+    number of micro-batches, the cluster, and the machine models."""
+
+    work: WorkloadConfig
+    topo: TopologyConfig
+    layout: Layout
+    microbatches: int
+    machine: Machine
+
+    @property
+    def inner_dims(self) -> tuple[str, ...]:
+        return tuple(d for d in self.layout.dims if d not in OUTER_DIMS)
+
+
 def make_layout(work: WorkloadConfig, res: Resolved) -> Layout:
-    par = work.parallelism
-    return Layout(res.tp, res.dp, res.pp, tuple(par.order), res.virtual_stages, res.stage_layers)
+    """The layout of a resolved workload (every dimension, in the workload's rank order)."""
+    return Layout.of(dict(res.sizes), res.order, virtual_stages=res.virtual_stages,
+                     stage_layers=res.stage_layers)  # fmt: skip
+
+
+def make_job(work: WorkloadConfig, topo: TopologyConfig, res: Resolved, machine: Machine) -> Job:
+    return Job(work, topo, make_layout(work, res), res.microbatches, machine)
 
 
 def gpu_slowdowns(work: WorkloadConfig, topo: TopologyConfig) -> dict[int, float]:
@@ -82,12 +112,13 @@ def replica_classes(
     layout: Layout, slow: dict[int, float], faulted: set[int]
 ) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
     """Group DP replicas with identical behaviour: [(replicas, per-stage slowdown)]."""
+    inner = tuple(d for d in layout.dims if d not in OUTER_DIMS)
     sig_of: dict[tuple, list[int]] = defaultdict(list)
-    for d in range(layout.dp):
+    for d in range(layout.size("dp")):
         sig = []
         special = False
-        for s in range(layout.pp):
-            grp = layout.tp_group(d, s)
+        for s in range(layout.size("pp")):
+            grp = layout.group(inner, {"dp": d, "pp": s})
             sig.append(max(slow.get(g, 1.0) for g in grp))
             special |= any(g in faulted for g in grp)
         key = (tuple(sig), d if special else -1)
@@ -96,259 +127,340 @@ def replica_classes(
     return [(tuple(ds), key[0]) for key, ds in classes]
 
 
+def ring_pairs(group: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Every member's send to its ring successor (a context-parallel K/V hop)."""
+    n = len(group)
+    return [(group[i], group[(i + 1) % n]) for i in range(n)] if n > 1 else []
+
+
+class _Comm:
+    """Groups and prices of a job's collectives (folded and full detail alike)."""
+
+    def __init__(self, job: Job):
+        self.layout = job.layout
+        self.coll = job.machine.collectives
+
+    def proc_groups(self, dim, p: Proc) -> list[tuple[int, ...]]:
+        """The groups of ``dim`` among the GPUs ``p`` stands for (its concurrent copies)."""
+        if p.coords is not None:
+            return [self.layout.group(dim, p.coords)]
+        return self.layout.groups(dim, {"dp": p.replicas, "pp": (p.stage,)})
+
+    def cost(self, op: str, groups: list[tuple[int, ...]], nbytes: float) -> CollectiveCost:
+        if op == "send_recv":
+            return self.coll.p2p_cost([pr for g in groups for pr in ring_pairs(g)], nbytes)
+        return self.coll.cost(op, tuple(groups), nbytes)
+
+    def part_cost(self, p: Proc, part: Part) -> CollectiveCost:
+        return self.cost(part.op, self.proc_groups(part.dim, p), part.nbytes)
+
+    def launch_s(self, op: str, group) -> float:
+        if op == "send_recv":  # one launch for the send to the successor
+            return self.coll.launch_s("send", tuple(group[:2])) if len(group) > 1 else 0.0
+        return self.coll.launch_s(op, group)
+
+    def steps(self, op: str, groups: list[tuple[int, ...]], nbytes: float) -> list[Step]:
+        """The flow sets of ``op`` on ``groups`` (bundled: identical steps merged)."""
+        if op == "send_recv":
+            return self.coll.bundles("send", [pr for g in groups for pr in ring_pairs(g)], nbytes)
+        return self.coll.bundles(op, tuple(groups), nbytes)
+
+
 def build_plan(
-    work: WorkloadConfig,
-    topo_cfg: TopologyConfig,
-    res: Resolved,
-    machine: Machine,
-    *,
-    detail: str = "folded",
-    env: simpy.Environment | None = None,
-) -> tuple[StepPlan, Layout, FlowNetwork | None]:
+    job: Job, *, detail: str = "folded", env: simpy.Environment | None = None
+) -> tuple[StepPlan, FlowNetwork | None]:
     """Build the processes, programs and communication hooks of one training step."""
-    m, t, par = work.model, work.training, work.parallelism
-    layout = make_layout(work, res)
-    tp, pp, dp, v = res.tp, res.pp, res.dp, res.virtual_stages
-    sp = par.sequence_parallel and tp > 1
-    cm, coll = machine.compute, machine.collectives
-    dtype = t.precision
-    slow = gpu_slowdowns(work, topo_cfg)
-    faulted = faulted_gpus(work, topo_cfg)
-    classes = replica_classes(layout, slow, faulted)
+    b = _Builder(job, detail, env)
+    return b.plan(), b.net
 
-    # ---- programs, priced once per (TP groups, slowdown-independent) stage
-    prog_cache: dict[tuple, StagePrograms] = {}
 
-    def programs_for(stage: int, groups: tuple[tuple[int, ...], ...]) -> StagePrograms:
-        key = (stage, groups)
-        if key not in prog_cache:
-            tp_cost = None
-            if tp > 1:
+class _Builder:
+    """The parts of a :class:`StepPlan`: processes, sizes, communication, framework work."""
 
-                def tp_cost(op: str, nbytes: float, groups=groups) -> float:
-                    return coll.cost(op, groups, nbytes).time_s
+    def __init__(self, job: Job, detail: str, env):
+        self.job, self.detail, self.env = job, detail, env
+        work, lay = job.work, job.layout
+        self.m, self.t, self.par = work.model, work.training, work.parallelism
+        self.lay = lay
+        self.tp, self.pp, self.v = lay.size("tp"), lay.size("pp"), lay.virtual_stages
+        self.shard = 1  # ranks that hold the same weights: gradients reduced, ZeRO shards
+        for d in GRAD_DIMS:
+            self.shard *= lay.size(d)
+        self.sp = self.par.sequence_parallel and self.tp > 1
+        self.local_model = mc.cp_local(self.m, lay.size("cp"))
+        self.comm = _Comm(job)
+        self.net = FlowNetwork(env, job.machine.topology)
+        self._progs: dict[tuple, StagePrograms] = {}
+        self._cost_cache: dict[tuple, CollectiveCost] = {}
+        self.procs: list[Proc] = []
+        self.pid_of: dict[tuple, int] = {}
+        self._make_procs()
 
-            prog_cache[key] = build_stage_programs(
-                model=m, micro_batch=t.micro_batch, tp=tp, sp=sp, recompute=t.recompute,
-                dtype=dtype, cm=cm, tp_cost=tp_cost, flash_attention=t.flash_attention,
-                kernels=t.kernels, param_dtype=t.param_dtype,
-            )
-        return prog_cache[key]
+    # ---- processes and programs
 
-    # ---- processes
-    procs: list[Proc] = []
-    pid_of: dict[tuple, int] = {}
-    if detail == "folded":
-        for c, (replicas, sig) in enumerate(classes):
-            for s in range(pp):
-                groups = tuple(layout.tp_group(d, s) for d in replicas)
-                pid = len(procs)
-                pid_of[(c, s)] = pid
-                procs.append(
-                    Proc(pid, f"c{c}.s{s}", s, c, replicas, None, layout.rank(0, replicas[0], s),
-                         sig[s], programs_for(s, groups))
-                )
-    else:
-        for d in range(dp):
-            for s in range(pp):
-                for r in range(tp):
-                    g = layout.rank(r, d, s)
-                    pid = len(procs)
-                    pid_of[(d, s, r)] = pid
-                    procs.append(
-                        Proc(pid, f"g{g}", s, d, (d,), r, g, slow.get(g, 1.0),
-                             programs_for(s, (layout.tp_group(d, s),)))
-                    )
-    class_of_replica = {d: c for c, (reps, _) in enumerate(classes) for d in reps}
+    def programs_for(self, p: Proc) -> StagePrograms:
+        if p.coords is None:
+            key: tuple = (p.stage, p.replicas)
+        else:
+            key = (p.stage, tuple(self.comm.proc_groups(d, p)[0] for d in self.job.inner_dims))
+        hit = self._progs.get(key)
+        if hit is None:
+            cache: dict[tuple, float] = {}
 
-    def participants(p: Proc, stream: str) -> tuple[int, ...]:
-        if detail == "folded":
-            return tuple(sorted({pid_of[(class_of_replica[d], p.stage)] for d in range(dp)}))
-        if stream == "tp":
-            return tuple(pid_of[(p.replicas[0], p.stage, r)] for r in range(tp))
-        return tuple(pid_of[(d, p.stage, p.tp_rank)] for d in range(dp))
+            def comm_cost(dim: str, op: str, nbytes: float) -> float:
+                k = (dim, op, nbytes)
+                if k not in cache:
+                    cache[k] = self.comm.cost(op, self.comm.proc_groups(dim, p), nbytes).time_s
+                return cache[k]
 
-    def peer(p: Proc, phase: str, dst_vs: int) -> int:
-        dst_stage = dst_vs % pp
-        if detail == "folded":
-            return pid_of[(p.replica_class, dst_stage)]
-        return pid_of[(p.replicas[0], dst_stage, p.tp_rank)]
+            t = self.t
+            hit = self._progs[key] = build_stage_programs(
+                model=self.m, micro_batch=t.micro_batch, tp=self.tp, sp=self.sp,
+                recompute=t.recompute, dtype=t.precision, cm=self.job.machine.compute,
+                comm_cost=comm_cost, flash_attention=t.flash_attention, kernels=t.kernels,
+                param_dtype=t.param_dtype, cp=self.lay.size("cp"), cp_comm=self.par.cp_comm,
+            )  # fmt: skip
+        return hit
 
-    # ---- sizes
-    pb = BYTES[t.param_dtype]
-    gb = BYTES[t.grad_reduce_dtype]
-    lp = tf.layer_params(m)
-    emb = tf.embedding_params(m)
-    head = tf.head_params(m) + tf.final_norm_params(m)
+    def _make_procs(self) -> None:
+        lay, inner = self.lay, self.job.inner_dims
+        slow = gpu_slowdowns(self.job.work, self.job.topo)
+        self.slow = slow
+        self.classes = replica_classes(lay, slow, faulted_gpus(self.job.work, self.job.topo))
+        self.class_of_replica = {d: c for c, (reps, _) in enumerate(self.classes) for d in reps}
+        procs = self.procs
+        if self.detail == "folded":
+            for c, (replicas, sig) in enumerate(self.classes):
+                for s in range(self.pp):
+                    p = Proc(len(procs), f"c{c}.s{s}", s, c, replicas, None,
+                             lay.rank({"dp": replicas[0], "pp": s}), sig[s], None)  # fmt: skip
+                    self.pid_of[(c, s)] = p.pid
+                    p.programs = self.programs_for(p)
+                    procs.append(p)
+            return
+        for d in range(lay.size("dp")):
+            for s in range(self.pp):
+                for g in lay.group(inner, {"dp": d, "pp": s}):
+                    p = Proc(len(procs), f"g{g}", s, d, (d,), lay.coords(g), g,
+                             slow.get(g, 1.0), None)  # fmt: skip
+                    self.pid_of[g] = p.pid
+                    p.programs = self.programs_for(p)
+                    procs.append(p)
 
-    def vs_params(vs: int) -> float:
-        n = res.stage_layers[vs] * lp
+    def participants(self, p: Proc, stream: str) -> tuple[int, ...]:
+        if p.coords is None:
+            return tuple(
+                sorted({self.pid_of[(self.class_of_replica[d], p.stage)]
+                        for d in range(self.lay.size("dp"))})
+            )  # fmt: skip
+        dims = GRAD_DIMS if stream in ("dp", "gather") else stream
+        return tuple(self.pid_of[g] for g in self.lay.group(dims, p.coords))
+
+    def peer(self, p: Proc, phase: str, dst_vs: int) -> int:
+        dst_stage = dst_vs % self.pp
+        if p.coords is None:
+            return self.pid_of[(p.replica_class, dst_stage)]
+        return self.pid_of[self.lay.rank({**p.coords, "pp": dst_stage})]
+
+    # ---- sizes and memory
+
+    def vs_params(self, vs: int) -> float:
+        n = self.lay.stage_layers[vs] * tf.layer_params(self.m)
         if vs == 0:
-            n += emb
-        if vs == pp * v - 1:
-            n += head
+            n += tf.embedding_params(self.m)
+        if vs == self.pp * self.v - 1:
+            n += tf.head_params(self.m) + tf.final_norm_params(self.m)
         return n
 
-    def stage_params(stage: int) -> float:
-        return sum(vs_params(c * pp + stage) for c in range(v))
+    def stage_params(self, stage: int) -> float:
+        return sum(self.vs_params(c * self.pp + stage) for c in range(self.v))
 
-    def static_mem(p: Proc) -> dict[str, float]:
-        local = stage_params(p.stage) / tp
+    def static_mem(self, p: Proc) -> dict[str, float]:
+        t, zero = self.t, self.par.zero
+        local = self.stage_params(p.stage) / self.tp
         ms = mem.model_state_bytes(
-            local, zero=par.zero, dp=dp, param_dtype=t.param_dtype,
+            local, zero=zero, dp=self.shard, param_dtype=t.param_dtype,
             grad_dtype=t.grad_reduce_dtype, kernels=t.kernels,
-        )
+        )  # fmt: skip
         # PyTorch DDP's gradient buckets (eager): gradient copies, counted with the gradients
         buckets = mem.ddp_bucket_bytes(
-            local, kernels=t.kernels, zero=par.zero, dp=dp, param_dtype=t.param_dtype,
+            local, kernels=t.kernels, zero=zero, dp=self.shard, param_dtype=t.param_dtype,
             grad_dtype=t.grad_reduce_dtype,
-        )
+        )  # fmt: skip
         return {"weights": ms.weights, "gradients": ms.gradients + buckets,
-                "optimizer": ms.optimizer}
+                "optimizer": ms.optimizer}  # fmt: skip
 
-    def optimizer_program(p: Proc) -> tuple[Part, ...]:
-        local = stage_params(p.stage) / tp / (dp if par.zero >= 1 else 1)
+    def optimizer_program(self, p: Proc) -> tuple[Part, ...]:
+        t = self.t
+        local = self.stage_params(p.stage) / self.tp / (self.shard if self.par.zero >= 1 else 1)
         ops = tf.optimizer_ops(local, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype)
-        pr = Pricer(cm, dtype, t.kernels, t.param_dtype)
+        pr = Pricer(self.job.machine.compute, t.precision, t.kernels, t.param_dtype)
         return tuple(pr.part(op) for op in ops)
 
-    kw = dict(micro_batch=t.micro_batch, tp=tp, sequence_parallel=sp)
-    mkw = dict(kernels=t.kernels, param_dtype=t.param_dtype, **kw)
-    act_layer = mem.activation_bytes_per_layer(
-        m, recompute=t.recompute, flash_attention=t.flash_attention, **mkw
-    )
-    act_embed = mem.embedding_activation_bytes(m, **mkw)
-    # eager: the loss's working set too (the head's peak, from its forward to its backward)
-    act_head = mem.head_activation_bytes(m, include_transient=t.kernels == "eager", **mkw)
+    def activations(self) -> tuple[float, float, float]:
+        """Bytes a micro-batch keeps per layer, for the embedding and for the head (one
+        context-parallel rank keeps its ``s/cp`` tokens' share)."""
+        t, m = self.t, self.local_model
+        mkw = dict(micro_batch=t.micro_batch, tp=self.tp, sequence_parallel=self.sp,
+                   kernels=t.kernels, param_dtype=t.param_dtype)  # fmt: skip
+        layer = mem.activation_bytes_per_layer(
+            m, recompute=t.recompute, flash_attention=t.flash_attention, **mkw
+        )
+        # eager: the loss's working set too (the head's peak, from its forward to its backward)
+        head = mem.head_activation_bytes(m, include_transient=t.kernels == "eager", **mkw)
+        return layer, mem.embedding_activation_bytes(m, **mkw), head
 
     # ---- communication: folded costs, or full-detail executors
     # Folded mode runs data-parallel / ZeRO collectives (every concurrent group's flows, steps
     # merged into bundles) through the same dynamic network, so that collectives overlapping
     # each other -- ZeRO-3 gathers beside gradient reduce-scatters, buckets of different
-    # stages -- share links as they do in full detail. Pipeline sends and TP collectives are
-    # priced in isolation (their own concurrent groups only).
-    net = FlowNetwork(env, machine.topology)
-    cost_cache: dict[tuple, object] = {}
+    # stages -- share links as they do in full detail. Pipeline sends and the collectives in
+    # the programs (TP, CP) are priced in isolation (their own concurrent groups only).
 
-    def comm_cost(spec: CommSpec, p: Proc):
+    def send_pairs(self, p: Proc, dst: Proc) -> list[tuple[int, int]]:
+        lay, out = self.lay, []
+        for d in p.replicas:
+            for g in lay.group(self.job.inner_dims, {"dp": d, "pp": p.stage}):
+                out.append((g, lay.rank({**lay.coords(g), "pp": dst.stage})))
+        return out
+
+    def comm_cost(self, spec: CommSpec, p: Proc) -> CollectiveCost:
         """The CollectiveCost of a folded collective or send (memoised)."""
+        cache = self._cost_cache
         if spec.stream == "pp":
-            dst = procs[spec.key[2]]
+            dst = self.procs[spec.key[2]]
             key = ("pp", p.pid, dst.pid, spec.nbytes)
-            if key not in cost_cache:
-                pairs = [
-                    (layout.rank(r, d, p.stage), layout.rank(r, d, dst.stage))
-                    for d in p.replicas
-                    for r in range(tp)
-                ]
-                cost_cache[key] = coll.p2p_cost(pairs, spec.nbytes)
-            return cost_cache[key]
+            if key not in cache:
+                cache[key] = self.job.machine.collectives.p2p_cost(
+                    self.send_pairs(p, dst), spec.nbytes
+                )
+            return cache[key]
         key = (spec.op, p.stage, spec.nbytes)
-        if key not in cost_cache:
-            groups = tuple(layout.dp_group(r, p.stage) for r in range(tp))
-            cost_cache[key] = coll.cost(spec.op, groups, spec.nbytes)
-        return cost_cache[key]
+        if key not in cache:
+            groups = self.lay.groups(GRAD_DIMS, {"pp": (p.stage,)})
+            cache[key] = self.comm.cost(spec.op, groups, spec.nbytes)
+        return cache[key]
 
-    def comm_time(spec: CommSpec, p: Proc) -> float:
-        return comm_cost(spec, p).time_s
+    def comm_time(self, spec: CommSpec, p: Proc) -> float:
+        return self.comm_cost(spec, p).time_s
 
-    def comm_exec_folded(spec: CommSpec, p: Proc):
+    def comm_exec_folded(self, spec: CommSpec, p: Proc):
         if spec.stream == "pp":
-            yield env.timeout(comm_time(spec, p))
+            yield self.env.timeout(self.comm_time(spec, p))
             return
-        groups = tuple(layout.dp_group(r, p.stage) for r in range(tp))
-        yield env.timeout(coll.launch_s(spec.op, groups[0]))
-        for st in coll.bundles(spec.op, groups, spec.nbytes):
-            yield net.transfer(st.transfers)
+        groups = self.lay.groups(GRAD_DIMS, {"pp": (p.stage,)})
+        yield self.env.timeout(self.comm.launch_s(spec.op, groups[0]))
+        for st in self.comm.steps(spec.op, groups, spec.nbytes):
+            yield self.net.transfer(st.transfers)
             if st.latency_s:
-                yield env.timeout(st.latency_s)
+                yield self.env.timeout(st.latency_s)
 
-    def comm_exec(spec: CommSpec, p: Proc):
+    def comm_exec(self, spec: CommSpec, p: Proc):
         if spec.stream == "pp":
-            group: Sequence[int] = (p.gpu, procs[spec.key[2]].gpu)
-            op = "send"
-        elif spec.stream == "tp":
-            group, op = layout.tp_group(p.replicas[0], p.stage), spec.op
+            groups, op = [(p.gpu, self.procs[spec.key[2]].gpu)], "send"
         else:
-            group, op = layout.dp_group(p.tp_rank, p.stage), spec.op
-        yield env.timeout(coll.launch_s(op, group))
-        for st in coll.steps(op, group, spec.nbytes):
-            yield net.transfer(st.transfers)
+            dims = GRAD_DIMS if spec.stream in ("dp", "gather") else spec.stream
+            groups, op = [self.lay.group(dims, p.coords)], spec.op
+        yield self.env.timeout(self.comm.launch_s(op, groups[0]))
+        if op == "send_recv":
+            steps = self.comm.steps(op, groups, spec.nbytes)
+        else:
+            steps = self.job.machine.collectives.steps(op, groups[0], spec.nbytes)
+        for st in steps:
+            yield self.net.transfer(st.transfers)
             if st.latency_s:
-                yield env.timeout(st.latency_s)
+                yield self.env.timeout(st.latency_s)
 
-    # What the framework does to gradients around the data-parallel reduction, per parameter
-    # (first principles, bytes read + written on the compute stream):
+    # ---- the framework's work on gradients around the data-parallel reduction
+    # Per parameter (first principles, bytes read + written on the compute stream):
     # * fused (Megatron-LM): gradients accumulate in the bucket (fp32 main_grad) already;
     #   the bucket is scaled by 1/dp before it is reduced: read + write in grad dtype.
     # * eager (PyTorch): DDP copies each gradient into its bucket and divides it by the world
     #   size (2 x read + write), and copies the reduced bucket back into .grad afterwards;
     #   FSDP casts the unsharded bf16 gradient to the fp32 reduce dtype (2 + 4 bytes) and
     #   pre-divides it (2 x 4 bytes).
-    kern = t.kernels
-    if kern == "eager" and par.zero == 3:
-        prep_per_param, fin_per_param = 2 + gb + 2 * gb, 0.0  # cast bf16 -> gb, pre-divide
-    elif kern == "eager":
-        prep_per_param, fin_per_param = 4.0 * gb, 2.0 * gb
-    else:
-        prep_per_param, fin_per_param = 2.0 * gb, 0.0
-    prep_cache: dict[float, tuple[Part, ...]] = {}
-    pr_mem = Pricer(cm, dtype, t.kernels, t.param_dtype)
 
-    def grad_prep(grad_bytes: float) -> tuple[Part, ...]:
-        if grad_bytes not in prep_cache:
-            n = grad_bytes / gb * prep_per_param
-            prep_cache[grad_bytes] = (pr_mem.part(Op("grad_prep", "memory", "optimizer", bytes=n)),)
-        return prep_cache[grad_bytes]
+    def grad_work(self) -> tuple[Callable, Callable]:
+        t, gb = self.t, BYTES[self.t.grad_reduce_dtype]
+        if t.kernels == "eager" and self.par.zero == 3:
+            prep_per_param, fin_per_param = 2 + gb + 2 * gb, 0.0  # cast bf16 -> gb, pre-divide
+        elif t.kernels == "eager":
+            prep_per_param, fin_per_param = 4.0 * gb, 2.0 * gb
+        else:
+            prep_per_param, fin_per_param = 2.0 * gb, 0.0
+        prep_cache: dict[float, tuple[Part, ...]] = {}
+        pr = Pricer(self.job.machine.compute, t.precision, t.kernels, t.param_dtype)
 
-    def grad_finalize(p: Proc) -> tuple[Part, ...]:
-        if not fin_per_param:
-            return ()
-        n = stage_params(p.stage) / tp * fin_per_param
-        return (pr_mem.part(Op("grad_copy_back", "memory", "optimizer", bytes=n)),)
+        def grad_prep(grad_bytes: float) -> tuple[Part, ...]:
+            if grad_bytes not in prep_cache:
+                n = grad_bytes / gb * prep_per_param
+                prep_cache[grad_bytes] = (pr.part(Op("grad_prep", "memory", "optimizer", bytes=n)),)
+            return prep_cache[grad_bytes]
 
-    plan = StepPlan(
-        procs=procs,
-        pp=pp,
-        virtual_stages=v,
-        microbatches=res.microbatches,
-        schedule_name=par.pp_schedule,
-        layers_of=layout.layers_of,
-        zero=par.zero,
-        overlap_grad_reduce=t.overlap_grad_reduce,
-        overlap_param_gather=t.overlap_param_gather,
-        bucket_bytes=t.grad_bucket_MB * 1e6,
-        grad_bytes_per_layer=lp / tp * gb,
-        param_bytes_per_layer=lp / tp * pb,
-        # eager (PyTorch FSDP) gathers a unit into a new full-size buffer beside its fp32 shard
-        gather_keep_fraction=1.0 if t.kernels == "eager" else (1.0 - 1.0 / dp),
-        stage_param_bytes=lambda vs: vs_params(vs) / tp * pb,
-        act_bytes_layer=act_layer,
-        act_bytes_embed=act_embed,
-        act_bytes_head=act_head,
-        static_mem=static_mem,
-        optimizer_program=optimizer_program,
-        pp_bytes=tf.pp_activation_bytes(m, scatter_gather=par.pp_scatter_gather, **kw),
-        participants=participants,
-        peer=peer,
-        comm_time=None if detail == "full" else comm_time,
-        comm_cost=None if detail == "full" else comm_cost,
-        comm_exec=comm_exec if detail == "full" else comm_exec_folded,
-        detail=detail,
-        dp_size=dp,
-        grad_prep=grad_prep,
-        unit_bytes=lambda u: (
-            (emb if u == "embed" else head) / tp * pb,
-            (emb if u == "embed" else head) / tp * gb,
-        ),
-        grad_finalize=grad_finalize,
-        interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
-    )
-    return plan, layout, net
+        def grad_finalize(p: Proc) -> tuple[Part, ...]:
+            if not fin_per_param:
+                return ()
+            n = self.stage_params(p.stage) / self.tp * fin_per_param
+            return (pr.part(Op("grad_copy_back", "memory", "optimizer", bytes=n)),)
+
+        return grad_prep, grad_finalize
+
+    # ---- the plan
+
+    def plan(self) -> StepPlan:
+        t, par, tp, m = self.t, self.par, self.tp, self.m
+        pb, gb = BYTES[t.param_dtype], BYTES[t.grad_reduce_dtype]
+        lp, emb = tf.layer_params(m), tf.embedding_params(m)
+        head = tf.head_params(m) + tf.final_norm_params(m)
+        act_layer, act_embed, act_head = self.activations()
+        grad_prep, grad_finalize = self.grad_work()
+        full = self.detail == "full"
+        sizes = {d: self.lay.size(d) for d in self.lay.dims}
+        return StepPlan(
+            procs=self.procs,
+            pp=self.pp,
+            virtual_stages=self.v,
+            microbatches=self.job.microbatches,
+            schedule_name=par.pp_schedule,
+            layers_of=self.lay.layers_of,
+            zero=par.zero,
+            overlap_grad_reduce=t.overlap_grad_reduce,
+            overlap_param_gather=t.overlap_param_gather,
+            bucket_bytes=t.grad_bucket_MB * 1e6,
+            grad_bytes_per_layer=lp / tp * gb,
+            param_bytes_per_layer=lp / tp * pb,
+            # eager (PyTorch FSDP) gathers a unit into a new full-size buffer beside its shard
+            gather_keep_fraction=1.0 if t.kernels == "eager" else (1.0 - 1.0 / self.shard),
+            stage_param_bytes=lambda vs: self.vs_params(vs) / tp * pb,
+            act_bytes_layer=act_layer,
+            act_bytes_embed=act_embed,
+            act_bytes_head=act_head,
+            static_mem=self.static_mem,
+            optimizer_program=self.optimizer_program,
+            pp_bytes=tf.pp_activation_bytes(
+                self.local_model, micro_batch=t.micro_batch, tp=tp, sequence_parallel=self.sp,
+                scatter_gather=par.pp_scatter_gather,
+            ),  # fmt: skip
+            participants=self.participants,
+            peer=self.peer,
+            comm_time=None if full else self.comm_time,
+            comm_cost=None if full else self.comm_cost,
+            comm_exec=self.comm_exec if full else self.comm_exec_folded,
+            detail=self.detail,
+            group_size={**sizes, "dp": self.shard, "gather": self.shard},
+            grad_prep=grad_prep,
+            unit_bytes=lambda u: (
+                (emb if u == "embed" else head) / tp * pb,
+                (emb if u == "embed" else head) / tp * gb,
+            ),
+            grad_finalize=grad_finalize,
+            interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
+            part_cost=self.comm.part_cost,
+        )
 
 
-def folded_link_bytes(engine, layout: Layout, coll: CollectiveModel, n_links: int):
-    """Bytes every link carried in a folded run: each collective's and each program's TP
+def folded_link_bytes(engine, coll: CollectiveModel, n_links: int):
+    """Bytes every link carried in a folded run: each collective's and each program's
     collectives' per-link bytes (over all the concurrent groups a process stands for), times
     how often it ran."""
     out = np.zeros(n_links)
@@ -362,10 +474,9 @@ def folded_link_bytes(engine, layout: Layout, coll: CollectiveModel, n_links: in
         if not prog:
             continue
         p = procs[pid]
-        groups = tuple(layout.tp_group(d, p.stage) for d in p.replicas)
         for part in prog:
-            if part.kind == "tp":
-                lb = coll.cost(part.op, groups, part.nbytes).link_bytes
+            if part.kind == "comm":
+                lb = engine.plan.part_cost(p, part).link_bytes
                 ids = np.fromiter(lb.keys(), dtype=np.int64, count=len(lb))
                 out[ids] += runs * np.fromiter(lb.values(), dtype=float, count=len(lb))
     for p, spec in engine.comm_log:

@@ -1,16 +1,10 @@
 """Per-stage programs: the timed parts a GPU runs for one layer, embedding, head or optimizer.
 
-A *part* is one kernel-level op (a GEMM, the attention kernel, a memory-bound kernel) or one
-tensor-parallel collective. Parts are priced once per pipeline stage with the calibrated compute
-model and the collective model, then replayed by the engine for every layer and micro-batch.
-
-Tensor-parallel communication follows Megatron-LM (Shoeybi et al. 2019; Korthikanti et al.
-2022): per layer, forward has an all-reduce after the attention output projection and after the
-second MLP GEMM (with sequence parallelism: an all-gather before QKV and before the first MLP
-GEMM, and a reduce-scatter in place of each all-reduce). Backward mirrors them. Megatron-LM
-overlaps the input-gradient all-reduce (sequence parallel: reduce-scatter) of a column-parallel
-GEMM with its weight-gradient GEMM, and with sequence parallelism the re-gather of the sharded
-input with the data-gradient GEMM; those collectives are marked ``overlap_next``.
+A *part* is one kernel-level op (a GEMM, an attention kernel, a memory-bound kernel) or one
+collective of a parallel dimension. The model emits both (:mod:`simulator.model.comm`); here
+they are priced once per pipeline stage with the calibrated compute model and the collective
+model, then replayed by the engine for every layer and micro-batch. A collective the model
+marks ``overlap`` runs beside the next kernel instead of before it.
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from simulator.hardware.compute import ComputeModel
-from simulator.model import transformer as tf
+from simulator.model import comm as mc
 from simulator.model.transformer import Op
 
 
@@ -28,8 +22,9 @@ class Part:
     """One timed piece of a program.
 
     ``kind`` is ``"compute"`` (duration at nominal speed, scaled by a straggler's slowdown) or
-    ``"tp"`` (a tensor-parallel collective ``op`` of ``nbytes``; ``dur`` is its folded cost).
-    A ``tp`` part with ``overlap_next`` runs beside the next compute part instead of before it.
+    ``"comm"`` (a collective ``op`` of ``nbytes`` over the groups of parallel dimension
+    ``dim``; ``dur`` is its folded cost). A ``comm`` part with ``overlap_next`` runs beside the
+    next compute part instead of before it.
     """
 
     name: str
@@ -39,6 +34,7 @@ class Part:
     op: str = ""
     nbytes: float = 0.0
     overlap_next: bool = False
+    dim: str = ""
 
 
 Program = tuple[Part, ...]
@@ -104,9 +100,10 @@ def _op_time(
             op.seq,
             op.head_dim,
             kv_heads=op.kv_heads or None,
-            causal=True,
+            causal=op.causal,
             backward=op.backward,
             dtype="bf16" if dtype == "fp8" else dtype,
+            kv_seq=op.kv_seq or None,
         )
     else:
         t = cm.memory_s(op.bytes, memory_access(op.name, kernels, param_dtype))
@@ -130,59 +127,39 @@ class Pricer:
         return Part(op.name, "compute", self.time(op), op.flops)
 
 
-def _is_column_parallel(op: Op) -> bool:
-    """QKV and the first MLP GEMM are column-parallel (their input is replicated / gathered)."""
-    return op.kind == "gemm" and (op.name.startswith("qkv") or op.name.startswith("fc1"))
+#: ``comm_cost(dim, collective, nbytes)``: seconds of a collective on a stage's groups of ``dim``.
+CommCost = Callable[[str, str, float], float]
 
 
-def _is_row_parallel(op: Op) -> bool:
-    return op.kind == "gemm" and (op.name.startswith("out_proj") or op.name.startswith("fc2"))
-
-
-def build_layer_forward(
-    ops: Sequence[Op], pr: Pricer, tp_part: Callable[[str], Part] | None, sp: bool
-) -> Program:
-    """Forward layer program: compute parts with TP collectives inserted (Megatron placement)."""
-    parts: list[Part] = []
+def price(ops: Sequence[Op], pr: Pricer, comm_cost: CommCost | None) -> Program:
+    """Parts of an op list: kernels priced by ``pr``, collectives by ``comm_cost``."""
+    parts = []
     for op in ops:
-        if tp_part and sp and _is_column_parallel(op):
-            parts.append(tp_part("all_gather"))
-        parts.append(pr.part(op))
-        if tp_part and _is_row_parallel(op):
-            parts.append(tp_part("reduce_scatter" if sp else "all_reduce"))
+        if op.kind == "comm":
+            dur = comm_cost(op.dim, op.collective, op.bytes) if comm_cost else 0.0
+            parts.append(Part(op.name, "comm", dur, 0.0, op.collective, op.bytes, op.overlap, op.dim))
+        else:
+            parts.append(pr.part(op))
     return tuple(parts)
 
 
-def build_layer_backward(
-    ops: Sequence[Op], pr: Pricer, tp_part: Callable[[str], Part] | None, sp: bool
-) -> Program:
-    """Backward layer program.
-
-    Row-parallel GEMMs (out_proj, fc2): with SP their output gradient is all-gathered first
-    (mirror of the forward reduce-scatter). Column-parallel GEMMs (qkv, fc1): the input-gradient
-    all-reduce (SP: reduce-scatter) overlaps the weight-gradient GEMM; with SP the re-gather of
-    the sharded input overlaps the data-gradient GEMM.
-    """
-    parts: list[Part] = []
-    seen_row: set[str] = set()
-    for op in ops:
-        base = op.name.rsplit("_", 1)[0] if op.kind == "gemm" else op.name
-        if tp_part and op.kind == "gemm" and _is_row_parallel(op) and sp and base not in seen_row:
-            parts.append(tp_part("all_gather"))
-            seen_row.add(base)
-        if tp_part and _is_column_parallel(op):
-            if "dgrad" in op.name:
-                if sp:
-                    parts.append(_overlapping(tp_part("all_gather")))
-                parts.append(pr.part(op))
-                parts.append(_overlapping(tp_part("reduce_scatter" if sp else "all_reduce")))
-                continue
-        parts.append(pr.part(op))
-    return tuple(parts)
+#: Kernels that selective recomputation runs again before a layer's backward (Korthikanti et
+#: al. 2022: the core attention, QK^T, softmax, AV; with context parallelism its blocks).
+SELECTIVE = ("attn", "attn_scores", "softmax", "attn_dropout", "attn_context")
 
 
-def _overlapping(p: Part) -> Part:
-    return Part(p.name, p.kind, p.dur, p.flops, p.op, p.nbytes, overlap_next=True)
+def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pricer) -> Program:
+    if recompute == "full":
+        return tuple(
+            Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes, dim=p.dim) for p in layer_fwd
+        )
+    if recompute == "selective":
+        return tuple(
+            Part(f"re_{op.name}", "compute", pr.time(op), op.flops)
+            for op in fwd_ops
+            if op.kind == "attention" or op.name in SELECTIVE
+        )
+    return ()
 
 
 def build_stage_programs(
@@ -194,97 +171,73 @@ def build_stage_programs(
     recompute: str,
     dtype: str,
     cm: ComputeModel,
-    tp_cost: Callable[[str, float], float] | None,
+    comm_cost: CommCost | None,
     flash_attention: bool = True,
     kernels: str = "fused",
     param_dtype: str = "bf16",
+    cp: int = 1,
+    cp_comm: str = "p2p",
 ) -> StagePrograms:
     """Price every program of one stage.
 
-    ``tp_cost(op, nbytes)`` returns the folded cost of a TP collective on this stage's TP
-    group(s); ``None`` when ``tp == 1``. ``kernels`` and ``param_dtype`` select the op lists
-    of :mod:`simulator.model.transformer` (fused or eager kernels; fp32 master weights add
-    per-micro-batch weight casts and gradient accumulation).
+    ``comm_cost(dim, collective, nbytes)`` returns the folded cost of a collective on this
+    stage's groups of ``dim`` (``None``: collectives cost nothing, e.g. one rank). ``kernels``
+    and ``param_dtype`` select the op lists of :mod:`simulator.model.transformer` (fused or
+    eager kernels; fp32 master weights add per-micro-batch weight casts and gradient
+    accumulation); ``cp`` and ``cp_comm`` the context-parallel attention.
     """
     pr = Pricer(cm, dtype, kernels, param_dtype)
     kw = dict(
         micro_batch=micro_batch, tp=tp, sequence_parallel=sp, kernels=kernels,
-        param_dtype=param_dtype,
+        param_dtype=param_dtype, cp=cp,
     )  # fmt: skip
-    nbytes = tf.tp_comm_bytes(model, micro_batch=micro_batch)
-
-    tp_part = None
-    if tp_cost is not None and tp > 1:
-
-        def tp_part(op: str) -> Part:
-            return Part(f"tp_{op}", "tp", tp_cost(op, nbytes), 0.0, op, nbytes)
-
-    fwd_ops = tf.layer_forward_ops(model, flash_attention=flash_attention, **kw)
-    bwd_ops = tf.layer_backward_ops(model, flash_attention=flash_attention, **kw)
-    layer_fwd = build_layer_forward(fwd_ops, pr, tp_part, sp)
-    layer_bwd = build_layer_backward(bwd_ops, pr, tp_part, sp)
-    if recompute == "full":
-        layer_re = tuple(Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes) for p in layer_fwd)
-    elif recompute == "selective":
-        # Korthikanti et al. 2022: recompute only the core attention (QK^T, softmax, AV).
-        core = {"attn", "attn_scores", "softmax", "attn_dropout", "attn_context"}
-        layer_re = tuple(
-            Part(f"re_{op.name}", "compute", pr.time(op), op.flops)
-            for op in fwd_ops
-            if op.name in core
-        )
-    else:
-        layer_re = ()
-
-    def simple(ops: Sequence[Op]) -> Program:
-        return tuple(pr.part(op) for op in ops)
-
-    embed_fwd = simple(tf.embedding_forward_ops(model, **kw))
-    embed_bwd = simple(tf.embedding_backward_ops(model, **kw))
-    head_fwd = simple(tf.head_forward_ops(model, **kw))
-    head_bwd = simple(tf.head_backward_ops(model, **kw))
-    if tp_part is not None:
-        # The embedding output is summed across the vocab-parallel TP ranks (all-reduce, or
-        # reduce-scatter into the sequence-parallel region); its backward needs no collective.
-        embed_fwd = embed_fwd + (tp_part("reduce_scatter" if sp else "all_reduce"),)
-        if sp:
-            # The head's input is gathered from the sequence-parallel region, and the input
-            # gradient reduce-scattered back (Korthikanti et al. 2022, Fig. 5 at the boundary).
-            head_fwd = (tp_part("all_gather"),) + head_fwd
-            head_bwd = head_bwd + (tp_part("reduce_scatter"),)
-        else:
-            head_bwd = head_bwd + (tp_part("all_reduce"),)
-    return StagePrograms(layer_fwd, layer_bwd, layer_re, embed_fwd, embed_bwd, head_fwd, head_bwd)
+    lkw = dict(kw, flash_attention=flash_attention, cp_comm=cp_comm)
+    fwd_ops = mc.layer_ops(model, backward=False, **lkw)
+    layer_fwd = price(fwd_ops, pr, comm_cost)
+    layer_bwd = price(mc.layer_ops(model, backward=True, **lkw), pr, comm_cost)
+    layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr)
+    return StagePrograms(
+        layer_fwd,
+        layer_bwd,
+        layer_re,
+        price(mc.embedding_ops(model, backward=False, **kw), pr, comm_cost),
+        price(mc.embedding_ops(model, backward=True, **kw), pr, comm_cost),
+        price(mc.head_ops(model, backward=False, **kw), pr, comm_cost),
+        price(mc.head_ops(model, backward=True, **kw), pr, comm_cost),
+    )
 
 
 def program_time(
     prog: Program, slowdown: float = 1.0, interference: float = 0.0
-) -> tuple[float, float, float]:
-    """(total, compute, exposed tp) seconds of a program run back to back on one GPU.
+) -> tuple[float, float, tuple[tuple[str, float], ...]]:
+    """(total, compute, exposed communication per dimension) seconds of a program run back to
+    back on one GPU; the last is ``((dim, seconds), ...)`` for the dimensions with any.
 
     A compute part that runs beside an overlapping collective is slowed by ``interference``
     (the measured cost of sharing the GPU with an NCCL kernel)."""
-    total = comp = tpc = 0.0
-    pending = 0.0  # an overlapping collective waiting for the next compute part
+    total = comp = 0.0
+    exposed: dict[str, float] = {}
+    pending, pdim = 0.0, ""  # an overlapping collective waiting for the next compute part
     for p in prog:
-        if p.kind == "tp":
+        if p.kind == "comm":
             if p.overlap_next:
-                pending = max(pending, p.dur)
+                if p.dur >= pending:
+                    pending, pdim = p.dur, p.dim
             else:
                 total += p.dur
-                tpc += p.dur
+                exposed[p.dim] = exposed.get(p.dim, 0.0) + p.dur
         else:
             d = p.dur * slowdown
             if pending:
                 d *= 1.0 + interference
-                exposed = max(0.0, pending - d)
-                total += d + exposed
-                tpc += exposed
+                over = max(0.0, pending - d)
+                total += d + over
+                exposed[pdim] = exposed.get(pdim, 0.0) + over
                 pending = 0.0
             else:
                 total += d
             comp += d
     if pending:
         total += pending
-        tpc += pending
-    return total, comp, tpc
+        exposed[pdim] = exposed.get(pdim, 0.0) + pending
+    return total, comp, tuple(exposed.items())

@@ -54,8 +54,19 @@ MEMORY_COLUMNS = ("gpu", "proc", "t_s", "delta_bytes", "total_bytes", "what")
 
 LINK_COLUMNS = ("link", "kind", "src", "dst", "capacity_GBps", "bytes", "busy_s", "utilization")
 
+#: Parallel dimensions with communication of their own: each has the breakdown key and event
+#: kind ``<dim>_comm``, a label and a colour. A new dimension is one entry here.
+COMM_DIMS = {
+    "tp": ("TP", "TP communication", "#E69F00"),
+    "cp": ("CP", "CP communication", "#882255"),
+    "dp": ("DP", "DP communication", "#D55E00"),
+    "pp": ("PP", "PP send/recv", "#F0E442"),
+}
+
 #: Breakdown categories of the JSON summary, in the order tables and plots show them.
-BREAKDOWN_KEYS = ("compute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "optimizer", "other")
+BREAKDOWN_KEYS = (
+    "compute", *(f"{d}_comm" for d in COMM_DIMS), "pp_bubble", "optimizer", "other"
+)
 
 #: Colours shared by the timeline, compare plots and trace (colour-blind safe, Okabe-Ito).
 KIND_COLOURS = {
@@ -63,9 +74,7 @@ KIND_COLOURS = {
     "bwd": "#56B4E9",
     "recompute": "#CC79A7",
     "optimizer": "#009E73",
-    "tp_comm": "#E69F00",
-    "dp_comm": "#D55E00",
-    "pp_comm": "#F0E442",
+    **{f"{d}_comm": colour for d, (_, _, colour) in COMM_DIMS.items()},
     "zero_gather": "#999999",
     "compute": "#0072B2",
     "pp_bubble": "#DDDDDD",

@@ -54,7 +54,7 @@ class Proc:
     stage: int
     replica_class: int
     replicas: tuple[int, ...]
-    tp_rank: int | None  # None: the whole TP group (folded)
+    coords: dict[str, int] | None  # full detail: the GPU's coordinates; None when folded
     gpu: int  # representative GPU
     slowdown: float
     programs: StagePrograms
@@ -68,8 +68,8 @@ class Proc:
 class CommSpec:
     """A collective (or send) that one process issues on a stream."""
 
-    stream: str  # dp | gather | pp
-    kind: str  # breakdown kind: dp_comm | zero_gather | pp_comm
+    stream: str  # dp | gather | pp, or a dimension (tp, cp) in full detail
+    kind: str  # breakdown kind: <dim>_comm | zero_gather
     op: str
     nbytes: float
     key: tuple  # rendezvous key shared by every participant
@@ -108,12 +108,15 @@ class StepPlan:
     comm_exec: Callable[[CommSpec, Proc], object] | None  # full: generator running the steps
     detail: str = "folded"
     interference: float = 0.0  # compute slowdown while a collective shares the GPU
-    dp_size: int = 2  # data-parallel replicas (1: no data-parallel collectives at all)
+    #: GPUs in a group of each stream (``dp`` and ``gather``: the gradient-reduction group,
+    #: cp x dp); a collective over one GPU completes at once and moves nothing
+    group_size: dict[str, int] = field(default_factory=dict)
     grad_prep: Callable[[float], Program] | None = None  # work on a bucket of grad bytes
     unit_bytes: Callable[[str], tuple[float, float]] | None = None  # ZeRO-3 embed/head sizes
     grad_finalize: Callable[[Proc], Program] | None = None  # after the reduction, per step
     comm_cost: Callable[[CommSpec, Proc], object] | None = None  # folded: the CollectiveCost
     gather_keep_fraction: float = 0.0  # of a gathered ZeRO-3 layer not already held locally
+    part_cost: Callable[[Proc, Part], object] | None = None  # folded: a program collective's cost
 
 
 class Engine:
@@ -189,9 +192,9 @@ class Engine:
         slowdown = self._slowdown(p)
         for label, layer, prog in segs:
             self.prog_runs[(p.pid, id(prog))] += 1
-            total, comp, tpc = self._ptime(prog, slowdown)
+            total, comp, comm = self._ptime(prog, slowdown)
             self._row(p, "compute", kind, label, t, t + total, 0.0, _flops(prog), layer, mb, prog)
-            p.busy.append((t, t + total, comp, tpc, kind))
+            p.busy.append((t, t + total, comp, comm, kind))
             t += total
             if mem_after is not None:
                 delta = mem_after(label, layer)
@@ -200,19 +203,20 @@ class Engine:
         yield env.timeout(t - env.now)
 
     def _segment_full(self, p: Proc, label: str, layer: int, prog: Program, kind: str, mb: int):
-        """Run one segment part by part, TP collectives through the network (full mode)."""
+        """Run one segment part by part, collectives through the network (full mode)."""
         env = self.env
         start = env.now
-        comp = tpc = 0.0
+        comp = 0.0
+        comm: dict[str, float] = {}
         pending = None
         for part in prog:
-            if part.kind == "tp":
+            if part.kind == "comm":
                 if part.overlap_next:
-                    pending = self._tp_full(part, p)
+                    pending = (self._comm_full(part, p), part.dim)
                     continue
                 t0 = env.now
-                yield self._tp_full(part, p)
-                tpc += env.now - t0
+                yield self._comm_full(part, p)
+                comm[part.dim] = comm.get(part.dim, 0.0) + env.now - t0
                 continue
             d = part.dur * self._slowdown(p)
             if pending is not None:
@@ -221,18 +225,18 @@ class Engine:
             comp += d
             if pending is not None:
                 t0 = env.now
-                yield pending
-                tpc += env.now - t0
+                yield pending[0]
+                comm[pending[1]] = comm.get(pending[1], 0.0) + env.now - t0
                 pending = None
         if pending is not None:
             t0 = env.now
-            yield pending
-            tpc += env.now - t0
+            yield pending[0]
+            comm[pending[1]] = comm.get(pending[1], 0.0) + env.now - t0
         self._row(p, "compute", kind, label, start, env.now, 0.0, _flops(prog), layer, mb, prog)
-        p.busy.append((start, env.now, comp, tpc, kind))
+        p.busy.append((start, env.now, comp, tuple(comm.items()), kind))
 
     def _run_segments(self, p: Proc, segs, kind: str, mb: int, mem_after=None):
-        if p.tp_rank is None or not any(q.kind == "tp" for _, _, prog in segs for q in prog):
+        if p.coords is None or not any(q.kind == "comm" for _, _, prog in segs for q in prog):
             yield from self._segments_folded(p, segs, kind, mb, mem_after)
             return
         for label, layer, prog in segs:
@@ -336,7 +340,7 @@ class Engine:
         pending = self._pending.pop(p.pid, [])
         if pending:
             yield env.all_of(pending)
-        if plan.grad_finalize is not None and plan.dp_size > 1:
+        if plan.grad_finalize is not None and plan.group_size.get("dp", 1) > 1:
             # e.g. PyTorch DDP copies the reduced buckets back into the parameters' .grad
             fin = plan.grad_finalize(p)
             if fin:
@@ -438,9 +442,10 @@ class Engine:
 
     # -------------------------------------------------------------------------------- comm
 
-    def _tp_full(self, part: Part, p: Proc) -> simpy.Event:
-        """Issue a TP collective of one GPU's program (full mode); its completion event."""
-        spec = self._spec(p, "tp", "tp_comm", part.op, part.nbytes, part.name)
+    def _comm_full(self, part: Part, p: Proc) -> simpy.Event:
+        """Issue a collective of one GPU's program (full mode) on the stream of its dimension;
+        its completion event."""
+        spec = self._spec(p, part.dim, f"{part.dim}_comm", part.op, part.nbytes, part.name)
         return self._issue(p, spec)
 
     def _spec(self, p: Proc, stream, kind, op, nbytes, name, layer=-1, mb=-1) -> CommSpec:
@@ -454,7 +459,7 @@ class Engine:
         """The framework's work on a gradient bucket before it is reduced (copy into the
         bucket, scaling, casting), on the compute stream."""
         prog = self.plan.grad_prep(nbytes) if self.plan.grad_prep else ()
-        if prog and self.plan.dp_size > 1:
+        if prog and self.plan.group_size.get("dp", 1) > 1:
             yield from self._segments_folded(p, [(label, -1, prog)], "bwd", -1, None)
 
     def _dp_bucket(self, p: Proc, op: str, nbytes: float, bucket_id: list[int]):
@@ -467,8 +472,8 @@ class Engine:
     def _issue(self, p: Proc, spec: CommSpec) -> simpy.Event:
         """Issue a collective on ``p``'s stream; returns the event of its completion on ``p``.
 
-        A data-parallel collective over a single replica moves nothing: it completes at once."""
-        if spec.stream in ("dp", "gather") and self.plan.dp_size == 1:
+        A collective over a single GPU moves nothing: it completes at once."""
+        if self.plan.group_size.get(spec.stream, 2) == 1:
             ev = self.env.event()
             ev.succeed()
             return ev

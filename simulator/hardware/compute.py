@@ -124,14 +124,20 @@ class ComputeModel:
         causal: bool = True,
         backward: bool = False,
         dtype: str = "bf16",
+        kv_seq: int | None = None,
     ) -> float:
         """Time of one flash-attention pass (``scaled_dot_product_attention``) in seconds.
 
         ``backward=False`` gives the forward kernel, ``backward=True`` the backward pass alone
         (its kernels: dO.O, the main kernel, the dQ conversion). ``kv_heads`` (GQA) changes only
-        the bytes read, not the FLOPs.
+        the bytes read, not the FLOPs. ``kv_seq`` (default ``seq``): keys per sequence, for a
+        non-square block (context parallelism); a causal mask is aligned bottom-right (the
+        queries are the last ``seq`` positions of the ``kv_seq`` keys).
         """
-        return self._attn_cached(batch, heads, seq, head_dim, kv_heads, causal, backward, dtype)
+        kv_seq = seq if kv_seq is None or kv_seq == seq else kv_seq
+        return self._attn_cached(
+            batch, heads, seq, head_dim, kv_heads, causal, backward, dtype, kv_seq
+        )
 
     def _attention_s(
         self,
@@ -143,8 +149,10 @@ class ComputeModel:
         causal: bool,
         backward: bool,
         dtype: str,
+        kv_seq: int | None = None,
     ) -> float:
         kv = heads if kv_heads is None else kv_heads
+        kv_seq = seq if kv_seq is None else kv_seq
         if min(batch, heads, seq, head_dim, kv) < 0:
             raise ValueError("negative attention dimension")
         if min(batch, heads, seq, head_dim) == 0:
@@ -159,9 +167,10 @@ class ComputeModel:
             head_dim,
             causal,
             BWD_FACTOR if backward else 1.0,
+            kv_seq,
         )
         # operands once through HBM: q, o (and dO, dQ) per query head; k, v (dK, dV) per kv head
-        nbytes = BYTES[dtype] * batch * seq * head_dim * (2 * heads + 2 * kv)
+        nbytes = BYTES[dtype] * batch * head_dim * (2 * heads * seq + 2 * kv * kv_seq)
         return max(t, pp.t0_s + (2 if backward else 1) * nbytes / self._bw)
 
     def attention_flops(
@@ -199,13 +208,17 @@ def _attention_time(
     d: int,
     causal: bool,
     factor: float,
+    kv: int | None = None,
 ) -> float:
-    """Kernel time of one attention pass over ``bh`` (batch x heads) independent heads."""
+    """Kernel time of one attention pass over ``bh`` (batch x heads) independent heads, ``s``
+    queries against ``kv`` keys (default ``s``; causal: the queries are the last ``s``)."""
     blk = pp.block
+    kv = s if kv is None else kv
     n = -(-s // blk)
-    keys = blk * (n - 1) * n / 2 + s if causal else n * s  # keys seen, summed over row tiles
+    # keys seen, summed over row tiles: a causal tile sees the prefix and its diagonal
+    keys = n * (kv - s) + blk * (n - 1) * n / 2 + s if causal else n * kv
     total = bh * (keys + n * pp.block_overhead)
-    longest = s + pp.block_overhead
+    longest = kv + pp.block_overhead
     unit = 4.0 * blk * (d + pp.head_dim_overhead) * factor  # FLOP-equivalents per key per tile
     rate = peak / sms * pp.eta * (128.0 + pp.head_dim_overhead) / 128.0
     return pp.t0_s + (total / sms + pp.tail * longest) * unit / rate

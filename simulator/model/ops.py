@@ -22,13 +22,17 @@ MASK = 1
 
 @dataclass(frozen=True)
 class Op:
-    """One kernel on one tensor-parallel rank.
+    """One kernel, or one communication op, on one rank.
 
     ``kind`` is ``gemm`` (``[m,k] @ [k,n]``; ``batch > 0`` means a batched GEMM of ``batch``
     such products), ``attention`` (a fused flash-attention kernel; ``batch, heads, kv_heads,
-    seq, head_dim`` per rank) or ``memory`` (elementwise / normalisation / reduction, bound by
-    HBM bandwidth). ``flops`` is authoritative for every kind; ``bytes`` counts HBM bytes read
-    plus written (for GEMMs the operands once: ``(mk + kn + mn) * dtype``).
+    seq, head_dim`` per rank; ``kv_seq`` keys when they differ from the ``seq`` queries, e.g.
+    a context-parallel block; ``causal`` masks the upper triangle, aligned bottom-right),
+    ``memory`` (elementwise / normalisation / reduction, bound by HBM bandwidth) or ``comm``
+    (a ``collective`` over the groups of parallel dimension ``dim``, ``bytes`` its full size as
+    nccl-tests counts it; ``overlap`` lets it run beside the next kernel instead of before it:
+    :mod:`simulator.model.comm`). ``flops`` is authoritative for every kind; ``bytes`` counts
+    HBM bytes read plus written (for GEMMs the operands once: ``(mk + kn + mn) * dtype``).
     Backward GEMMs are named ``<fwd>_dgrad`` (gradient of the left operand, the activation)
     and ``<fwd>_wgrad`` (gradient of the right operand, the weight).
     """
@@ -47,6 +51,11 @@ class Op:
     flops: float = 0.0
     bytes: float = 0.0
     backward: bool = False
+    kv_seq: int = 0  # attention: keys per sequence (0: = seq)
+    causal: bool = True  # attention
+    dim: str = ""  # comm: the parallel dimension whose groups run it
+    collective: str = ""  # comm: all_reduce | all_gather | reduce_scatter | send_recv
+    overlap: bool = False  # comm: runs beside the next kernel
 
 
 @dataclass(frozen=True)

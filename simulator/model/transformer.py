@@ -27,7 +27,6 @@ matrix products (Narayanan et al. 2021, arXiv:2104.04473, Appendix).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 from simulator.config.schema import ModelConfig
@@ -218,8 +217,8 @@ def layer_forward_ops(
 
     ``norm1, qkv, [rope], attn, out_proj, residual1, norm2, fc1, act, fc2, residual2`` (pre-norm
     block). ``flash_attention=False`` replaces ``attn`` by Megatron's unfused core attention
-    (``attn_scores, softmax, [attn_dropout], attn_context``). TP collectives go where
-    :func:`tp_comm_points` says.
+    (``attn_scores, softmax, [attn_dropout], attn_context``). The TP collectives are placed
+    between these kernels by :mod:`simulator.model.comm`.
 
     ``kernels="eager"`` returns the kernels of plain eager PyTorch modules under autocast
     instead (:mod:`simulator.model.eager`); the GEMMs and the attention kernel, and so the
@@ -321,8 +320,8 @@ def embedding_backward_ops(
 # forward: cast to fp32 (read d, write 4), max (read 4), subtract max (read 4, write 4),
 # exp (read 4, write 4), sum (read 4), divide in place to the softmax it keeps (read 4, write 4):
 # d + 36 bytes. Backward: softmax - one_hot scaled by dloss (read 4, write 4), cast back to the
-# logits' dtype (read 4, write d): 12 + d bytes. The max / sum / target-logit all-reduces are
-# b*s fp32 each (see cross_entropy_comm_bytes).
+# logits' dtype (read 4, write d): 12 + d bytes. The max / sum / target-logit all-reduces
+# (b*s fp32 each) are too small to model.
 CE_FWD_FP32_BYTES, CE_BWD_FP32_BYTES = 36, 12
 
 
@@ -424,54 +423,6 @@ def pp_activation_bytes(
     2021, Section 4.1) splits it ``1/tp`` and the receiver all-gathers over NVLink."""
     full = micro_batch * model.seq_len * model.hidden * dtype_bytes
     return float(full / tp if (sequence_parallel or scatter_gather) else full)
-
-
-@dataclass(frozen=True)
-class TPComm:
-    """A TP collective placed ``where`` (``before``/``after``) the named op."""
-
-    where: str
-    op: str
-    collective: str  # all_reduce | all_gather | reduce_scatter
-    bytes: float  # full (unsharded) tensor size
-
-
-def tp_comm_points(
-    model: ModelConfig,
-    *,
-    micro_batch: int,
-    sequence_parallel: bool,
-    backward: bool,
-    dtype_bytes: int = 2,
-) -> list[TPComm]:
-    """Where Megatron-LM's TP collectives sit in a layer (Shoeybi et al. 2019; with SP,
-    Korthikanti et al. 2022, Section 4.2.2): forward ``g`` after the row-parallel GEMMs
-    (all-reduce, or reduce-scatter with SP) and, with SP, ``g-bar`` all-gathers before the
-    column-parallel ones; backward the conjugates. With SP Megatron keeps the scattered input
-    of qkv/fc1 and all-gathers it again for their wgrad (Korthikanti Section 4.2.3)."""
-    x = tp_comm_bytes(model, micro_batch=micro_batch, dtype_bytes=dtype_bytes)
-    if not backward:
-        if sequence_parallel:
-            pts = [("before", "qkv", "all_gather"), ("after", "out_proj", "reduce_scatter")]
-            pts += [("before", "fc1", "all_gather"), ("after", "fc2", "reduce_scatter")]
-        else:
-            pts = [("after", "out_proj", "all_reduce"), ("after", "fc2", "all_reduce")]
-    elif sequence_parallel:
-        pts = [("before", "fc2_dgrad", "all_gather"), ("before", "fc1_wgrad", "all_gather")]
-        pts += [
-            ("after", "fc1_dgrad", "reduce_scatter"),
-            ("before", "out_proj_dgrad", "all_gather"),
-        ]
-        pts += [("before", "qkv_wgrad", "all_gather"), ("after", "qkv_dgrad", "reduce_scatter")]
-    else:
-        pts = [("after", "fc1_dgrad", "all_reduce"), ("after", "qkv_dgrad", "all_reduce")]
-    return [TPComm(w, o, c, x) for w, o, c in pts]
-
-
-def cross_entropy_comm_bytes(model: ModelConfig, *, micro_batch: int) -> list[float]:
-    """The three small TP all-reduces of the vocab-parallel loss (max logit, sum of exp,
-    target logit), ``b*s`` fp32 each (Megatron-LM tensor_parallel/cross_entropy.py)."""
-    return [float(micro_batch * model.seq_len * FP32)] * 3
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 
+from simulator.engine.records import COMM_DIMS  # noqa: E402
 from simulator.report.io import write_png_atomic  # noqa: E402
 
 DPI = 100
@@ -27,8 +28,7 @@ KIND_LABELS = {
     "bwd": "backward",
     "recompute": "recompute",
     "optimizer": "optimizer",
-    "tp_comm": "TP comm",
-    "dp_comm": "DP comm",
+    **{f"{d}_comm": f"{short} comm" for d, (short, _, _) in COMM_DIMS.items() if d != "pp"},
     "pp_comm": "PP send/recv",
     "zero_gather": "ZeRO gather",
     "compute": "compute",
@@ -40,13 +40,11 @@ KIND_ORDER = (
     "bwd",
     "recompute",
     "optimizer",
-    "tp_comm",
-    "dp_comm",
-    "pp_comm",
+    *(f"{d}_comm" for d in COMM_DIMS),
     "zero_gather",
 )
-COMM_STREAMS = ("tp", "dp", "pp")
-STREAM_LABELS = {"tp": "TP", "dp": "DP", "pp": "PP"}
+COMM_STREAMS = tuple(COMM_DIMS)
+STREAM_LABELS = {d: short for d, (short, _, _) in COMM_DIMS.items()}
 #: Line colours of a sweep's second key (Okabe-Ito order, then viridis when there are more).
 LINE_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
 IDLE_FACE = "#F4F4F4"

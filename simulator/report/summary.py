@@ -1,8 +1,9 @@
 """The step summary: step time, throughput, MFU, the exposed-time breakdown and peak memory.
 
 Breakdown (exposed time on the critical path). The process that finishes last defines the step.
-Its compute stream is busy with compute, exposed tensor-parallel communication (a TP collective
-the next kernel waits for) or the optimizer; those are disjoint, so each is a plain sum. Every
+Its compute stream is busy with compute, exposed communication of a parallel dimension in its
+programs (``tp_comm``, ``cp_comm``: a collective the next kernel waits for) or the optimizer;
+those are disjoint, so each is a plain sum. Every
 instant the compute stream is idle is then charged, in order, to data-parallel / ZeRO
 communication in flight on this GPU (``dp_comm``), to an incoming pipeline transfer
 (``pp_comm``), or else to the pipeline bubble (``pp_bubble``; ``other`` when there is no
@@ -60,14 +61,17 @@ def breakdown(proc: Proc, step_time: float, has_pipeline: bool) -> dict[str, flo
     """Exposed time per category for ``proc`` over ``[0, step_time]``; sums to step_time."""
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     busy = []
-    for s, e, comp, tpc, kind in proc.busy:
+    for s, e, comp, comm, kind in proc.busy:
         if kind == "optimizer":
             out["optimizer"] += e - s
         else:
             out["compute"] += comp
-            out["tp_comm"] += tpc
+            exposed = 0.0
+            for dim, secs in comm:
+                out[f"{dim}_comm"] += secs
+                exposed += secs
             # Anything else inside a busy interval (rounding) counts as compute.
-            out["compute"] += max(0.0, (e - s) - comp - tpc)
+            out["compute"] += max(0.0, (e - s) - comp - exposed)
         busy.append((s, e))
     idle = _subtract([(0.0, step_time)], _union(busy))
     dp_iv = _union([*proc.comm_iv.get("dp", ()), *proc.comm_iv.get("gather", ())])

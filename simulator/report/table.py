@@ -19,7 +19,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from simulator.engine.records import BREAKDOWN_KEYS, KIND_COLOURS
+from simulator.engine.records import BREAKDOWN_KEYS, COMM_DIMS, KIND_COLOURS
 
 BAR_WIDTH = 24
 MIN_WIDTH = 120
@@ -27,9 +27,7 @@ MIN_WIDTH = 120
 #: Row labels of the breakdown keys.
 BREAKDOWN_LABELS = {
     "compute": "compute",
-    "tp_comm": "TP communication",
-    "dp_comm": "DP communication",
-    "pp_comm": "PP send/recv",
+    **{f"{d}_comm": long for d, (_, long, _) in COMM_DIMS.items()},
     "pp_bubble": "pipeline bubble",
     "optimizer": "optimizer",
     "other": "other",

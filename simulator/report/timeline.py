@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib.collections import LineCollection
 from matplotlib.patches import Patch
 
-from simulator.engine.records import BREAKDOWN_KEYS, KIND_COLOURS
+from simulator.engine.records import BREAKDOWN_KEYS, COMM_DIMS, KIND_COLOURS
 from simulator.report.figure import (
     DPI,
     IDLE_FACE,
@@ -32,10 +32,10 @@ from simulator.report.figure import (
 from simulator.report.table import format_seconds, layout_text
 
 TIMELINE_SIZE_PX = (1600, 900)
-COMM_STREAMS = ("tp", "dp", "gather", "pp")
-STREAM_LABELS = {"tp": "TP", "dp": "DP", "gather": "ZeRO", "pp": "PP"}
+COMM_STREAMS = (*(d for d in COMM_DIMS if d != "pp"), "gather", "pp")
+STREAM_LABELS = {**{d: short for d, (short, _, _) in COMM_DIMS.items()}, "gather": "ZeRO"}
 #: Kinds that are communication even when recorded on the compute stream.
-COMM_KINDS = ("tp_comm", "dp_comm", "pp_comm", "zero_gather")
+COMM_KINDS = (*(f"{d}_comm" for d in COMM_DIMS), "zero_gather")
 
 
 def _representatives(events: pd.DataFrame) -> dict[int, int]:
@@ -46,7 +46,8 @@ def _representatives(events: pd.DataFrame) -> dict[int, int]:
 #: Which communication a stalled compute stream is taken to wait on when several run at once:
 #: TP first (it sits on the critical path), then DP / ZeRO, then pipeline transfers -- the
 #: order in which :mod:`simulator.report.summary` charges idle compute time.
-WAIT_PRIORITY = ("tp_comm", "dp_comm", "zero_gather", "pp_comm")
+WAIT_PRIORITY = (*(f"{d}_comm" for d in COMM_DIMS if d not in ("dp", "pp")), "dp_comm",
+                 "zero_gather", "pp_comm")  # fmt: skip
 
 
 def _stall_segments(g: pd.DataFrame, t_end: float, min_w: float) -> dict[str, list]:

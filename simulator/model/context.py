@@ -1,0 +1,112 @@
+"""Context parallelism: attention over a sequence split across ``cp`` ranks.
+
+**Load-balanced causal split** (Megatron-LM / Transformer Engine): a sequence of ``s`` tokens
+is cut into ``2*cp`` chunks of ``c = s/(2cp)``; rank ``i`` holds chunks ``i`` and
+``2cp-1-i``, so under the causal mask every rank does the same work, ``1/cp`` of the whole
+(:func:`causal_units`): its early chunk sees few keys and its late chunk many.
+
+**p2p (ring attention)**: the K/V block of every rank travels around the CP ring, one hop per
+step, while the rank computes attention of its queries against the block it holds (Liu et al.
+2023, arXiv:2310.01889; Transformer Engine's ``AttnFuncWithCPAndKVP2P``). Step 0 is the
+local block, causal over ``2c`` queries and keys. At step ``j > 0`` the block comes from rank
+``r = (i - j) mod cp``: if ``r < i`` both local query chunks see the source's early chunk
+(``2c`` queries x ``c`` keys), if ``r > i`` only the late query chunk sees both source chunks
+(``c`` x ``2c``), in both cases without a mask. The send of the next block runs beside the
+current block's kernel. Backward runs the blocks again in the same order, the K/V blocks
+making the same ``cp-1`` hops and the accumulated dK/dV travelling with them, ``cp`` hops so
+that they end at their owner; the last hop has no kernel to hide behind.
+
+**all_gather** (Llama 3, Dubey et al. 2024, arXiv:2407.21783, Section 3.3.2): K and V are
+all-gathered over the CP group before attention (small with GQA), each local query chunk
+attends to its causal prefix, and backward reduce-scatters dK/dV; neither collective is
+overlapped.
+
+Rank ``i`` runs ``i`` blocks of the ``2c x c`` shape and ``cp-1-i`` of the ``c x 2c`` one;
+both have the same FLOPs and the same keys summed over row tiles, so every step is priced with
+the first (it has the more row tiles, so it is the slower by the per-tile overhead).
+"""
+
+from __future__ import annotations
+
+from simulator.config.schema import ModelConfig
+from simulator.model.ops import Op, local_dims
+
+CP_COMM = ("p2p", "all_gather")
+#: FlashAttention-2's backward FLOPs relative to its forward (see ``ops.flash_attention_op``).
+BWD_FLOPS = 2.5
+
+
+def chunks_of(rank: int, cp: int) -> tuple[int, int]:
+    """The two sequence chunks (of ``2*cp``) that CP rank ``rank`` holds."""
+    return rank, 2 * cp - 1 - rank
+
+
+def causal_units(rank: int, cp: int) -> float:
+    """Causal attention work of ``rank`` in units of one full ``c x c`` chunk block (a
+    diagonal block counts 1/2): ``2cp`` for every rank, ``1/cp`` of the sequence's total
+    ``(2cp)^2 / 2``."""
+    units = 0.0
+    for q in chunks_of(rank, cp):
+        units += q + 0.5  # q full blocks before it, half of its diagonal
+    return units
+
+
+def kv_block_bytes(model: ModelConfig, micro_batch: int, tp: int, cp: int, d: int = 2) -> float:
+    """Bytes of one rank's K and V for its ``s/cp`` tokens and ``kv_heads/tp`` heads."""
+    L = local_dims(model, micro_batch, tp, False)
+    return float(2 * micro_batch * (model.seq_len // cp) * L.kv_heads * L.head_dim * d)
+
+
+def ring_bytes(model: ModelConfig, micro_batch: int, tp: int, cp: int, d: int = 2):
+    """(forward, backward) bytes one rank sends to its ring successor per layer and
+    micro-batch with ``cp_comm: p2p``: ``(cp-1)`` K/V blocks forward; backward the same
+    blocks again and ``cp`` hops of dK/dV."""
+    kv = kv_block_bytes(model, micro_batch, tp, cp, d)
+    return (cp - 1) * kv, (cp - 1) * kv + cp * kv
+
+
+def _attn(model, b, tp, q: int, kv: int, causal: bool, backward: bool, d: int, name: str) -> Op:
+    L = local_dims(model, b, tp, False)
+    hq, hkv, hd = L.heads, L.kv_heads, L.head_dim
+    # query-key pairs computed: a causal block sees its prefix and half its diagonal square
+    pairs = q * (kv - q) + q * q / 2 if causal else q * kv
+    flops = 4.0 * b * hq * pairs * hd
+    nbytes = float(b * hd * (2 * hq * q + 2 * hkv * kv) * d)
+    if backward:
+        flops, nbytes = BWD_FLOPS * flops, 2 * nbytes
+    return Op(name, "attention", "attn", batch=b, heads=hq, kv_heads=hkv, seq=q, head_dim=hd,
+              kv_seq=kv, causal=causal, flops=flops, bytes=nbytes, backward=backward)  # fmt: skip
+
+
+def _comm(name: str, collective: str, nbytes: float, overlap: bool) -> Op:
+    return Op(name, "comm", "cp", bytes=float(nbytes), dim="cp", collective=collective,
+              overlap=overlap)  # fmt: skip
+
+
+def attention_ops(
+    model: ModelConfig, b: int, tp: int, cp: int, mode: str, backward: bool, d: int = 2
+) -> list[Op]:
+    """The attention of one CP rank (module docstring), in place of the single flash kernel:
+    blockwise kernels and the CP communication, for the full model's ``seq_len``."""
+    c = model.seq_len // (2 * cp)
+    kv = kv_block_bytes(model, b, tp, cp, d)
+    if mode == "all_gather":
+        out = [
+            _attn(model, b, tp, c, (q + 1) * c, True, backward, d, f"attn_c{q}")
+            for q in chunks_of(0, cp)
+        ]
+        if backward:
+            return [*out, _comm("cp_reduce_scatter", "reduce_scatter", cp * kv, False)]
+        return [_comm("cp_all_gather", "all_gather", cp * kv, False), *out]
+    diag = _attn(model, b, tp, 2 * c, 2 * c, True, backward, d, "attn_blk0")
+    block = _attn(model, b, tp, 2 * c, c, False, backward, d, "attn_blk")
+    out: list[Op] = []
+    for j in range(cp):
+        hop = (kv if j < cp - 1 else 0.0) + (kv if backward and j > 0 else 0.0)
+        if hop:
+            out.append(_comm("cp_send_recv", "send_recv", hop, True))
+        out.append(diag if j == 0 else block)
+    if backward:
+        out.append(_comm("cp_send_recv", "send_recv", kv, False))  # dK/dV home
+    return out
+
