@@ -253,7 +253,7 @@ def make_step(
         "other": 0.0,
     }
     breakdown["pp_bubble"] = max(0.0, step - sum(breakdown.values()))
-    breakdown = {k: breakdown[k] for k in BREAKDOWN_KEYS}
+    breakdown = {k: breakdown.get(k, 0.0) for k in BREAKDOWN_KEYS}
     summary = {
         "name": name,
         "step_time_s": step,
