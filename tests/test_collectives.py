@@ -18,17 +18,7 @@ from simulator.network.flows import FlowNetwork, fluid_completion
 from simulator.network.topology import Topology, load_fabrics
 
 ROOT = Path(__file__).resolve().parents[1]
-CALIBRATION = next(
-    (
-        p
-        for p in (
-            ROOT / "data/calibration/h200x4-nvswitch/collectives.jsonl",
-            Path("/work/shared/calibration/h200x4-nvswitch/collectives.jsonl"),
-        )
-        if p.exists()
-    ),
-    ROOT / "data/calibration/h200x4-nvswitch/collectives.jsonl",
-)
+CALIBRATION = ROOT / "data/calibration/h200x4-nvswitch/collectives.jsonl"
 # Stand-ins for simulator.hardware.catalog.GPUSpec (only these fields are read).
 H100 = SimpleNamespace(name="H100-SXM-80GB", nvlink_GBps=450.0, hbm_TBps=3.35)
 H200 = SimpleNamespace(name="H200-SXM-141GB", nvlink_GBps=450.0, hbm_TBps=4.8)
