@@ -3,8 +3,12 @@
 A sweep file (:class:`~simulator.config.schema.SweepConfig`) names a base workload and the
 variations by dotted key: ``grid`` (cartesian product, first key outermost) and/or ``points``
 (an explicit list). :func:`expand` turns it into numbered :class:`Point` s; each point is its
-overrides, identified by the canonical JSON of those overrides (sorted keys, no spaces), which
-is the resume key.
+overrides, identified by the canonical JSON of those overrides (sorted keys, no spaces).
+
+The resume key is that identity plus :func:`inputs_key`, a digest of the point's *resolved*
+inputs: the whole workload and topology after the overrides (so an edit of the base workload
+or of the topology file counts) and the hardware data files. A recorded row whose digest
+differs from the point's current one is stale and is simulated again.
 
 :func:`run_sweep` runs the points that are not yet in ``results/<name>/sweep.parquet``:
 
@@ -25,11 +29,13 @@ file paths, so a remote Ray cluster needs the ``simulator`` package (shipped wit
 
 The table holds no wall-clock column: ``sim_wall_s`` is dropped so that the file is
 byte-identical whichever engine, worker count or finishing order produced it. Columns:
-``point_index``, ``point`` (the key), one column per swept key, then :data:`RESULT_COLUMNS`.
+``point_index``, ``point`` (the overrides), ``inputs`` (:func:`inputs_key`), one column per
+swept key, then :data:`RESULT_COLUMNS`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -51,6 +57,8 @@ from simulator.config.schema import SweepConfig
 from simulator.cost import COST_KEYS, with_training_cost
 from simulator.engine.records import BREAKDOWN_KEYS
 from simulator.errors import ConfigError, SimulatorError
+from simulator.hardware.catalog import DATA_DIR
+from simulator.network.topology import FABRICS_FILE
 from simulator.report import io
 
 OK, DOES_NOT_FIT, INVALID, ERROR = "ok", "does_not_fit", "invalid", "error"
@@ -215,6 +223,32 @@ def simulate_point(loaded: LoadedWorkload) -> dict[str, Any]:
     return summary_row(summary)
 
 
+def _hardware_digest() -> str:
+    """Digest of the hardware data a result depends on beyond its input files: the GPU
+    catalog, its calibration data and the NCCL fabric constants."""
+    h = hashlib.sha256()
+    files = sorted(p for p in DATA_DIR.rglob("*") if p.is_file() and p.suffix != ".py")
+    for f in [*files, FABRICS_FILE]:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def inputs_key(prepared: LoadedWorkload | dict[str, Any], base: Path, hardware: str) -> str:
+    """A digest (16 hex digits) of everything a point's result depends on: the validated
+    workload and topology (overrides applied, defaults filled in) and the hardware data
+    (``hardware``, :func:`_hardware_digest`). For a point that failed to load, the base
+    workload's text and the reason stand in for the resolved inputs."""
+    if isinstance(prepared, LoadedWorkload):
+        body = {
+            "workload": prepared.workload.model_dump(mode="json"),
+            "topology": prepared.topology.model_dump(mode="json"),
+        }
+    else:
+        body = {"base": base.read_text(errors="replace"), "failed": prepared.get("reason")}
+    text = json.dumps({**body, "hardware": hardware}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def prepare(base: Path, point: Point) -> LoadedWorkload | dict[str, Any]:
     """Load the base workload with the point's overrides; a failed row when that is invalid."""
     try:
@@ -253,6 +287,7 @@ def build_table(
     cols: dict[str, Any] = {
         "point_index": pd.array(done, dtype="Int64"),
         "point": pd.array([points[i].key for i in done], dtype="object"),
+        "inputs": pd.array([rows[i].get("inputs") for i in done], dtype="object"),
     }
     for k in keys:
         kind = _swept_dtype([p.overrides.get(k) for p in points])
@@ -277,11 +312,15 @@ def build_table(
     return pd.DataFrame(cols)
 
 
-def read_rows(path: Path, points: Sequence[Point]) -> tuple[dict[int, dict[str, Any]], int]:
-    """Rows of an existing sweep file that match the current points (by key), and how many
-    rows were dropped (points no longer in the sweep, or internal failures to retry)."""
+def read_rows(
+    path: Path, points: Sequence[Point], inputs: Sequence[str] | None = None
+) -> tuple[dict[int, dict[str, Any]], int, int]:
+    """Rows of an existing sweep file that match the current points (by key and, given
+    ``inputs`` (each point's :func:`inputs_key`), by their resolved inputs); how many rows
+    were dropped (points no longer in the sweep, or internal failures to retry); and how many
+    of those were stale (the point is still in the sweep but its inputs changed)."""
     if not path.exists():
-        return {}, 0
+        return {}, 0, 0
     try:
         records = pq.read_table(path).to_pylist()
     except Exception as e:
@@ -292,14 +331,18 @@ def read_rows(path: Path, points: Sequence[Point]) -> tuple[dict[int, dict[str, 
         ) from None
     index_of = {p.key: p.index for p in points}
     rows: dict[int, dict[str, Any]] = {}
-    dropped = 0
+    dropped = stale = 0
     for rec in records:
         i = index_of.get(rec.get("point"))
         if i is None or rec.get("status") not in FINAL_STATUSES or i in rows:
             dropped += 1
             continue
-        rows[i] = {c: rec.get(c) for c in RESULT_COLUMNS}
-    return rows, dropped
+        if inputs is not None and rec.get("inputs") != inputs[i]:
+            dropped += 1
+            stale += 1
+            continue
+        rows[i] = {c: rec.get(c) for c in ("inputs", *RESULT_COLUMNS)}
+    return rows, dropped, stale
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,8 +477,9 @@ class SweepOutcome:
     out: Path
     n_points: int
     n_run: int  # points simulated by this call
-    n_skipped: int  # already in the file
+    n_skipped: int  # already in the file with the same inputs: reused
     wall_s: float
+    n_stale: int = 0  # in the file, but their inputs changed since: simulated again
     written: list[Path] = field(default_factory=list)
 
 
@@ -485,7 +529,12 @@ def run_sweep(
     keys = swept_keys(points)
     out_dir = Path(out) if out else Path("results") / sweep.name
     table_path = out_dir / "sweep.parquet"
-    rows, _ = ({}, 0) if fresh else read_rows(table_path, points)
+    # Every point is loaded (cheap next to simulating it) so that its resolved inputs can be
+    # compared with the ones a recorded row was computed from.
+    hardware = _hardware_digest()
+    prepared_all = [prepare(base, p) for p in points]
+    inputs = [inputs_key(pr, base, hardware) for pr in prepared_all]
+    rows, _, n_stale = ({}, 0, 0) if fresh else read_rows(table_path, points, inputs)
     n_skipped = len(rows)
 
     todo = [p for p in points if p.index not in rows]
@@ -494,7 +543,7 @@ def run_sweep(
     tasks: list[tuple[int, LoadedWorkload]] = []
     early: list[tuple[int, dict]] = []
     for p in todo:
-        prepared = prepare(base, p)
+        prepared = prepared_all[p.index]
         if isinstance(prepared, dict):
             early.append((p.index, prepared))
         else:
@@ -507,7 +556,7 @@ def run_sweep(
     n_recorded = [0]
 
     def record(i: int, row: dict) -> None:
-        rows[i] = row
+        rows[i] = {"inputs": inputs[i], **row}
         io.write_parquet_atomic(table_path, build_table(points, rows, keys))
         if on_row:
             on_row(i, row)
@@ -546,6 +595,7 @@ def run_sweep(
         n_run=len(todo),
         n_skipped=n_skipped,
         wall_s=time.perf_counter() - t0,
+        n_stale=n_stale,
     )
 
 

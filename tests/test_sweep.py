@@ -119,7 +119,7 @@ def test_local_sweep_table(full_local):
     assert len(df) == 16 and list(df["point_index"]) == list(range(16))
     assert (df["status"] == OK).all()
     assert out.keys == list(GRID)
-    assert list(df.columns) == ["point_index", "point", *GRID, *RESULT_COLUMNS]
+    assert list(df.columns) == ["point_index", "point", "inputs", *GRID, *RESULT_COLUMNS]
     assert "sim_wall_s" not in df.columns
     # The file on disk is the table.
     disk = pd.read_parquet(out.path)
@@ -264,3 +264,32 @@ def test_cli_writes_plot_and_table(tmp_path, capsys):
     assert rc == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["parallelism.zero"] for r in rows] == [0, 1, 2, 3]
+
+
+def test_resume_recomputes_points_whose_inputs_changed(tmp_path):
+    """Issue 15.1: a point is reused only if its resolved inputs are unchanged. Changing the
+    base workload (global_batch) or the topology file's contents between two runs recomputes
+    every point instead of keeping the stale rows beside new ones."""
+    path = write_sweep(tmp_path, grid={"topology.nic_bandwidth_Gbps": [100, 400]})
+    out_dir = tmp_path / "out"
+    first = run_sweep(path, workers=1, out=out_dir)
+    assert first.n_run == 2
+    again = run_sweep(path, workers=1, out=out_dir)
+    assert again.n_run == 0 and again.n_skipped == 2 and again.n_stale == 0
+
+    work = yaml.safe_load((tmp_path / "work.yaml").read_text())
+    work["training"]["global_batch"] = 16
+    (tmp_path / "work.yaml").write_text(yaml.safe_dump(work))
+    changed = run_sweep(path, workers=1, out=out_dir)
+    assert changed.n_skipped == 0 and changed.n_stale == 2 and changed.n_run == 2
+    # Fresh numbers: twice the batch, about twice the step of the first run.
+    ratio = changed.table["step_time_s"] / first.table["step_time_s"]
+    assert (ratio > 1.5).all()
+    fresh = run_sweep(path, workers=1, out=tmp_path / "fresh")
+    assert fresh.path.read_bytes() == changed.path.read_bytes()
+
+    topo = yaml.safe_load((tmp_path / "topo.yaml").read_text())
+    topo["nic_latency_us"] = 50.0
+    (tmp_path / "topo.yaml").write_text(yaml.safe_dump(topo))
+    moved = run_sweep(path, workers=1, out=out_dir)
+    assert moved.n_stale == 2 and moved.n_run == 2

@@ -27,7 +27,8 @@ def register(sub) -> None:
         "sweep",
         help="run variations of a workload (grid and/or points) in parallel",
         description="Run every point of a sweep file, in parallel, appending each finished "
-        "point to results/<name>/sweep.parquet; a rerun skips the points already there.",
+        "point to results/<name>/sweep.parquet; a rerun reuses the points already there whose "
+        "resolved inputs (base workload, topology, hardware data) are unchanged.",
     )
     p.add_argument("sweep", help="sweep YAML (sweeps/*.yaml)")
     p.add_argument(
@@ -120,7 +121,9 @@ def main(args) -> int:
     bad = int((outcome.table["status"] != OK).sum()) if n_done else 0
     print(
         f"{n_done}/{outcome.n_points} points done ({outcome.n_run} run now, "
-        f"{outcome.n_skipped} from before, {bad} infeasible or failed) in "
+        f"{outcome.n_skipped} reused from before"
+        + (f", {outcome.n_stale} recomputed as their inputs changed" if outcome.n_stale else "")
+        + f", {bad} infeasible or failed) in "
         f"{outcome.wall_s:.1f} s; wrote {outcome.path}"
         + (", " + ", ".join(str(p) for p in written) if written else "")
     )
