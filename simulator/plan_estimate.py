@@ -413,6 +413,7 @@ class Estimator:
             "dp_comm": max(0.0, parts[0] - parts[2]) + gather_s,
             "pp_comm": pp_comm,
             "pp_bubble": bubble + max(0.0, busy - comp_s - tp_s - gather_s),
+            "pp_imbalance": 0.0,  # charged from the heaviest stage: its compute is the step's
             "optimizer": parts[1],
             "other": 0.0,
         }

@@ -90,7 +90,14 @@ def simulate(
     procs = plan.procs
     step = max(p.end_s for p in procs)
     crit = max(procs, key=lambda p: (p.end_s, -p.pid))
-    bd = breakdown(crit, step, res.size("pp") > 1)
+    # The critical process's pipeline: its other stages (same replica class; in full detail
+    # the same coordinates but for pp).
+    pipeline = [
+        p for p in procs
+        if p.replica_class == crit.replica_class and (p.coords is None or all(
+            v == crit.coords.get(d) for d, v in p.coords.items() if d != "pp"))
+    ]  # fmt: skip
+    bd = breakdown(crit, step, res.size("pp") > 1, pipeline)
 
     events = pd.DataFrame.from_records(engine.rows, columns=list(EVENT_COLUMNS))
     events = events.sort_values(["start_s", "gpu", "stream", "end_s"], kind="stable").reset_index(

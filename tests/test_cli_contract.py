@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = sorted((ROOT / "workloads").glob("*.yaml"))
 CONTRACT = ("step_time_s", "tokens_per_s", "mfu", "tflops_per_gpu", "breakdown_s", "memory_gib",
             "fits", "n_gpus", "sim_wall_s", "events")
-BREAKDOWN = ("compute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "optimizer", "other")
+BREAKDOWN = (
+    "compute", "tp_comm", "dp_comm", "pp_comm", "pp_bubble", "pp_imbalance", "optimizer", "other"
+)
 MEMORY = ("weights", "gradients", "optimizer", "activations", "total", "capacity")
 
 

@@ -161,3 +161,36 @@ def test_dp_reduction_exposed_only_after_backward(tmp_path):
     # Without overlap all the reduction is exposed: bytes / bw in total (fp32 grads).
     grads = 4 * (12 * 1024**2 + 13 * 1024) * 8  # 8 GELU layers' weights and biases, fp32
     assert b["breakdown_s"]["dp_comm"] >= grads / 20e9 * 0.99
+
+
+@pytest.mark.parametrize(
+    "stage_layers,step_T",
+    [
+        ([2, 6], 7 * 6 + 8),  # (m - 1) * T_max + sum_s T_s: the light first stage fills
+        ([6, 2], 8 * 6),  # the heavy first stage never waits: m * T_max
+        ([1, 3, 2, 2], None),  # warm-up waits: no simple closed form for the step
+    ],
+)
+def test_stage_imbalance_is_not_bubble(tmp_path, stage_layers, step_T):
+    """Issue 15.4: with uneven stages the step follows the heaviest stage (1F1B with
+    m = 8 micro-batches; T_s: one micro-batch's forward and backward on stage s, in units of
+    one layer's T). The critical process waits m * (T_max - T_crit) for the heaviest stage:
+    that is stage imbalance (``pp_imbalance``); only what the heaviest stage itself waits,
+    step - m * T_max, is the schedule's bubble."""
+    pp, m = len(stage_layers), 8
+    res = run_case(
+        tmp_path,
+        training={"global_batch": m},
+        parallelism={"pp": pp, "dp": 1, "tp": 1, "stage_layers": stage_layers},
+        gpn=pp,
+    )
+    s, bd = res.summary, res.summary["breakdown_s"]
+    tf_, tb_ = layer_times()
+    T = [n * (tf_ + tb_) for n in stage_layers]
+    if step_T is not None:
+        assert s["step_time_s"] == pytest.approx(step_T * (tf_ + tb_), rel=1e-3)
+    crit = int(s["critical_process"].rsplit("s", 1)[-1])
+    tol = 1e-3 * s["step_time_s"]  # the tiny embedding and LM head (vocab 8) are left out
+    assert bd["pp_imbalance"] == pytest.approx(m * (max(T) - T[crit]), abs=tol)
+    assert bd["pp_bubble"] == pytest.approx(s["step_time_s"] - m * max(T), abs=tol)
+    assert sum(bd.values()) == pytest.approx(s["step_time_s"], rel=1e-12)

@@ -249,6 +249,7 @@ def make_step(
         "tp_comm": tp_c,
         "dp_comm": 2 * f_layer,
         "pp_comm": 2 * p2p * (p - 1),
+        "pp_imbalance": 0.0,
         "optimizer": 2e-3,
         "other": 0.0,
     }

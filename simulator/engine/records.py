@@ -65,7 +65,12 @@ COMM_DIMS = {
 
 #: Breakdown categories of the JSON summary, in the order tables and plots show them.
 BREAKDOWN_KEYS = (
-    "compute", *(f"{d}_comm" for d in COMM_DIMS), "pp_bubble", "optimizer", "other"
+    "compute",
+    *(f"{d}_comm" for d in COMM_DIMS),
+    "pp_bubble",
+    "pp_imbalance",
+    "optimizer",
+    "other",
 )
 
 #: Colours shared by the timeline, compare plots and trace (colour-blind safe, Okabe-Ito).
@@ -78,5 +83,6 @@ KIND_COLOURS = {
     "zero_gather": "#999999",
     "compute": "#0072B2",
     "pp_bubble": "#DDDDDD",
+    "pp_imbalance": "#AAAAAA",
     "other": "#666666",
 }

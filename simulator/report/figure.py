@@ -33,6 +33,7 @@ KIND_LABELS = {
     "zero_gather": "ZeRO gather",
     "compute": "compute",
     "pp_bubble": "pipeline bubble",
+    "pp_imbalance": "stage imbalance",
     "other": "other",
 }
 KIND_ORDER = (

@@ -6,13 +6,16 @@ programs (``tp_comm``, ``cp_comm``: a collective the next kernel waits for) or t
 those are disjoint, so each is a plain sum. Every
 instant the compute stream is idle is then charged, in order, to data-parallel / ZeRO
 communication in flight on this GPU (``dp_comm``), to an incoming pipeline transfer
-(``pp_comm``), or else to the pipeline bubble (``pp_bubble``; ``other`` when there is no
-pipeline). The parts add up to the step time by construction.
+(``pp_comm``), or else to the pipeline: stage imbalance first (``pp_imbalance``: how much longer
+the busiest stage of the same pipeline computes than this process, m * (T_max - T_crit) for
+m micro-batches, time the schedule cannot hide), then the schedule's bubble (``pp_bubble``,
+what is left: the bubble of the critical stage; ``other`` when there is no pipeline). The
+parts add up to the step time by construction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -57,8 +60,17 @@ def _length(iv: Sequence[tuple[float, float]]) -> float:
     return float(sum(e - s for s, e in iv))
 
 
-def breakdown(proc: Proc, step_time: float, has_pipeline: bool) -> dict[str, float]:
-    """Exposed time per category for ``proc`` over ``[0, step_time]``; sums to step_time."""
+def _busy_s(proc: Proc) -> float:
+    return float(sum(e - s for s, e, *_ in proc.busy))
+
+
+def breakdown(
+    proc: Proc, step_time: float, has_pipeline: bool, peers: Collection[Proc] = ()
+) -> dict[str, float]:
+    """Exposed time per category for ``proc`` over ``[0, step_time]``; sums to step_time.
+
+    ``peers``: the processes of ``proc``'s pipeline (its other stages), whose busiest one sets
+    the stage imbalance."""
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     busy = []
     for s, e, comp, comm, kind in proc.busy:
@@ -80,7 +92,12 @@ def breakdown(proc: Proc, step_time: float, has_pipeline: bool) -> dict[str, flo
     pp_iv = _union(proc.comm_iv.get("pp_in", ()))
     rest2 = _subtract(rest, pp_iv)
     out["pp_comm"] = _length(rest) - _length(rest2)
-    out["pp_bubble" if has_pipeline else "other"] += _length(rest2)
+    waiting = _length(rest2)
+    if has_pipeline and peers:
+        heaviest = max(_busy_s(p) for p in peers)
+        out["pp_imbalance"] = min(waiting, max(0.0, heaviest - _busy_s(proc)))
+        waiting -= out["pp_imbalance"]
+    out["pp_bubble" if has_pipeline else "other"] += waiting
     # Make the parts add up exactly (floating point) to the step time.
     drift = step_time - sum(out.values())
     out["compute"] += drift

@@ -29,6 +29,7 @@ BREAKDOWN_LABELS = {
     "compute": "compute",
     **{f"{d}_comm": long for d, (_, long, _) in COMM_DIMS.items()},
     "pp_bubble": "pipeline bubble",
+    "pp_imbalance": "stage imbalance",
     "optimizer": "optimizer",
     "other": "other",
 }
