@@ -527,7 +527,7 @@ def run_sweep(
         )
     points = expand(sweep)
     keys = swept_keys(points)
-    out_dir = Path(out) if out else Path("results") / sweep.name
+    out_dir = io.output_dir(out, sweep.name)
     table_path = out_dir / "sweep.parquet"
     # Every point is loaded (cheap next to simulating it) so that its resolved inputs can be
     # compared with the ones a recorded row was computed from.

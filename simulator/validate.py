@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,7 +148,9 @@ def load_case(suite_path: Path, defaults: Mapping, case: Mapping, idx: int) -> L
     elif isinstance(wl, Mapping):
         wpath = suite_path
         raw = _merge(defaults, wl)
-        raw.setdefault("name", case.get("name", f"case{idx}"))
+        # A case name is free text; the workload's name is a folder-safe label.
+        label = re.sub(r"[^A-Za-z0-9._+-]+", "-", str(case.get("name", f"case{idx}")))
+        raw.setdefault("name", label.strip("-._+")[:100] or f"case{idx}")
     else:
         raise ConfigError("give a workload path or mapping", file=str(suite_path),
                           field=f"{where}.workload")

@@ -121,3 +121,59 @@ def test_flow_network_matches_fluid_completion():
     env.process((lambda: (yield net.transfer(transfers)))())
     env.run()
     assert env.now == pytest.approx(expect, rel=1e-9)
+
+
+def _run_bounded(env: simpy.Environment, max_steps: int) -> int:
+    """Step ``env`` until it runs dry; the number of steps (fails past ``max_steps``)."""
+    steps = 0
+    while env.peek() != float("inf"):
+        env.step()
+        steps += 1
+        assert steps <= max_steps, f"still running at t={env.now} after {steps} events"
+    return steps
+
+
+def _late_transfers(t0: float) -> dict[int, float]:
+    """Four staggered transfers sharing links, started at ``t0``: their end times - t0."""
+    topo = small_topology()
+    env = simpy.Environment(initial_time=t0)
+    net = FlowNetwork(env, topo, efficiency=1.0)
+    sizes = [2.54461888e8, 1.72845352e8 + 20.6755742, 3.3e8 / 7, 1e8 / 3]
+    done = {}
+
+    def go(i, src, dst, nbytes):
+        yield env.timeout(i * 1.1e-4)
+        yield net.transfer([(src, dst, nbytes)])
+        done[i] = env.now
+
+    for i, (s, d) in enumerate([(0, 1), (2, 1), (3, 1), (0, 2)]):
+        env.process(go(i, s, d, sizes[i]))
+    _run_bounded(env, 1000)
+    assert len(done) == 4 and net.active == 0
+    return {i: t - t0 for i, t in done.items()}
+
+
+@pytest.mark.parametrize("t0", [5.75e6, 4e9])
+def test_flow_network_finishes_far_into_a_run(t0):
+    """Late in a long simulated run the clock's resolution (float64 spacing ~1e-9 s at 5e6 s)
+    is coarser than the time a flow's last bytes need: the flows must still finish, and take
+    the time they take at t = 0 (to the clock's resolution), instead of re-arming a
+    zero-length timer forever."""
+    early, late = _late_transfers(0.0), _late_transfers(t0)
+    for i in early:
+        assert late[i] == pytest.approx(early[i], abs=64 * np.spacing(t0))
+
+
+def test_stuck_network_is_an_internal_error_naming_the_transfers(monkeypatch):
+    """A clock that stops advancing with transfers in progress raises (no endless loop)."""
+    import simulator.network.flows as flows
+
+    topo = small_topology()
+    env = simpy.Environment()
+    net = FlowNetwork(env, topo, efficiency=1.0)
+    # Sabotage progress: flows never move forward, so every timer re-arms at the same instant.
+    monkeypatch.setattr(net, "_advance", lambda: None)
+    monkeypatch.setattr(flows, "_MAX_STALLED_RESHARES", 50)
+    env.process((lambda: (yield net.transfer([(0, 1, 1e9)])))())
+    with pytest.raises(flows.StuckNetworkError, match=r"stopped advancing .* 1 transfer"):
+        _run_bounded(env, 10_000)

@@ -229,7 +229,7 @@ def main(args) -> int:
     cmp = run_compare(
         args.workload, args.topology, args.variant, args.overrides, workers=args.workers
     )
-    out = Path(args.out) if args.out else Path("results") / cmp.name
+    out = io.output_dir(args.out, cmp.name)
     written = [] if args.no_files else write_outputs(cmp, out)
     if args.json:
         doc = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pandas as pd
 from rich import box
@@ -176,7 +175,7 @@ def main(args) -> int:
     for p in result.simulated:
         if "error" not in p.summary:
             p.summary = with_training_cost(p.summary, loaded)
-    out = Path(args.out) if args.out else Path("results") / result.name
+    out = io.output_dir(args.out, result.name)
     written = []
     if not args.no_files:
         df = pd.DataFrame([_row(p) for p in result.simulated])

@@ -54,7 +54,7 @@ def write_outputs(result: SimResult, out: Path) -> list[Path]:
 def main(args) -> int:
     loaded = load_workload(args.workload, args.overrides, topology=args.topology)
     result = simulate(loaded, detail=args.detail)
-    out = Path(args.out) if args.out else Path("results") / loaded.workload.name
+    out = io.output_dir(args.out, loaded.workload.name)
     written = [] if args.no_files else write_outputs(result, out)
     if args.json:
         sys.stdout.write(json.dumps(result.summary) + "\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,17 +40,45 @@ class LoadedWorkload:
 # YAML
 
 
+#: Largest input file read (a workload, topology or sweep is a few KiB; a suite a few hundred).
+MAX_INPUT_BYTES = 4 * 1024 * 1024
+
+
+def read_text_bounded(path: str | Path, *, what: str = "file") -> str:
+    """The text of a regular file of at most :data:`MAX_INPUT_BYTES`, else a ConfigError.
+
+    Devices (``/dev/zero``), FIFOs and directories are refused before anything is read, so a
+    path can neither block the simulator nor make it read gigabytes.
+    """
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} does not exist", file=str(path)) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {what}: {e.strerror}", file=str(path)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{what} is a directory, expected a YAML file", file=str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} is not a regular file (a device, FIFO or socket)",
+                          file=str(path))
+    try:
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_INPUT_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read {what}: {e.strerror}", file=str(path)) from None
+    if len(raw) > MAX_INPUT_BYTES:
+        raise ConfigError(f"{what} is larger than {MAX_INPUT_BYTES // 2**20} MiB; inputs are "
+                          "small YAML files", file=str(path))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} is not UTF-8 text", file=str(path)) from None
+
+
 def read_yaml(path: str | Path, *, what: str = "file") -> dict[str, Any]:
     """Parse a YAML mapping, turning every failure into a one-line ConfigError."""
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"{what} does not exist", file=str(path))
-    if p.is_dir():
-        raise ConfigError(f"{what} is a directory, expected a YAML file", file=str(path))
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {what}: {e}", file=str(path)) from None
+    text = read_text_bounded(path, what=what)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -11,9 +11,37 @@ heads divisible by tp, ...) live in :mod:`simulator.config.checks`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
+
+#: A workload's or sweep's ``name`` is a label that also names its output folder
+#: (``results/<name>/``): one path component of safe characters, so no name can point outside
+#: the results folder (``../x``, ``/``, ``.``) or make odd folders (newlines, NUL, spaces).
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+NAME_RULE = (
+    "a name is a label that also names the output folder: 1-100 letters, digits, '.', '_', '-' "
+    "or '+', starting with a letter or digit"
+)
+
+
+def _safe_name(value: str) -> str:
+    if not NAME_PATTERN.fullmatch(value):
+        raise ValueError(NAME_RULE)
+    return value
+
+
+#: A label that is safe as a single path component (see :data:`NAME_PATTERN`).
+SafeName = Annotated[str, AfterValidator(_safe_name)]
 
 
 class Frozen(BaseModel):
@@ -322,7 +350,7 @@ class FaultsConfig(Frozen):
 class WorkloadConfig(Frozen):
     """A whole workload file."""
 
-    name: str = Field(min_length=1)
+    name: SafeName
     model: ModelConfig
     training: TrainingConfig
     parallelism: ParallelismConfig = ParallelismConfig()
@@ -379,7 +407,7 @@ class TopologyConfig(Frozen):
 class SweepConfig(Frozen):
     """Variations of a base workload by dotted key: a cartesian ``grid`` and/or ``points``."""
 
-    name: str = Field(min_length=1)
+    name: SafeName
     base: str = Field(description="workload YAML, relative to the sweep file")
     grid: dict[str, tuple[Any, ...]] = Field(default_factory=dict)
     points: tuple[dict[str, Any], ...] = ()

@@ -25,6 +25,14 @@ import simpy
 from simulator.network.topology import Topology
 
 _REL = 1e-9  # relative tolerance for "this link is saturated" / "this flow is finished"
+#: Re-shares in a row at one simulated instant with no flow finishing before the network is
+#: declared stuck (a finishing flow can legitimately re-share a few times per instant: one
+#: batch completes, the next re-share frees its links; thousands in a row cannot happen).
+_MAX_STALLED_RESHARES = 1000
+
+
+class StuckNetworkError(RuntimeError):
+    """Simulated time stopped advancing while transfers were still in progress (a bug)."""
 
 
 def _incidence(flow_links: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -176,6 +184,7 @@ class FlowNetwork:
         self._load = np.zeros(0)  # bytes/s on each of them
         self._t = env.now
         self._version = 0
+        self._stalled = 0  # timer firings in a row that finished nothing at the same instant
         #: (time, link ids in use, bytes/s on each) after every re-share, when recording
         self.history: list[tuple[float, np.ndarray, np.ndarray]] | None = None
 
@@ -253,17 +262,44 @@ class FlowNetwork:
         if version != self._version:
             return
         self._advance()
+        # A flow is finished when what it has left would take less than the clock can resolve
+        # at this instant: far into a run (a 1e6x straggler puts the clock at ~5e6 s) the
+        # spacing of float64 times is ~1e-9 s, so a few bytes left at 100 GB/s can never be
+        # sent in a timer step that advances the clock (now + dt == now).
+        tick = 4.0 * float(np.spacing(self.env.now))
         finished: list[simpy.Event] = []
         keep: list[_Batch] = []
         for b in self._batches:
-            alive = b.left > _REL * b.size + b.rate * 1e-15
+            alive = b.left > _REL * b.size + b.rate * max(1e-15, tick)
             if not alive.any():
                 finished.append(b.event)
                 continue
             if not alive.all():
                 b.keep(alive)
             keep.append(b)
+        progressed = len(keep) < len(self._batches) or sum(len(b.left) for b in keep) < sum(
+            len(b.left) for b in self._batches
+        )
+        self._stalled = 0 if progressed else self._stalled + 1
+        if self._stalled > _MAX_STALLED_RESHARES:
+            raise StuckNetworkError(self._describe_stuck())
         self._batches = keep
         self._reshare()
         for ev in finished:
             ev.succeed()
+
+    def _describe_stuck(self) -> str:
+        """One line naming the transfers that stopped progressing (for the internal error)."""
+        names = self.topology.link_names
+        parts = []
+        for b in self._batches[:3]:
+            first = [names[int(x)] for x in b.links[: int(b.lens[0])]] if len(b.lens) else []
+            parts.append(
+                f"{len(b.left)} flow(s), first via {' / '.join(first[:3]) or '-'}: "
+                f"{float(b.left[0]):.3g} of {float(b.size[0]):.3g} B left at "
+                f"{float(b.rate[0]):.3g} B/s"
+            )
+        return (
+            f"the flow network stopped advancing at t={self.env.now:.6g} s with {self.active} "
+            f"transfer(s) in progress ({'; '.join(parts)})"
+        )

@@ -26,6 +26,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from simulator.config.schema import NAME_PATTERN, NAME_RULE
+from simulator.errors import ConfigError
+
 #: Parquet codec and level used for every table (fixed so bytes do not depend on defaults).
 PARQUET_COMPRESSION = "zstd"
 PARQUET_COMPRESSION_LEVEL = 3
@@ -33,6 +36,27 @@ PARQUET_COMPRESSION_LEVEL = 3
 #: PNG metadata: drop the "Software: matplotlib version ..." chunk so files do not change
 #: with the matplotlib version. (PNG output has no creation date by default.)
 PNG_METADATA = {"Software": None}
+
+
+def output_dir(out: str | None, name: str, *, results: str | os.PathLike = "results") -> Path:
+    """The folder a command writes into: ``--out`` when given, else ``results/<name>``.
+
+    ``name`` must be one safe path component (the schemas enforce
+    :data:`~simulator.config.schema.NAME_PATTERN`; this re-checks it so that no caller can
+    write outside ``results/``). An empty ``--out`` is refused rather than taken as "default".
+    """
+    if out is not None:
+        if not str(out).strip():
+            raise ConfigError("the output folder is empty (give a folder, or leave --out out "
+                              "for results/<name>)", file="--out")
+        return Path(out)
+    if not NAME_PATTERN.fullmatch(name):
+        raise ConfigError(f"{NAME_RULE}, got {name[:40]!r}", field="name")
+    base = Path(results)
+    folder = base / name
+    if folder.resolve().parent != base.resolve():
+        raise ConfigError(f"{NAME_RULE}, got {name[:40]!r}", field="name")
+    return folder
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
