@@ -58,6 +58,7 @@ SHAPES = {
 CASES = {
     "ho_ddp4_A": dict(shape="A", world=4, dp=4, scheme="ddp", mb=4, n_mb=2),
     "ho_tp4_B": dict(shape="B", world=4, tp=4, scheme="tp", mb=1, n_mb=2),
+    "ho_tp4sp_B": dict(shape="B", world=4, tp=4, scheme="tp", sp=True, mb=1, n_mb=2),
     "ho_fsdp4_B": dict(shape="B", world=4, dp=4, scheme="fsdp", mb=1, n_mb=2),
     "ho_fsdp4_B_rc": dict(shape="B", world=4, dp=4, scheme="fsdp", mb=1, n_mb=2, recompute=True),
     "ho_fsdp4_C_rc_mb2": dict(shape="C", world=4, dp=4, scheme="fsdp", mb=2, n_mb=2,
@@ -78,6 +79,7 @@ CASES = {
     # 8 GPUs (issue 13): the same code on a full NVSwitch node.
     "x8_ddp8_A": dict(shape="A", world=8, dp=8, scheme="ddp", mb=4, n_mb=2),
     "x8_tp8_B": dict(shape="B", world=8, tp=8, scheme="tp", mb=1, n_mb=2),
+    "x8_tp8sp_B": dict(shape="B", world=8, tp=8, scheme="tp", sp=True, mb=1, n_mb=2),
     "x8_tp4dp2_B": dict(shape="B", world=8, tp=4, dp=2, scheme="tp", mb=1, n_mb=2),
     "x8_fsdp8_B": dict(shape="B", world=8, dp=8, scheme="fsdp", mb=1, n_mb=2),
     "x8_tp2pp4_C": dict(shape="C", world=8, tp=2, pp=4, scheme="pp", schedule="1f1b", mb=1,
@@ -111,6 +113,7 @@ def case_config(name: str, quick: bool, world: int | None = None) -> dict:
     c.setdefault("pp", 1)
     c.setdefault("v", 1)
     c.setdefault("recompute", False)
+    c.setdefault("sp", False)
     c.setdefault("schedule", None)
     if world is not None and c["scheme"] == "moe":
         c["world"] = world
@@ -183,16 +186,63 @@ class _ReduceFromTP(torch.autograd.Function):
         return g, None
 
 
-class TP:
-    """The tensor-parallel group of a rank (size 1: no tensor parallelism)."""
+def _seq_collective(x, group, n, gather: bool):
+    """All-gather (gather) or reduce-scatter along the sequence (dim 1) of [b, s, h]."""
+    xs = x.movedim(1, 0).contiguous()
+    rows = xs.shape[0] * n if gather else xs.shape[0] // n
+    out = xs.new_empty((rows, *xs.shape[1:]))
+    if gather:
+        dist.all_gather_into_tensor(out, xs, group=group)
+    else:
+        dist.reduce_scatter_tensor(out, xs, group=group)
+    return out.movedim(0, 1)
 
-    def __init__(self, group=None, size: int = 1, rank: int = 0):
-        self.group, self.size, self.rank = group, size, rank
+
+class _GatherSeq(torch.autograd.Function):
+    """Sequence parallelism: all-gather along the sequence forward, reduce-scatter backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, n):
+        ctx.group, ctx.n = group, n
+        return _seq_collective(x, group, n, True)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _seq_collective(g, ctx.group, ctx.n, False), None, None
+
+
+class _ScatterSeq(torch.autograd.Function):
+    """Sequence parallelism: reduce-scatter along the sequence forward, all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, n):
+        ctx.group, ctx.n = group, n
+        return _seq_collective(x, group, n, False)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _seq_collective(g, ctx.group, ctx.n, True), None, None
+
+
+class TP:
+    """The tensor-parallel group of a rank (size 1: no tensor parallelism). With ``sp``
+    (Megatron sequence parallelism) the residual stream is split along the sequence: the
+    input of a column-parallel GEMM is cast to the compute dtype and all-gathered, the output of
+    a row-parallel GEMM reduce-scattered."""
+
+    def __init__(self, group=None, size: int = 1, rank: int = 0, sp: bool = False):
+        self.group, self.size, self.rank, self.sp = group, size, rank, sp and size > 1
 
     def copy_in(self, x):
+        if self.sp:
+            if torch.is_autocast_enabled(x.device.type):
+                x = x.to(torch.get_autocast_dtype(x.device.type))
+            return _GatherSeq.apply(x, self.group, self.size)
         return _CopyToTP.apply(x, self.group) if self.size > 1 else x
 
     def reduce_out(self, x):
+        if self.sp:
+            return _ScatterSeq.apply(x, self.group, self.size)
         return _ReduceFromTP.apply(x, self.group) if self.size > 1 else x
 
 
@@ -210,8 +260,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(self.nh * self.hd, h, bias=False)
 
     def forward(self, x, freqs):
-        b, s, _ = x.shape
         x = self.tp.copy_in(x)
+        b, s, _ = x.shape
         q = self.wq(x).view(b, s, self.nh, self.hd)
         k = self.wk(x).view(b, s, self.nkv, self.hd)
         v = self.wv(x).view(b, s, self.nkv, self.hd)
@@ -598,7 +648,7 @@ def build_dense(c, rank, world, dev):
     tpg = TP()
     if tp > 1:
         groups = [dist.new_group(list(range(i, i + tp))) for i in range(0, world, tp)]
-        tpg = TP(groups[rank // tp], tp, rank % tp)
+        tpg = TP(groups[rank // tp], tp, rank % tp, c["sp"])
     torch.manual_seed(0)
     model = Transformer(m, tpg, 0, m["layers"], True, True, c["recompute"]).to(dev)
     info = {}
@@ -640,9 +690,20 @@ def build_dense(c, rank, world, dev):
                     loss = model(x, y)
                 CHECK.setdefault("losses", {})[i] = loss.detach()
                 (loss / len(data)).backward()
+        if tpg.sp:  # norm weights saw only this rank's part of the sequence
+            grads = [p.grad for n, p in model.named_parameters() if "norm" in n]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=tpg.group)
+            for g, f in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                g.copy_(f.view_as(g))
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    if tpg.sp:
+        info["sp"] = "Megatron sequence parallelism: residual stream split along the sequence; " \
+                     "bf16 all-gather before each column-parallel GEMM (and the head), " \
+                     "reduce-scatter after each row-parallel GEMM (bf16) and the embedding " \
+                     "(fp32); norm weight gradients all-reduced over TP after the last backward"
     info["autocast_bf16"] = amp
     return model, step, info
 

@@ -30,6 +30,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkout", required=True, help="worktree of the frozen tag")
     ap.add_argument("--tag", required=True)
+    ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--suffix", default="",
+                    help="write predictions-<tag><suffix>.yaml (cases registered later; never "
+                         "rewrite an earlier file)")
     args = ap.parse_args()
     co = Path(args.checkout).resolve()
     commit = subprocess.run(["git", "-C", str(co), "rev-parse", "HEAD"], check=True,
@@ -42,7 +46,10 @@ def main() -> int:
            "command": "python -m simulator run CASE.yaml --topology T --json --no-files "
                       "(in a checkout of the tag)",
            "cases": {}}
+    only = set(args.only.split(",")) if args.only else None
     for case in sorted(HERE.glob("ho_*.yaml")):
+        if only is not None and case.stem not in only:
+            continue
         shutil.copy(case, dest / case.name)
         row = {}
         for box, topo in TOPOLOGIES.items():
@@ -58,7 +65,10 @@ def main() -> int:
                         "fits": s.get("fits")}
         out["cases"][case.stem] = row
         print(case.stem, row, flush=True)
-    path = HERE / f"predictions-{args.tag}.yaml"
+    path = HERE / f"predictions-{args.tag}{args.suffix}.yaml"
+    if path.exists():
+        print(f"error: {path} exists: predictions are made once", file=sys.stderr)
+        return 2
     path.write_text("# Written once by predict.py at the frozen tag, before any measurement.\n"
                     + yaml.safe_dump(out, sort_keys=False))
     print(f"wrote {path}")
