@@ -11,7 +11,7 @@ Ops: ``all_reduce``, ``all_gather`` (``all_gather_into_tensor``), ``reduce_scatt
 the same total, pairs carry unequal bytes) and ``hot`` (every rank sends share H[j] to group rank
 j: group rank 0 receives most), and ``sendrecv`` (group rank 0 sends to group rank 1). Groups:
 all ``world`` GPUs, and disjoint groups of ``g`` GPUs running the same op at the same time
-({0,1},{2,3}... for g = 2). Sizes: ``bytes`` is the whole (unsharded) buffer as nccl-tests counts
+({0,1},{2,3}... for g = 2), or with ``--solo`` the first such group alone. Sizes: ``bytes`` is the whole (unsharded) buffer as nccl-tests counts
 it, per rank for all-to-all (each rank's send buffer), per pair for sendrecv; bf16.
 
 Timing (``timing`` field):
@@ -78,7 +78,8 @@ class Bench:
             dist.init_process_group("nccl", device_id=self.dev)
         self.args = args
         self.groups = {}
-        for g in sorted({int(x) for x in args.groups.split(",")} | {self.world}, reverse=True):
+        sizes = {int(x) for x in args.groups.split(",")} | ({self.world} if args.world else set())
+        for g in sorted(sizes, reverse=True):
             if g > self.world or self.world % g:
                 continue
             mine = None
@@ -92,9 +93,15 @@ class Bench:
         if self.dev.type == "cuda":
             torch.cuda.synchronize()
 
+    def active(self, g: int) -> bool:
+        """With --solo, only the first group of g GPUs runs (the others wait at barriers)."""
+        return not (self.args.solo and g < self.world and self.rank >= g)
+
     def launcher(self, op: str, nbytes: int, g: int, split: str):
         """A closure launching one op on this rank's group, and a description."""
         pg, n, gr = self.groups[g], g, self.rank % g
+        if not self.active(g):
+            return (lambda: None), ({"splits": split} if op == "all_to_all" else {})
         el = max(nbytes // 2, n)
         el -= el % n
         dt = torch.bfloat16
@@ -160,12 +167,15 @@ class Bench:
         dist.all_gather(allr, mine)
         if op == "sendrecv":  # only the pairs' members time something
             allr = [a for i, a in enumerate(allr) if i % g < 2]
+        if self.args.solo and g < self.world:
+            allr = allr[:g] if op != "sendrecv" else allr[:2]
         worst = max(allr, key=lambda a: float(a[0]))
         t = float(worst[0])
         rec = {"op": op, "group": g, "bytes": nbytes, "time_s": t, "best_s": float(worst[1]),
                "mean_s": float(worst[2]), "algbw_GBps": nbytes / t / 1e9,
                "busbw_GBps": nbytes / t / 1e9 * BUS[op](g), "dtype": "bf16", "timing": timing,
-               "iters": iters, "warmup": warm, "concurrent_groups": self.world // g,
+               "iters": iters, "warmup": warm,
+               "concurrent_groups": 1 if self.args.solo else self.world // g,
                "per_rank_median_s": [float(a[0]) for a in allr],
                "nvls": os.environ.get("NCCL_NVLS_ENABLE")}
         rec.update(extra)
@@ -183,6 +193,10 @@ def main() -> int:
     ap.add_argument("--max-bytes", type=int, default=2**30)
     ap.add_argument("--budget-s", type=float, default=240)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-world", dest="world", action="store_false",
+                    help="only the --groups sizes, not the whole world")
+    ap.add_argument("--solo", action="store_true",
+                    help="groups smaller than the world: only the first group runs")
     args = ap.parse_args()
     b = Bench(args)
     if args.quick:

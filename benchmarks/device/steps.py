@@ -1053,7 +1053,7 @@ def run_case(args) -> None:
     assert c["world"] == world, f"{args.case} needs {c['world']} ranks, got {world}"
     warmup, timed = (1, 2) if args.quick else (args.warmup, args.steps)
     t_start = time.time()
-    rec = {"op": "train_step", "case": args.case, "gpus": world,
+    rec = {"op": "train_step", "case": args.case, "gpus": world, "run": args.label,
            "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "model": c["model"], "parallelism": {k: c[k] for k in ("tp", "pp", "dp", "v")},
            "scheme": c["scheme"], "schedule": c["schedule"], "recompute": c["recompute"],
@@ -1146,7 +1146,7 @@ def driver(args) -> int:
         limit = min(args.case_timeout_s, left)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={c['world']}", __file__, "--case", name, "--out", args.out,
-               "--warmup", str(args.warmup), "--steps", str(args.steps)]
+               "--warmup", str(args.warmup), "--steps", str(args.steps), "--label", args.label]
         if args.quick:
             cmd.append("--quick")
         if args.check:
@@ -1181,6 +1181,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--check", action="store_true",
                     help="with --quick: compare the layout's losses with one unsplit model")
+    ap.add_argument("--label", default="first", help="recorded as 'run' in each line")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--budget-s", type=float, default=420)
