@@ -108,6 +108,10 @@ def case_config(name: str, quick: bool, world: int | None = None) -> dict:
         shape = dict(QUICK, **keep)
         if c["shape"] == "B":
             shape["kv_heads"] = 4
+        tp, pp, v = c.get("tp", 1), c.get("pp", 1), c.get("v", 1)
+        if tp > 4:  # a head (and a KV head) per TP rank
+            shape["heads"] = shape["kv_heads"] = tp
+        shape["layers"] = max(shape["layers"], pp * v)
     c["model"] = shape
     c.setdefault("tp", 1)
     c.setdefault("pp", 1)
