@@ -381,7 +381,7 @@ class Estimator:
                     k = max(1, math.ceil(bucket / per_layer))
                     size = min(k * per_layer, grads)
                 else:
-                    size = min(bucket, grads)
+                    size = grads / v  # one bucket per model chunk (Megatron, overlap off)
                 n_b = max(1, math.ceil(grads / size))
                 each = self._cost(op, "dp", res, size) if dp > 1 else 0.0
                 total = n_b * each

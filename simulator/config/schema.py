@@ -214,7 +214,11 @@ class TrainingConfig(Frozen):
     )
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     recompute: Literal["none", "selective", "full"] = "none"
-    overlap_grad_reduce: bool = True
+    overlap_grad_reduce: bool = Field(
+        True,
+        description="reduce gradients in grad_bucket_MB buckets during the last backward; "
+        "off: one bucket per model chunk after backward (Megatron-LM's behaviour)",
+    )
     overlap_param_gather: bool = Field(
         False, description="ZeRO-1/2: overlap the post-step parameter all-gather with compute"
     )

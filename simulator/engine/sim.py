@@ -331,12 +331,12 @@ class Engine:
                     self._send(p, "B", vs, w.microbatch)
 
         if plan.zero != 3 and not plan.overlap_grad_reduce:
+            # Without overlap Megatron-LM puts a model chunk's whole gradient buffer in one
+            # bucket (megatron/core/distributed/distributed_data_parallel.py: bucket_size =
+            # None when overlap_grad_reduce is off): one collective per chunk, after backward.
             for c in sorted(buckets):
-                left = buckets[c]
-                while left > 0:
-                    chunk_bytes = min(left, plan.bucket_bytes)
-                    yield from self._dp_bucket(p, dp_reduce_op, chunk_bytes, bucket_id)
-                    left -= chunk_bytes
+                if buckets[c] > 0:
+                    yield from self._dp_bucket(p, dp_reduce_op, buckets[c], bucket_id)
         pending = self._pending.pop(p.pid, [])
         if pending:
             yield env.all_of(pending)
