@@ -113,7 +113,7 @@ def simulate(
     n = res.n_gpus
     tokens = t.global_batch * m.seq_len
     model_flops = tf.model_flops_per_step(m, t.global_batch)
-    hw_flops = tf.hardware_flops_per_step(m, t.global_batch, t.recompute)
+    hw_flops = executed_flops(events, procs, res.tp)
     peak = machine.gpu.peak_flops(t.precision)
     fits = mem_gib["total"] <= mem_gib["capacity"]
     warnings = []
@@ -147,6 +147,7 @@ def simulate(
         },
         "model_params": tf.total_params(m),
         "model_flops_per_step": model_flops,
+        "hardware_flops_per_step": hw_flops,
         "detail": detail,
         "simulated_processes": len(procs),
         "critical_process": crit.label,
@@ -166,6 +167,15 @@ def simulate(
     summary["trace_rows"] = len(events)
     summary["sim_wall_s"] = time.perf_counter() - t0
     return SimResult(summary, events, memory, links, {"link_series": _link_series(net, links)})
+
+
+def executed_flops(events: pd.DataFrame, procs, tp: int) -> float:
+    """FLOPs the simulated kernels executed in the step, over every GPU (the numerator of
+    ``hfu``): each event row's ``flops`` (one GPU's kernels, recomputation included) times the
+    GPUs its process stands for (a folded process: its TP group in each of its replicas)."""
+    gpus = {p.label: len(p.replicas) * (tp if p.tp_rank is None else 1) for p in procs}
+    per_proc = events.groupby("proc", sort=False)["flops"].sum()
+    return float(sum(f * gpus[label] for label, f in per_proc.items()))
 
 
 def _memory_table(mem_rows, procs) -> pd.DataFrame:

@@ -105,20 +105,29 @@ def test_model_flops_is_megatron_formula_exactly(model, B):
     L, h, V, s = model.layers, model.hidden, model.vocab, model.seq_len
     mfu = 72 * B * s * L * h * h * (1 + Fraction(s, 6 * h) + Fraction(V, 12 * L * h))
     hfu = 96 * B * s * L * h * h * (1 + Fraction(s, 6 * h) + Fraction(V, 16 * L * h))
-    assert tf.model_flops_per_step(model, B) == float(mfu)
+    # Narayanan et al. 2021 eq. 3: attention counted non-causal
+    assert tf.model_flops_per_step(model, B, causal=False) == float(mfu)
     assert tf.hardware_flops_per_step(model, B, "full") == float(hfu)
     assert tf.hardware_flops_per_step(model, B, "none") == float(mfu)
     # selective recompute re-runs QK^T and PV: 4 B s^2 h per layer
     assert tf.hardware_flops_per_step(model, B, "selective") == float(mfu + 4 * B * s * s * h * L)
+    # The default (MFU) counts causal attention, as Megatron-LM's num_floating_point_operations:
+    # half of the s x s matrix, s/(12h) in place of s/(6h).
+    causal = 72 * B * s * L * h * h * (1 + Fraction(s, 12 * h) + Fraction(V, 12 * L * h))
+    assert tf.model_flops_per_step(model, B) == float(causal)
 
 
 @pytest.mark.parametrize("model", [LLAMA2_7B, LLAMA2_70B, LLAMA3_405B])
 def test_model_flops_llama_is_6N_plus_attention(model):
-    # 6 x (matmul parameters) per token (Kaplan et al. 2020) + 12 l s h attention per token
+    # 6 x (matmul parameters) per token (Kaplan et al. 2020) + 6 l s h causal attention per
+    # token (12 l s h non-causal, PaLM's 12 L H Q T)
     B, s, h, L = 8, model.seq_len, model.hidden, model.layers
     norms_per_layer = 2 * h
     n_matmul = L * (tf.layer_params(model) - norms_per_layer) + model.vocab * h
-    assert tf.model_flops_per_step(model, B) == 6 * n_matmul * B * s + 12 * L * s * h * B * s
+    assert tf.model_flops_per_step(model, B) == 6 * n_matmul * B * s + 6 * L * s * h * B * s
+    assert tf.model_flops_per_step(model, B, causal=False) == (
+        6 * n_matmul * B * s + 12 * L * s * h * B * s
+    )
 
 
 @pytest.mark.parametrize(
@@ -128,14 +137,17 @@ def test_model_flops_llama_is_6N_plus_attention(model):
      (gpt(105, 20480, 128), 280, 280, 37.83, 0.560), (gpt(128, 25600, 160), 512, 512, 71.49, 0.563)],
 )  # fmt: skip
 def test_korthikanti_table5_mfu(model, B, n_gpus, time_s, mfu):
-    got = tf.model_flops_per_step(model, B) / (time_s * n_gpus * 312e12)
+    # the paper counts attention non-causal
+    got = tf.model_flops_per_step(model, B, causal=False) / (time_s * n_gpus * 312e12)
     assert got == pytest.approx(mfu, abs=0.003)
 
 
 def test_sc21_model_vs_hardware_flops_ratio():
     # published.yaml megatron-sc21-table1-1.7B: 137 TFLOP/s hardware -> 0.335 model-FLOPs MFU
     m = gpt(24, 2304, 24)
-    ratio = tf.model_flops_per_step(m, 512) / tf.hardware_flops_per_step(m, 512, "full")
+    ratio = tf.model_flops_per_step(m, 512, causal=False) / tf.hardware_flops_per_step(
+        m, 512, "full"
+    )
     assert 137e12 * ratio / 312e12 == pytest.approx(0.335, abs=0.001)
 
 

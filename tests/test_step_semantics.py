@@ -33,3 +33,25 @@ def test_no_overlap_reduces_in_one_bucket(tmp_path, detail):
     # The one bucket holds every parameter's fp32 gradient (tp = pp = 1).
     assert dp["bytes"].iloc[0] == pytest.approx(tf.total_params(load_workload(
         tmp_path / "work.yaml").workload.model) * 4, rel=1e-9)
+
+
+LONG = {"layers": 2, "hidden": 4096, "ffn_hidden": 14336, "heads": 32, "kv_heads": 8,
+        "vocab": 128256, "seq_len": 262_144, "activation": "swiglu"}
+
+
+def test_mfu_counts_causal_attention_and_never_exceeds_one(tmp_path):
+    """Model FLOPs count causal attention (Megatron-LM's counting); at 262,144 tokens a
+    sequence attention is most of the work, and non-causal counting reported MFU > 1."""
+    work = {"name": "long", "model": LONG, "training": {"global_batch": 1},
+            "parallelism": {"tp": 8, "pp": 1, "dp": 1, "sequence_parallel": True}}
+    s = _run(tmp_path, work, small_topology()).summary
+    b, sq, L, h, V = 1, LONG["seq_len"], LONG["layers"], LONG["hidden"], LONG["vocab"]
+    kv = h // LONG["heads"] * LONG["kv_heads"]
+    gemm_fwd = 2 * b * sq * (L * (h * (h + 2 * kv) + h * h + 3 * h * LONG["ffn_hidden"]) + h * V)
+    attn_fwd = L * 2 * b * sq * sq * h  # the lower triangle of QK^T, then PV
+    assert s["model_flops_per_step"] == pytest.approx(3 * (gemm_fwd + attn_fwd), rel=1e-12)
+    # Executed: backward GEMMs twice the forward, flash backward 2.5x its forward (FA-2).
+    assert s["hardware_flops_per_step"] == pytest.approx(3 * gemm_fwd + 3.5 * attn_fwd, rel=1e-9)
+    assert 0 < s["mfu"] <= s["hfu"] <= 1.0
+    peak = s["tflops_per_gpu"] / s["mfu"]
+    assert peak == pytest.approx(989.4, rel=1e-3)  # H100 SXM dense bf16 (catalog)

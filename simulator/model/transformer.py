@@ -22,7 +22,8 @@ FLOP conventions: a GEMM ``[m,k] @ [k,n]`` costs ``2mkn``. Attention ``softmax(Q
 half of it, and its backward 2.5x the forward (the convention of the calibration data,
 ``shared/calibration/README.md``, and of FlashAttention-2, Dao 2023). Memory-bound ops carry
 ``flops = 0``: their time is their HBM bytes over bandwidth, and model FLOPs (MFU) count only
-matrix products (Narayanan et al. 2021, arXiv:2104.04473, Appendix).
+matrix products (Narayanan et al. 2021, arXiv:2104.04473, Appendix), with causal attention
+(Megatron-LM's current counting; :func:`model_flops_per_step`).
 """
 
 from __future__ import annotations
@@ -575,35 +576,49 @@ def layer_forward_flops(
     return tokens * (mm + (att // 2 if causal else att))
 
 
-def model_flops_per_step(model: ModelConfig, global_batch: int) -> float:
-    """Model FLOPs of one optimizer step: 3 x the forward matmul FLOPs (forward, plus a
-    backward of twice the forward), attention counted non-causal, no recomputation.
+def model_flops_per_step(model: ModelConfig, global_batch: int, *, causal: bool = True) -> float:
+    """Model FLOPs of one optimizer step (the numerator of MFU): 3 x the forward matmul FLOPs
+    (forward, plus a backward of twice the forward), no recomputation.
 
-    For GPT this is ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` (Narayanan et al. 2021, eq. 3
-    without recomputation; Korthikanti et al. 2022, Section 6); for Llama the same counting
-    with GQA projections and three SwiGLU matrices; for an MoE model the active parameters
-    only (``top_k`` routed and the shared experts, the router) and MLA's projections.
-    Computed in exact integers.
+    Attention is counted **causal** by default: only the lower triangle of ``QK^T`` is needed
+    and multiplied with ``V``, ``2 b s^2 h`` forward -- Megatron-LM's
+    ``num_floating_point_operations`` (megatron/training/training.py: "only half of the
+    attention matrix is non-zero"). Causal counting never exceeds what a causal kernel
+    executes, so MFU <= 1. ``causal=False`` gives the older convention of Narayanan et al. 2021
+    (eq. 3 without recomputation, ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` for GPT),
+    Korthikanti et al. 2022 and PaLM (Chowdhery et al. 2022, App. B, ``6N + 12 L H Q T``), for
+    comparing with figures published that way. Llama: the same counting with GQA projections
+    and three SwiGLU matrices; an MoE model: the active parameters only (``top_k`` routed and
+    the shared experts, the router) and MLA's projections. Computed in exact integers.
     """
     tokens = global_batch * model.seq_len
-    layers = _sum_layers(model, lambda x: layer_forward_flops(model, tokens, moe_layer=x))
+    layers = _sum_layers(
+        model, lambda x: layer_forward_flops(model, tokens, causal=causal, moe_layer=x)
+    )
     fwd = layers + tokens * 2 * model.hidden * model.vocab
     return float(3 * fwd)
 
 
-def hardware_flops_per_step(model: ModelConfig, global_batch: int, recompute: str) -> float:
-    """Model FLOPs plus the recomputed forward: ``full`` recomputes every layer's forward
-    (for GPT: ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))``, Narayanan et al. 2021, eq. 3);
-    ``selective`` recomputes the attention core, ``4 B s^2 h`` per layer non-causal
-    (Korthikanti et al. 2022, Section 5)."""
+def hardware_flops_per_step(
+    model: ModelConfig, global_batch: int, recompute: str, *, causal: bool = False
+) -> float:
+    """Closed form of model FLOPs plus the recomputed forward, in the published convention
+    (``causal=False``): ``full`` recomputes every layer's forward (for GPT:
+    ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))``, Narayanan et al. 2021, eq. 3); ``selective``
+    recomputes the attention core, ``4 B s^2 h`` per layer non-causal (Korthikanti et al.
+    2022, Section 5). For comparing with papers; a run's ``hfu`` counts instead the FLOPs its
+    kernels execute (the events table)."""
     tokens = global_batch * model.seq_len
+    att = _attention_flops_per_token(model) // (2 if causal else 1)
     extra = {
         "none": 0,
-        "selective": model.layers * tokens * _attention_flops_per_token(model),
-        "full": _sum_layers(model, lambda x: layer_forward_flops(model, tokens, moe_layer=x)),
+        "selective": model.layers * tokens * att,
+        "full": _sum_layers(
+            model, lambda x: layer_forward_flops(model, tokens, causal=causal, moe_layer=x)
+        ),
     }
     if recompute not in extra:
         raise ConfigError(
             f"recompute={recompute!r} (accepted: none, selective, full)", field="training.recompute"
         )
-    return model_flops_per_step(model, global_batch) + float(extra[recompute])
+    return model_flops_per_step(model, global_batch, causal=causal) + float(extra[recompute])
