@@ -256,6 +256,10 @@ class Estimator:
         )
         act_embed = mem.embedding_activation_bytes(m, **kw, **impl)
         act_head = mem.head_activation_bytes(m, **kw, **impl)
+        # a recomputed layer's activations, held again during its backward (as the engine)
+        act_rc = max(0.0, mem.activation_bytes_per_layer(
+            m, recompute="none", flash_attention=t.flash_attention, **kw, **impl
+        ) - act_layer)
         pp, v = res.size("pp"), res.virtual_stages
         last = pp * v - 1
         worst = 0.0
@@ -272,7 +276,10 @@ class Estimator:
                 b += act_head if vs == last else 0.0
                 chunk.append(b)
             acts = peak_inflight_bytes(cand.pp_schedule, s, pp, res.microbatches, v, tuple(chunk))
-            worst = max(worst, states + acts)
+            # The backward after that peak re-runs a layer (recompute) first; on the last
+            # stage the LM head's backward frees its activations before that.
+            freed = act_head if s == pp - 1 else 0.0
+            worst = max(worst, states + acts + max(0.0, act_rc - freed))
         return worst
 
     # ---- time

@@ -55,3 +55,25 @@ def test_mfu_counts_causal_attention_and_never_exceeds_one(tmp_path):
     assert 0 < s["mfu"] <= s["hfu"] <= 1.0
     peak = s["tflops_per_gpu"] / s["mfu"]
     assert peak == pytest.approx(989.4, rel=1e-3)  # H100 SXM dense bf16 (catalog)
+
+
+@pytest.mark.parametrize("detail", ["folded", "full"])
+def test_full_recompute_holds_the_recomputed_layer(tmp_path, detail):
+    """Full recompute keeps only each layer's input (2sbh) through the forward, but the
+    backward of a layer first re-runs its forward: Korthikanti et al. 2022's sbh(34 + 5as/h)
+    (GPT, dropout, no flash attention, no TP) is allocated again, beside the other layers'
+    checkpoints, until that layer's backward ends."""
+    model = {**SMALL_MODEL, "layers": 4, "vocab": 4096, "seq_len": 2048}
+    work = {"name": "rc", "model": model,
+            "training": {"global_batch": 2, "recompute": "full", "flash_attention": False},
+            "parallelism": {"tp": 1, "pp": 1, "dp": 2}}
+    res = _run(tmp_path, work, small_topology(nodes=1, gpus_per_node=2), detail)
+    s, b, h, a, L = model["seq_len"], 1, model["hidden"], model["heads"], model["layers"]
+    sbh = s * b * h
+    layer_full = sbh * (34 + 5 * a * s / h)  # Korthikanti Sec. 4.1, bytes
+    checkpoints = (L - 1) * 2 * sbh  # the other layers' inputs, still held
+    peak = res.summary["memory_gib"]["activations"] * 1024**3
+    assert peak >= checkpoints + layer_full
+    # ... and released again: no activation outlives the step.
+    mem = res.memory[res.memory["what"] == "activations"]
+    assert mem.groupby("proc")["delta_bytes"].sum().abs().max() < 1.0

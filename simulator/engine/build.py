@@ -297,18 +297,25 @@ class _Builder:
         pr = Pricer(self.job.machine.compute, t.precision, t.kernels, t.param_dtype)
         return tuple(pr.part(op) for op in ops)
 
-    def activations(self) -> tuple[float, float, float]:
+    def activations(self) -> tuple[float, float, float, float]:
         """Bytes a micro-batch keeps per layer, for the embedding and for the head (one
-        context-parallel rank keeps its ``s/cp`` tokens' share)."""
+        context-parallel rank keeps its ``s/cp`` tokens' share), and what a recomputed layer
+        holds again from its recompute to the end of its backward: recompute re-runs the
+        layer's forward just before its backward, so what it dropped in the forward
+        (everything but the layer input with ``full``, the attention core with
+        ``selective``) is allocated again until the layer's backward ends."""
         t, m = self.t, self.local_model
         mkw = dict(micro_batch=t.micro_batch, tp=self.tp, sequence_parallel=self.sp,
                    kernels=t.kernels, param_dtype=t.param_dtype)  # fmt: skip
         layer = mem.activation_bytes_per_layer(
             m, recompute=t.recompute, flash_attention=t.flash_attention, **mkw
         )
+        whole = mem.activation_bytes_per_layer(
+            m, recompute="none", flash_attention=t.flash_attention, **mkw
+        )
         # eager: the loss's working set too (the head's peak, from its forward to its backward)
         head = mem.head_activation_bytes(m, include_transient=t.kernels == "eager", **mkw)
-        return layer, mem.embedding_activation_bytes(m, **mkw), head
+        return layer, mem.embedding_activation_bytes(m, **mkw), head, max(0.0, whole - layer)
 
     # ---- communication: folded costs, or full-detail executors
     # Folded mode runs data-parallel / ZeRO collectives (every concurrent group's flows, steps
@@ -412,7 +419,7 @@ class _Builder:
         pb, gb = BYTES[t.param_dtype], BYTES[t.grad_reduce_dtype]
         lp, emb = tf.layer_params(m), tf.embedding_params(m)
         head = tf.head_params(m) + tf.final_norm_params(m)
-        act_layer, act_embed, act_head = self.activations()
+        act_layer, act_embed, act_head, act_recompute = self.activations()
         grad_prep, grad_finalize = self.grad_work()
         full = self.detail == "full"
         sizes = {d: self.lay.size(d) for d in self.lay.dims}
@@ -435,6 +442,7 @@ class _Builder:
             act_bytes_layer=act_layer,
             act_bytes_embed=act_embed,
             act_bytes_head=act_head,
+            act_bytes_recompute=act_recompute,
             static_mem=self.static_mem,
             optimizer_program=self.optimizer_program,
             pp_bytes=tf.pp_activation_bytes(

@@ -116,6 +116,8 @@ class StepPlan:
     grad_finalize: Callable[[Proc], Program] | None = None  # after the reduction, per step
     comm_cost: Callable[[CommSpec, Proc], object] | None = None  # folded: the CollectiveCost
     gather_keep_fraction: float = 0.0  # of a gathered ZeRO-3 layer not already held locally
+    # what a recomputed layer holds again from its recompute to the end of its backward
+    act_bytes_recompute: float = 0.0
     part_cost: Callable[[Proc, Part], object] | None = None  # folded: a program collective's cost
 
 
@@ -270,7 +272,11 @@ class Engine:
                     return sign * plan.act_bytes_embed
                 if label == "head":
                     return sign * plan.act_bytes_head
-                return sign * plan.act_bytes_layer
+                if "recompute" in label:  # the layer's activations exist again ...
+                    return plan.act_bytes_recompute
+                if sign < 0:  # ... until its backward frees them with the stored ones
+                    return -plan.act_bytes_layer - plan.act_bytes_recompute
+                return plan.act_bytes_layer
             return f
 
         for w in order:
@@ -312,7 +318,7 @@ class Engine:
                     # Gradients of the last micro-batch complete layer by layer: launch buckets.
                     for seg in segs:
                         yield from self._run_segments(p, [seg], _kind(seg[0]), w.microbatch,
-                                                      act_delta(-1) if "recompute" not in seg[0] else None)
+                                                      act_delta(-1))
                         if "recompute" in seg[0]:
                             continue
                         buckets[w.chunk] += self._grad_bytes(seg, vs)
@@ -358,9 +364,8 @@ class Engine:
         p.end_s = env.now
 
     def _run_backward_segments(self, p, segs, mb, mem_after):
-        """Backward segments; memory is released only after the layer's backward, not recompute."""
-        def f(label, layer):
-            return 0.0 if "recompute" in label else mem_after(label, layer)
+        """Backward segments; a recompute allocates, the layer's backward frees."""
+        f = mem_after
         # Recompute and backward rows carry their own kinds.
         run: list = []
         for seg in segs:
@@ -426,7 +431,7 @@ class Engine:
                 yield gathers[u]
             # Let the collectives issued at this instant start, so the kernels see them.
             yield self.env.timeout(0)
-            f = mem_after if "recompute" not in label else None
+            f = mem_after
             yield from self._run_segments(p, [seg], _kind(label) if kind == "bwd" else kind, mb, f)
             last_use = kind == "fwd" or "recompute" not in label
             pbytes, gbytes = sizes(u)
