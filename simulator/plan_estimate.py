@@ -360,6 +360,10 @@ class Estimator:
                 sequence_parallel=cand.sequence_parallel,
                 scatter_gather=work.parallelism.pp_scatter_gather,
             ))  # fmt: skip
+            if tp > 1 and work.parallelism.pp_scatter_gather and not cand.sequence_parallel:
+                # the receiver all-gathers the 1/tp pieces over its TP group (as the engine)
+                send += self._cost("all_gather", "tp", res, tf.pp_activation_bytes(
+                    work.model, micro_batch=cand.micro_batch, tp=1, sequence_parallel=False))
             pp_comm = 2 * (m + pp * v - 1) * send
 
         # Tail per stage: gradient reduction, optimizer, ZeRO-1/2 parameter all-gather. Stage s

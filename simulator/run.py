@@ -113,7 +113,7 @@ def simulate(
     n = res.n_gpus
     tokens = t.global_batch * m.seq_len
     model_flops = tf.model_flops_per_step(m, t.global_batch)
-    hw_flops = executed_flops(events, procs, res.tp)
+    hw_flops = executed_flops(events, procs, res.n_gpus // (res.size("dp") * res.size("pp")))
     peak = machine.gpu.peak_flops(t.precision)
     fits = mem_gib["total"] <= mem_gib["capacity"]
     warnings = []
@@ -169,11 +169,12 @@ def simulate(
     return SimResult(summary, events, memory, links, {"link_series": _link_series(net, links)})
 
 
-def executed_flops(events: pd.DataFrame, procs, tp: int) -> float:
+def executed_flops(events: pd.DataFrame, procs, inner: int) -> float:
     """FLOPs the simulated kernels executed in the step, over every GPU (the numerator of
     ``hfu``): each event row's ``flops`` (one GPU's kernels, recomputation included) times the
-    GPUs its process stands for (a folded process: its TP group in each of its replicas)."""
-    gpus = {p.label: len(p.replicas) * (tp if p.tp_rank is None else 1) for p in procs}
+    GPUs its process stands for (a folded process: the ``inner`` GPUs of a replica's stage,
+    its TP x CP group, in each of its replicas)."""
+    gpus = {p.label: len(p.replicas) * (inner if p.coords is None else 1) for p in procs}
     per_proc = events.groupby("proc", sort=False)["flops"].sum()
     return float(sum(f * gpus[label] for label, f in per_proc.items()))
 

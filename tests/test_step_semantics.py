@@ -77,3 +77,29 @@ def test_full_recompute_holds_the_recomputed_layer(tmp_path, detail):
     # ... and released again: no activation outlives the step.
     mem = res.memory[res.memory["what"] == "activations"]
     assert mem.groupby("proc")["delta_bytes"].sum().abs().max() < 1.0
+
+
+@pytest.mark.parametrize("detail", ["folded", "full"])
+def test_pp_scatter_gather_gathers_at_the_receiver(tmp_path, detail):
+    """Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1) sends 1/tp of a stage
+    boundary tensor per TP rank and all-gathers it over NVLink at the receiver, before the
+    receiver can use it: one gather per received activation and per received gradient, each
+    no faster than a ring all-gather at the NVLink rate."""
+    model = {**SMALL_MODEL, "seq_len": 4096}
+    tp, m = 4, 4
+    work = {"name": "sg", "model": model, "training": {"global_batch": m},
+            "parallelism": {"tp": tp, "pp": 2, "dp": 1, "sequence_parallel": False,
+                            "pp_scatter_gather": True}}
+    topo = small_topology(nvlink_bandwidth_GBps=450.0)
+    res = _run(tmp_path, work, topo, detail)
+    ev = res.events
+    gathers = ev[(ev["kind"] == "pp_comm") & (ev["stream"] == "compute")]
+    per_stage = gathers.groupby(["stage", "gpu"]).size()
+    # stage 1 receives m activations, stage 0 m gradients; every TP rank (full) or the
+    # group's process (folded) gathers each once
+    assert set(per_stage.index.get_level_values("stage")) == {0, 1}
+    assert (per_stage == m).all(), per_stage.to_dict()
+    full_bytes = 4096 * model["hidden"] * 2  # b s h, bf16
+    ring = (tp - 1) / tp * full_bytes / 450e9
+    assert (gathers["end_s"] - gathers["start_s"]).min() >= ring
+    assert res.summary["breakdown_s"]["pp_comm"] >= m * ring

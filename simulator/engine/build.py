@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import simpy
@@ -214,12 +214,22 @@ class _Builder:
                 return cache[k]
 
             t = self.t
-            hit = self._progs[key] = build_stage_programs(
+            hit = build_stage_programs(
                 model=self.m, micro_batch=t.micro_batch, tp=self.tp, sp=self.sp,
                 recompute=t.recompute, dtype=t.precision, cm=self.job.machine.compute,
                 comm_cost=comm_cost, flash_attention=t.flash_attention, kernels=t.kernels,
                 param_dtype=t.param_dtype, cp=self.lay.size("cp"), cp_comm=self.par.cp_comm,
             )  # fmt: skip
+            if self.pp > 1 and self.tp > 1 and self.par.pp_scatter_gather and not self.sp:
+                # Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1): each TP rank
+                # sends 1/tp of the boundary tensor; the receiver all-gathers it over its TP
+                # group before using it (activations forward, gradients backward).
+                whole = tf.pp_activation_bytes(self.local_model, micro_batch=t.micro_batch,
+                                               tp=1, sequence_parallel=False)  # fmt: skip
+                gather = Part("pp all_gather", "comm", comm_cost("tp", "all_gather", whole),
+                              op="all_gather", nbytes=whole, dim="tp")  # fmt: skip
+                hit = replace(hit, pp_gather=(gather,))
+            self._progs[key] = hit
         return hit
 
     def _make_procs(self) -> None:

@@ -51,6 +51,8 @@ class StagePrograms:
     embed_bwd: Program
     head_fwd: Program
     head_bwd: Program
+    # the receiver's TP all-gather of a pipeline transfer sent split 1/tp (scatter/gather)
+    pp_gather: Program = ()
 
 
 def memory_access(name: str, kernels: str = "fused", param_dtype: str = "bf16") -> str:

@@ -285,6 +285,7 @@ class Engine:
             if w.phase == "F":
                 if vs > 0:
                     yield self._recv_event(p.pid, "F", vs, w.microbatch)
+                    yield from self._pp_gather(p, "act", w.microbatch)
                 if w.chunk in start_gathers:
                     yield start_gathers.pop(w.chunk)
                 segs = []
@@ -302,6 +303,7 @@ class Engine:
             else:
                 if vs < last_vs:
                     yield self._recv_event(p.pid, "B", vs, w.microbatch)
+                    yield from self._pp_gather(p, "grad", w.microbatch)
                 segs = []
                 if vs == last_vs:
                     segs.append(("head", -1, progs.head_bwd))
@@ -362,6 +364,12 @@ class Engine:
                 evs.append(self._issue(p, spec))
             yield env.all_of(evs)
         p.end_s = env.now
+
+    def _pp_gather(self, p: Proc, what: str, mb: int):
+        """The receiver's TP all-gather of a pipeline transfer sent split (scatter/gather)."""
+        if p.programs.pp_gather:
+            seg = (f"{what} mb{mb} all_gather", -1, p.programs.pp_gather)
+            yield from self._run_segments(p, [seg], "pp_comm", mb)
 
     def _run_backward_segments(self, p, segs, mb, mem_after):
         """Backward segments; a recompute allocates, the layer's backward frees."""

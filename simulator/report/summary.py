@@ -2,7 +2,8 @@
 
 Breakdown (exposed time on the critical path). The process that finishes last defines the step.
 Its compute stream is busy with compute, exposed communication of a parallel dimension in its
-programs (``tp_comm``, ``cp_comm``: a collective the next kernel waits for) or the optimizer;
+programs (``tp_comm``, ``cp_comm``: a collective the next kernel waits for), the optimizer, or
+the all-gather of a received pipeline tensor sent split over the TP ranks (``pp_comm``);
 those are disjoint, so each is a plain sum. Every
 instant the compute stream is idle is then charged, in order, to data-parallel / ZeRO
 communication in flight on this GPU (``dp_comm``), to an incoming pipeline transfer
@@ -76,6 +77,8 @@ def breakdown(
     for s, e, comp, comm, kind in proc.busy:
         if kind == "optimizer":
             out["optimizer"] += e - s
+        elif kind == "pp_comm":  # a received pipeline tensor gathered over the TP group
+            out["pp_comm"] += e - s
         else:
             out["compute"] += comp
             exposed = 0.0
