@@ -57,12 +57,14 @@ def test_mla_parameters_by_hand():
 
 
 def test_model_flops_count_active_parameters():
-    # 3 x forward; forward = 2 x (active matrix entries) per token + non-causal attention
-    # (4 s H hd per token for GQA) + the LM head.
+    # 3 x forward; forward = 2 x (active matrix entries) per token + causal attention
+    # (2 s H hd per token for GQA; non-causal 4 s H hd) + the LM head.
     B, s, h, L = 8, 4096, 4096, 32
     mats = h * (h + 2 * 1024) + h * h + 2 * 3 * h * 14336 + h * 8
-    fwd = B * s * (L * (2 * mats + 4 * s * 32 * 128) + 2 * h * 32000)
+    fwd = B * s * (L * (2 * mats + 2 * s * 32 * 128) + 2 * h * 32000)
     assert tf.model_flops_per_step(MIXTRAL, B) == 3 * fwd
+    non_causal = B * s * (L * (2 * mats + 4 * s * 32 * 128) + 2 * h * 32000)
+    assert tf.model_flops_per_step(MIXTRAL, B, causal=False) == 3 * non_causal
 
 
 def test_mla_attention_flops():
