@@ -168,9 +168,6 @@ def test_ddp_buckets_and_fsdp_states():
     assert (s.weights, s.gradients, s.optimizer) == (1e9, 1e9, 2e9)
     f = mem.model_state_bytes(n, zero=3, dp=4, param_dtype="bf16", grad_dtype="fp32")
     assert f.total == 18 * n / 4
-    # the unsharded gradient of a unit: bf16 from autograd, then its fp32 copy to reduce
-    assert mem.fsdp_unit_grad_bytes(n, param_dtype="bf16", grad_dtype="fp32") == 6e9
-    assert mem.fsdp_unit_grad_bytes(n, param_dtype="fp32", grad_dtype="fp32") == 4e9
     with pytest.raises(ConfigError):
         mem.model_state_bytes(n, zero=0, dp=1, kernels="jit")
 

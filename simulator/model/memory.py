@@ -137,18 +137,6 @@ def ddp_bucket_bytes(
     return float(DDP_BUCKET_SETS * n_params * g)
 
 
-def fsdp_unit_grad_bytes(n_unit_params: float, *, param_dtype: str, grad_dtype: str) -> float:
-    """The unsharded gradient of one FSDP unit between its backward and its reduce-scatter
-    (``kernels="eager"``, ZeRO-3): autograd writes it in the parameters' compute dtype, and
-    FSDP's ``MixedPrecision(reduce_dtype=...)`` casts it to the reduce dtype before the
-    reduce-scatter (PyTorch FSDP docs, ``MixedPrecision``; Zhao et al. 2023, arXiv:2304.11277,
-    Section 4): ``n * (p + g)`` bytes when the dtypes differ, ``n * p`` when they do not. A
-    transient; the sharded result is the ``gradients`` state."""
-    p = dtype_bytes(param_dtype, "training.param_dtype")
-    g = dtype_bytes(grad_dtype, "training.grad_reduce_dtype")
-    return float(n_unit_params * (p + (g if g != p else 0)))
-
-
 # --------------------------------------------------------------------------------------------
 # Activations
 
