@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -109,10 +110,17 @@ class _Proto:
 class CollectiveModel(AlgorithmPhases):
     """Cost of collectives on a topology (see the module docstring)."""
 
-    def __init__(self, topology: Topology):
+    def __init__(self, topology: Topology, fabrics: Mapping[str, Any] | None = None):
+        """``fabrics``: the constants of ``fabrics.yaml`` (default) or a variant of them (the
+        calibration refits them: ``python -m simulator.calibrate network``)."""
         self.topology = topology
-        fab = load_fabrics()["nccl"]
-        self.capacity = topology.effective_capacity()
+        if fabrics is None:
+            fabrics = load_fabrics()
+            self.capacity = topology.effective_capacity()
+        else:
+            self.capacity = topology.effective_capacity(
+                {kind: float(v["efficiency"]) for kind, v in fabrics["links"].items()})
+        fab = fabrics["nccl"]
         self._launch = float(fab["launch_us"]) * 1e-6
         #: what a host-synchronised measurement of one call adds to it (not paid in training)
         self.host_sync_overhead_s = float(fab.get("host_sync_overhead_us", 0.0)) * 1e-6

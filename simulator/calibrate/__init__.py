@@ -1,0 +1,23 @@
+"""Reproducible calibration: every fitted constant set of the catalog, refitted from the
+measurement files in the repository, printed beside the value the catalog ships.
+
+    python -m simulator.calibrate [network|launch|interference|memory|compute|all]
+
+| set | module | data | catalog |
+|---|---|---|---|
+| network: NVLink efficiency, launch, copy rate, intra-node ring step; the launch split | :mod:`.network` | ``data/calibration/h200x4-nvswitch/collectives.jsonl`` (fit), ``data/measured/h200x4/collectives.jsonl`` (split) | ``simulator/network/fabrics.yaml`` |
+| kernel launch gap, copy bandwidth | :mod:`.launch` | ``simulator/hardware/data/*/sync_vs_events.jsonl``, ``gemm.jsonl`` | ``gpus.yaml`` ``kernel_launch_s``, ``hbm_efficiency`` |
+| compute slowed beside communication | :mod:`.interference` | ``data/measured/h200x4/interference.jsonl`` | ``fabrics.yaml`` ``compute_slowdown_beside_comm`` |
+| memory-bound access classes | :mod:`.memory` | ``data/measured/h100x1``, ``data/measured/h200x1`` | ``gpus.yaml`` ``memory_access`` |
+| GEMM and flash-attention parameters | :mod:`.compute` | the ``calibration`` files of each GPU in ``gpus.yaml`` | ``gpus.yaml`` ``gemm``, ``attention`` |
+
+Each module has ``refit() -> dict[name, (refitted, shipped)]``; ``tests/test_calibration.py``
+checks that every shipped constant equals its refit within the rounding stated there. No
+validation suite (``validation/``) is read by any of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
