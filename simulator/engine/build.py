@@ -473,6 +473,8 @@ class _Builder:
             ),
             grad_finalize=grad_finalize,
             interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
+            comm_slowdown={op: float(v) for op, v in
+                           load_fabrics()["nccl"].get("comm_slowdown_beside_compute", {}).items()},
             part_cost=self.comm.part_cost,
         )
 

@@ -24,7 +24,7 @@ one SimPy timeout, while the events table still gets one row per layer with the 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -111,6 +111,8 @@ class StepPlan:
     #: GPUs in a group of each stream (``dp`` and ``gather``: the gradient-reduction group,
     #: cp x dp); a collective over one GPU completes at once and moves nothing
     group_size: dict[str, int] = field(default_factory=dict)
+    # per op: how much longer a data-parallel / ZeRO collective takes while its GPU computes
+    comm_slowdown: Mapping[str, float] = field(default_factory=dict)
     grad_prep: Callable[[float], Program] | None = None  # work on a bucket of grad bytes
     unit_bytes: Callable[[str], tuple[float, float]] | None = None  # ZeRO-3 embed/head sizes
     grad_finalize: Callable[[Proc], Program] | None = None  # after the reduction, per step
@@ -519,6 +521,12 @@ class Engine:
             yield env.process(self.plan.comm_exec(spec, p0))
         else:
             yield env.timeout(self.plan.comm_time(spec, p0))
+        slow = self.plan.comm_slowdown.get(spec.op, 0.0) if shares_gpu else 0.0
+        if slow:
+            # the collective's kernels ran slower for as long as their GPU computed beside them
+            beside = max(_busy_within(p.busy, start, env.now) for p, *_ in entry)
+            if beside > 0.0:
+                yield env.timeout(slow * beside)
         if shares_gpu:
             for p, *_ in entry:
                 self._inflight[p.pid] -= 1
@@ -558,6 +566,18 @@ class Engine:
         dst_proc.comm_iv["pp_in"].append((start, env.now))
         done.succeed()
         recv.succeed()
+
+
+def _busy_within(busy: list[tuple], a: float, b: float) -> float:
+    """Seconds of [a, b] during which a process's compute ran (its ``busy`` intervals are in
+    time order and do not overlap)."""
+    out = 0.0
+    for iv in reversed(busy):
+        s, e = iv[0], iv[1]
+        if e <= a:
+            break
+        out += max(0.0, min(e, b) - max(s, a))
+    return out
 
 
 def _flops(prog: Sequence[Part]) -> float:
