@@ -525,7 +525,7 @@ class Engine:
         if slow:
             # the collective's kernels ran slower for as long as their GPU computed beside them
             beside = max(_busy_within(p.busy, start, env.now) for p, *_ in entry)
-            if beside > 0.0:
+            if slow * beside > 1e-9:  # (below a nanosecond: a rounding tie, no extra event)
                 yield env.timeout(slow * beside)
         if shares_gpu:
             for p, *_ in entry:
