@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 
 from simulator.config.load import LoadedWorkload, load_sweep, load_workload
 from simulator.config.schema import SweepConfig
-from simulator.cost import COST_KEYS, with_training_cost
+from simulator.cost import COST_KEYS, PER_MTOKEN_KEYS, with_training_cost
 from simulator.engine.records import BREAKDOWN_KEYS
 from simulator.errors import ConfigError, SimulatorError
 from simulator.hardware.catalog import DATA_DIR
@@ -106,6 +106,7 @@ RESULT_COLUMNS: dict[str, str] = {
     },
     "events": "int",
     **{k: "float" for k in COST_KEYS},
+    **{k: "float" for k in PER_MTOKEN_KEYS},
 }
 
 #: Columns a sweep's ``metric`` may name.

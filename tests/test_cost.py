@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from simulator.config.load import load_workload
-from simulator.cost import COST_KEYS, training_cost, with_training_cost
+from simulator.cost import COST_KEYS, per_mtoken, rates, training_cost, with_training_cost
 from simulator.hardware.catalog import load_gpu
 from tests.conftest import ROOT
 
@@ -86,4 +86,56 @@ def test_catalog_price_and_override():
 
 def test_no_tokens_leaves_summary_alone():
     loaded = load_workload(ROOT / "workloads" / "llama70b.yaml", {"training.tokens": None})
-    assert with_training_cost(SUMMARY, loaded) == SUMMARY
+    out = with_training_cost(SUMMARY, loaded)
+    assert not any(k in out for k in COST_KEYS)  # no run length: only the per-token figures
+    assert out["cost_per_Mtoken_usd"] > 0
+
+
+@dataclass(frozen=True)
+class Facility:
+    pue: float = 1.3
+    node_overhead_W: float = 4600.0
+    price_per_gpu_hour: float | None = None
+    capex_per_gpu_usd: float | None = 30000.0
+    amortisation_years: float = 4.0
+    electricity_usd_per_kWh: float = 0.1
+
+
+def test_purchase_per_million_tokens_by_hand():
+    """Issue 15.10: (700 W + 4,600 W / 8 GPUs) x PUE 1.3 = 1,657.5 W per GPU; a GPU-hour of
+    a $30,000 GPU over 4 years is 30,000 / 35,064 h + 1.6575 kW x $0.1 = $1.02131. At 1e6
+    tokens/s on 1,024 GPUs a million tokens takes 1,024 / 3,600 GPU-hours."""
+    r = rates(Gpu(), Facility(), 8)
+    assert r["power_per_gpu_W"] == pytest.approx(1657.5)
+    assert r["usd_per_gpu_hour"] == pytest.approx(30000 / 35064 + 0.16575)
+    per = per_mtoken(SUMMARY, r)
+    gh = 1024 / 3600
+    assert per["cost_per_Mtoken_usd"] == pytest.approx(gh * (30000 / 35064 + 0.16575))
+    assert per["energy_per_Mtoken_kWh"] == pytest.approx(gh * 1.6575)
+    run = training_cost(SUMMARY, Gpu(), 1e12, facility=Facility(), gpus_per_node=8)
+    assert run["energy_MWh"] == pytest.approx(1e6 * per["energy_per_Mtoken_kWh"] / 1e3)
+    assert run["cost_usd"] == pytest.approx(1e6 * per["cost_per_Mtoken_usd"])
+    rent = rates(Gpu(), Facility(capex_per_gpu_usd=None, price_per_gpu_hour=2.5), 8)
+    assert rent["usd_per_gpu_hour"] == 2.5 and rent["power_per_gpu_W"] == r["power_per_gpu_W"]
+
+
+def test_every_summary_has_cost_per_million_tokens(tmp_path):
+    loaded = load_workload(
+        ROOT / "workloads" / "llama70b.yaml",
+        {"topology.cost": {"pue": 1.2, "node_overhead_W": 4000.0, "price_per_gpu_hour": 3.0}},
+    )
+    out = with_training_cost({**SUMMARY}, loaded)
+    gh = 1024 / 3600
+    assert out["cost_per_Mtoken_usd"] == pytest.approx(gh * 3.0)
+    assert out["energy_per_Mtoken_kWh"] == pytest.approx(gh * (700 + 500) * 1.2 / 1e3)
+    assert out["cost_basis"]["price_basis"] == "topology cost.price_per_gpu_hour"
+
+
+def test_rental_and_purchase_are_alternatives(tmp_path, capsys):
+    from simulator.cli import main
+
+    rc = main(["run", str(ROOT / "workloads" / "llama3-8b.yaml"), "--no-files",
+               "--set", "topology.cost={price_per_gpu_hour: 2, capex_per_gpu_usd: 30000}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error:") and ".yaml: cost: " in err
+    assert len(err.splitlines()) == 1

@@ -367,6 +367,41 @@ class WorkloadConfig(Frozen):
 # Topology (flat, so that `--set topology.nic_bandwidth_Gbps=800` and sweeps reach every knob)
 
 
+class CostConfig(Frozen):
+    """What the cluster costs to run: power beyond the GPU boards, the facility, and either a
+    rental price or a purchase (capital cost amortised over the hardware's life plus the
+    electricity bill). Used for energy and cost per million tokens and for a whole run."""
+
+    pue: float = Field(
+        1.0, ge=1.0, description="power usage effectiveness: facility power / IT power (1.0: "
+        "IT only; air-cooled halls ~1.4-1.6, liquid-cooled ~1.1-1.2)"
+    )
+    node_overhead_W: float = Field(
+        0.0, ge=0, description="power of a node beyond its GPU boards (CPUs, memory, NICs, "
+        "fans, its share of switches); e.g. a DGX H100 draws up to 10.2 kW for 8 x 700 W GPUs"
+    )
+    price_per_gpu_hour: PositiveFloat | None = Field(
+        None, description="USD per GPU-hour, all in (rental); default: the GPU catalog's"
+    )
+    capex_per_gpu_usd: PositiveFloat | None = Field(
+        None, description="purchase price per GPU with its share of node and network; when "
+        "given, a GPU-hour costs capex / (amortisation_years * 8766 h) plus electricity"
+    )
+    amortisation_years: PositiveFloat = Field(4.0, description="life of purchased hardware")
+    electricity_usd_per_kWh: float = Field(
+        0.0, ge=0, description="price of energy (with capex_per_gpu_usd)"
+    )
+
+    @model_validator(mode="after")
+    def _one_price(self) -> CostConfig:
+        if self.price_per_gpu_hour is not None and self.capex_per_gpu_usd is not None:
+            raise ValueError(
+                "price_per_gpu_hour and capex_per_gpu_usd are alternatives: give one (a "
+                "rental price or a purchase)"
+            )
+        return self
+
+
 class TopologyConfig(Frozen):
     """A cluster: nodes of GPUs joined by NVLink, nodes joined by NICs and switches.
 
@@ -402,6 +437,7 @@ class TopologyConfig(Frozen):
     pcie_bandwidth_GBps: PositiveFloat = Field(
         64.0, description="GPU<->NIC (PCIe Gen5 x16 ~ 64 GB/s per direction)"
     )
+    cost: CostConfig = CostConfig()
 
 
 # --------------------------------------------------------------------------------------------
