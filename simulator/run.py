@@ -14,7 +14,7 @@ import pandas as pd
 
 from simulator.config.checks import Resolved, resolve
 from simulator.config.load import LoadedWorkload
-from simulator.cost import COST_KEYS, training_cost
+from simulator.cost import cost_summary
 from simulator.engine.build import Machine, build_plan, folded_link_bytes, make_job
 from simulator.engine.records import EVENT_COLUMNS, LINK_COLUMNS, MEMORY_COLUMNS
 from simulator.engine.sim import CountingEnvironment, Engine
@@ -56,20 +56,42 @@ def resolve_loaded(loaded: LoadedWorkload) -> Resolved:
     )
 
 
+def full_detail_units(res: Resolved, work) -> int:
+    """The size of a full-detail simulation: GPUs x micro-batches per replica x layers (its
+    SimPy events and memory grow in proportion, about 77 events a unit)."""
+    return res.n_gpus * res.microbatches * work.model.layers
+
+
+def check_full_detail(res: Resolved, work, file: str) -> None:
+    """Refuse a ``--detail full`` run larger than :data:`FULL_DETAIL_MAX_UNITS`."""
+    units = full_detail_units(res, work)
+    if res.n_gpus > FULL_DETAIL_MAX_GPUS or units > FULL_DETAIL_MAX_UNITS:
+        raise ConfigError(
+            f"--detail full simulates every GPU and every collective step: {res.n_gpus} GPUs x "
+            f"{res.microbatches} micro-batches x {work.model.layers} layers = {units:,} is above "
+            f"its limit of {FULL_DETAIL_MAX_UNITS:,} (about 3 minutes and 2 GiB) or "
+            f"{FULL_DETAIL_MAX_GPUS} GPUs; use fewer GPUs or a smaller global_batch, or the "
+            "default folded detail, which agrees with it within 1 % (see README)",
+            file=file,
+        )
+
+
 def simulate(
-    loaded: LoadedWorkload, *, detail: str = "folded", machine: Machine | None = None
+    loaded: LoadedWorkload,
+    *,
+    detail: str = "folded",
+    machine: Machine | None = None,
+    env: CountingEnvironment | None = None,
 ) -> SimResult:
-    """Simulate one optimizer step of ``loaded``; raises ConfigError / PlanError on bad input."""
+    """Simulate one optimizer step of ``loaded``; raises ConfigError / PlanError on bad input.
+
+    ``env`` (a fresh :class:`CountingEnvironment`) lets a caller watch the simulation run
+    (its ``now`` and ``n_events``) from another thread, for a progress bar."""
     t0 = time.perf_counter()
     work = loaded.workload
     res = resolve_loaded(loaded)
-    if detail == "full" and res.n_gpus > FULL_DETAIL_MAX_GPUS:
-        raise ConfigError(
-            f"--detail full simulates every GPU and every collective step; it is meant for "
-            f"clusters of up to {FULL_DETAIL_MAX_GPUS} GPUs and this one has {res.n_gpus} "
-            "(the default folded detail gives the same answer, see README)",
-            file=str(loaded.workload_path),
-        )
+    if detail == "full":
+        check_full_detail(res, work, str(loaded.workload_path))
     if work.model.moe is not None or work.model.attention_kind == "mla":
         # The input keys are validated; the engine prices dense MHA/GQA layers only so far.
         raise ConfigError(
@@ -79,7 +101,7 @@ def simulate(
             field="model.moe" if work.model.moe is not None else "model.attention",
         )
     machine = machine or make_machine(loaded)
-    env = CountingEnvironment()
+    env = env if env is not None else CountingEnvironment()
     job = make_job(work, loaded.topology, res, machine)
     plan, net = build_plan(job, detail=detail, env=env)
     if net is not None and machine.topology.n_links <= LINK_SERIES_MAX_LINKS:
@@ -154,11 +176,9 @@ def simulate(
         "busiest_links": _busiest(links),
         "warnings": warnings,
     }
-    # Time, energy and money to train the whole run (when training.tokens is given).
-    cost = training_cost(summary, machine.gpu, t.tokens)
-    if cost:
-        summary["training"] = cost
-        summary.update({k: cost[k] for k in COST_KEYS})
+    # Cost and energy per million tokens; time, energy and money to train the whole run (when
+    # training.tokens is given).
+    summary.update(cost_summary(summary, machine.gpu, loaded.topology, t.tokens))
     # Failures over the whole run (when faults.reliability is given).
     rel = reliability_summary(summary, work.faults.reliability, t)
     if rel:
@@ -221,8 +241,12 @@ def _links_table(engine: Engine, machine: Machine, net, step: float) -> pd.DataF
     return df.sort_values(["utilization", "link"], ascending=[False, True]).reset_index(drop=True)
 
 
-#: Largest cluster --detail full accepts (64 GPUs x 16 micro-batches x 32 layers: ~40 s).
+#: Largest cluster --detail full accepts.
 FULL_DETAIL_MAX_GPUS = 512
+#: Largest full-detail simulation (:func:`full_detail_units`). Measured on the 2-core
+#: development machine (2026-11-26): Llama-3-8B on 64 GPUs, 16 micro-batches, 32 layers
+#: (32,768 units) took 73 s of CPU and 1.0 GiB peak (2.5 M events); twice that is the limit.
+FULL_DETAIL_MAX_UNITS = 65_536
 
 #: Record link-load time series (for the Perfetto trace) only on fabrics up to this size.
 LINK_SERIES_MAX_LINKS = 20_000

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from simulator.cli import main as cli_main
 from simulator.config.load import load_workload
-from simulator.run import simulate
-from tests.conftest import write_case
+from simulator.run import FULL_DETAIL_MAX_UNITS, simulate
+from tests.conftest import SMALL_MODEL, small_topology, write_case
 
 MODEL = {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "kv_heads": 16,
          "vocab": 32000, "seq_len": 1024, "activation": "gelu"}
@@ -59,3 +60,21 @@ def test_full_and_folded_agree(tmp_path, name, nodes, gpn, model, par, train):
         # Each component within 1% of the step time.
         assert folded["breakdown_s"][key] == pytest.approx(value, abs=0.01 * step), key
     assert folded["memory_gib"]["total"] == pytest.approx(full["memory_gib"]["total"], rel=1e-6)
+
+
+def test_full_detail_refuses_what_it_cannot_finish(tmp_path, capsys):
+    """Issue 15.6: --detail full at 512 GPUs grew past 12 GB and ran for more than 15 min. A
+    simulation above the measured limit (GPUs x micro-batches x layers) is refused at once
+    with one line; one within it runs."""
+    # 512 GPUs, 4 micro-batches per replica, 40 layers: 81,920 units.
+    work = {
+        "name": "big",
+        "model": {**SMALL_MODEL, "layers": 40},
+        "training": {"global_batch": 256, "micro_batch": 1},
+        "parallelism": {"tp": 8, "pp": 1, "dp": 64},
+    }
+    path = write_case(tmp_path, work, small_topology(64, 8))
+    assert 512 * 4 * 40 > FULL_DETAIL_MAX_UNITS
+    assert cli_main(["run", str(path), "--detail", "full", "--no-files"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and len(err.splitlines()) == 1 and "81,920" in err

@@ -21,17 +21,20 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from simulator.config.load import LoadedWorkload, load_workload, parse_override
 from simulator.cost import with_training_cost
 from simulator.errors import ConfigError
-from simulator.report import io, plots, table
+from simulator.report import html, io, plots, table
 from simulator.sweep import RESULT_COLUMNS, process_pool, summary_row
 
 
@@ -193,8 +196,11 @@ def run_compare(
     overrides: Sequence[str] = (),
     *,
     workers: int | None = None,
+    on_start: Callable[[int], None] | None = None,
+    on_done: Callable[[], None] | None = None,
 ) -> Comparison:
-    """Load and simulate every configuration; raises ConfigError on invalid input."""
+    """Load and simulate every configuration; raises ConfigError on invalid input.
+    ``on_start(n)`` and ``on_done()`` (after each simulation) report progress."""
     configs = configurations(topologies, variants, overrides)
     loaded = []
     for c in configs:
@@ -204,12 +210,22 @@ def run_compare(
             if c.label:
                 raise ConfigError(f"variant {c.label!r}: {e}") from None
             raise
+    if on_start:
+        on_start(len(loaded))
     n = workers or min(len(loaded), os.cpu_count() or 1)
+    summaries: list[dict] = [{}] * len(loaded)
     if n > 1 and len(loaded) > 1:
         with process_pool(min(n, len(loaded))) as pool:
-            summaries = list(pool.map(_simulate, loaded))
+            futures = {pool.submit(_simulate, lw): i for i, lw in enumerate(loaded)}
+            for f in as_completed(futures):
+                summaries[futures[f]] = f.result()
+                if on_done:
+                    on_done()
     else:
-        summaries = [_simulate(lw) for lw in loaded]
+        for i, lw in enumerate(loaded):
+            summaries[i] = _simulate(lw)
+            if on_done:
+                on_done()
     labels = _label_topologies(configs, loaded)
     return Comparison(loaded[0].workload.name, labels, configs, loaded, summaries)
 
@@ -220,15 +236,27 @@ def write_outputs(cmp: Comparison, out: Path) -> list[Path]:
     io.write_atomic(csv_path, cmp.frame().to_csv(index=False, lineterminator="\n"))
     title = f"{cmp.name}: one training step on {len(cmp.labels)} configurations"
     plots.plot_compare(cmp.summaries, cmp.labels, png_path, title=title)
-    return [csv_path, png_path]
+    html_path = html.write_html(
+        out / "compare.html",
+        html.compare_report(cmp.name, cmp.labels, cmp.summaries, png_path.read_bytes()),
+    )
+    return [csv_path, png_path, html_path]
 
 
 def main(args) -> int:
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"must be >= 1, got {args.workers}", file="--workers")
-    cmp = run_compare(
-        args.workload, args.topology, args.variant, args.overrides, workers=args.workers
-    )
+    progress = Progress(
+        TextColumn("[bold]compare"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True, disable=args.json,
+    )  # fmt: skip
+    with progress:
+        task = progress.add_task("compare", total=None)
+        cmp = run_compare(
+            args.workload, args.topology, args.variant, args.overrides, workers=args.workers,
+            on_start=lambda n: progress.update(task, total=n),
+            on_done=lambda: progress.advance(task),
+        )  # fmt: skip
     out = io.output_dir(args.out, cmp.name)
     written = [] if args.no_files else write_outputs(cmp, out)
     if args.json:

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 
-from simulator.config.load import load_workload
-from simulator.report import io, plots, table, trace
-from simulator.run import SimResult, simulate
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from simulator.config.load import LoadedWorkload, load_workload
+from simulator.engine.sim import CountingEnvironment
+from simulator.hardware.catalog import load_gpu
+from simulator.report import html, io, plots, table, trace
+from simulator.run import SimResult, check_full_detail, resolve_loaded, simulate
 
 
 def register(sub) -> None:
@@ -27,11 +33,47 @@ def register(sub) -> None:
         "ring step",
     )
     p.add_argument("--no-files", action="store_true", help="write no result files")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (--detail full)")
     p.set_defaults(func=main)
 
 
-def write_outputs(result: SimResult, out: Path) -> list[Path]:
-    """Write a run's files atomically; returns their paths."""
+def simulate_full_with_progress(loaded: LoadedWorkload) -> SimResult:
+    """``--detail full`` with a progress bar on stderr: the folded simulation (seconds) gives
+    the step time, and the bar follows the full simulation's clock towards it."""
+    check_full_detail(resolve_loaded(loaded), loaded.workload, str(loaded.workload_path))
+    expected = simulate(loaded).summary["step_time_s"]
+    env = CountingEnvironment()
+    progress = Progress(
+        TextColumn("[bold]simulating every GPU"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}% of the step · {task.fields[events]:,} events"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    stop = threading.Event()
+    with progress:
+        task = progress.add_task("full", total=expected, events=0)
+
+        def poll() -> None:
+            while not stop.wait(0.25):
+                progress.update(task, completed=min(env.now, 0.999 * expected),
+                                events=env.n_events)
+
+        watcher = threading.Thread(target=poll, daemon=True)
+        watcher.start()
+        try:
+            return simulate(loaded, detail="full", env=env)
+        finally:
+            stop.set()
+            watcher.join()
+
+
+def write_outputs(
+    result: SimResult, out: Path, loaded: LoadedWorkload | None = None
+) -> list[Path]:
+    """Write a run's files atomically; returns their paths. ``report.html`` (one
+    self-contained page) shows the inputs too when ``loaded`` is given."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {
         "summary": out / "summary.json",
@@ -39,6 +81,7 @@ def write_outputs(result: SimResult, out: Path) -> list[Path]:
         "links": out / "links.parquet",
         "trace": out / "trace.json",
         "timeline": out / "timeline.png",
+        "report": out / "report.html",
     }
     io.write_parquet_atomic(paths["events"], result.events)
     io.write_parquet_atomic(paths["links"], result.links)
@@ -47,15 +90,31 @@ def write_outputs(result: SimResult, out: Path) -> list[Path]:
         result.extras.get("link_series"),
     )
     plots.plot_timeline(result.events, result.summary, paths["timeline"])
+    inputs = None
+    if loaded is not None:
+        gpu = load_gpu(loaded.topology.gpu, file=str(loaded.topology_path))
+        inputs = html.inputs_of(loaded, gpu)
+    page = html.run_report(
+        result.summary,
+        timeline_png=paths["timeline"].read_bytes(),
+        memory=result.memory,
+        link_series=result.extras.get("link_series"),
+        links=result.links,
+        inputs=inputs,
+    )
+    html.write_html(paths["report"], page)
     io.write_json_atomic(paths["summary"], result.summary)
     return list(paths.values())
 
 
 def main(args) -> int:
     loaded = load_workload(args.workload, args.overrides, topology=args.topology)
-    result = simulate(loaded, detail=args.detail)
+    if args.detail == "full" and not args.no_progress:
+        result = simulate_full_with_progress(loaded)
+    else:
+        result = simulate(loaded, detail=args.detail)
     out = io.output_dir(args.out, loaded.workload.name)
-    written = [] if args.no_files else write_outputs(result, out)
+    written = [] if args.no_files else write_outputs(result, out, loaded)
     if args.json:
         sys.stdout.write(json.dumps(result.summary) + "\n")
     else:

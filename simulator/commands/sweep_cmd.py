@@ -18,7 +18,7 @@ from rich.progress import (
 
 from simulator.config.load import load_sweep
 from simulator.errors import ConfigError
-from simulator.report import io, plots, table
+from simulator.report import html, io, plots, table
 from simulator.sweep import OK, SweepOutcome, check_metric, run_sweep
 
 
@@ -131,7 +131,8 @@ def main(args) -> int:
 
 
 def write_plots(outcome: SweepOutcome) -> list[Path]:
-    """``sweep.png``: the metric against the swept keys (a line or a heat map).
+    """``sweep.png``: the metric against the swept keys (a line or a heat map), and
+    ``sweep.html``: that figure, the cost/energy trade-off and every point on one page.
 
     Points that do not all set the same keys (an explicit ``points`` list) are plotted one
     per x position, labelled by the keys they set."""
@@ -140,14 +141,16 @@ def write_plots(outcome: SweepOutcome) -> list[Path]:
     if not keys or df.empty:
         return []
     full = df.dropna(subset=keys)
+    plot_df, plot_keys = full, keys
     if len(full) < len(df):
         labels = []
         for _, row in df.iterrows():
             bits = [f"{k.split('.')[-1]}={row[k]}" for k in keys if not pd.isna(row[k])]
             labels.append(f"#{row['point_index']} " + ", ".join(bits))
-        full, keys = df.assign(point_label=labels), ["point_label"]
-    df = full
+        plot_df, plot_keys = df.assign(point_label=labels), ["point_label"]
     path = outcome.out / "sweep.png"
-    plots.plot_sweep(df, keys, outcome.metric, path, title=outcome.name)
-    outcome.written.append(path)
-    return [path]
+    plots.plot_sweep(plot_df, plot_keys, outcome.metric, path, title=outcome.name)
+    page = html.sweep_report(outcome.name, df, keys, outcome.metric, [path.read_bytes()])
+    html_path = html.write_html(outcome.out / "sweep.html", page)
+    outcome.written.extend([path, html_path])
+    return [path, html_path]
