@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from simulator.config.hf import resolve_model
 from simulator.config.schema import SweepConfig, TopologyConfig, WorkloadConfig
 from simulator.errors import ConfigError
 
@@ -296,6 +297,7 @@ def load_workload(
     work_over, topo_over = split_overrides(overrides)
     for key, value in work_over:
         set_dotted(raw, key.split("."), value)
+    raw = resolve_model(raw, wpath)  # model: {from: NAME or config.json}
     workload = validate_workload(raw, file=str(wpath))
 
     if topology is not None:
