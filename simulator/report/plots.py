@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
 from simulator.engine.records import BREAKDOWN_KEYS, KIND_COLOURS
 from simulator.report.figure import (
@@ -41,8 +42,30 @@ def _metric_scale(metric: str) -> float:
     return 100.0 if metric == "mfu" else 1.0
 
 
+def compact(v: float) -> str:
+    """A tick label with k / M / G instead of an offset or scientific notation."""
+    a = abs(v)
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if a >= div * 10 or (a >= div and suffix != "k"):
+            return f"{v / div:.4g}{suffix}"
+    return f"{v:.4g}"
+
+
+#: Axis formatter of :func:`compact` labels.
+COMPACT = FuncFormatter(lambda v, _pos: compact(v))
+
+
 # --------------------------------------------------------------------------------------------
 # Compare
+
+
+def throughput_change(first: dict, other: dict) -> float:
+    """Change of throughput of ``other`` against ``first`` (+1.0 = twice the tokens/s): from
+    ``tokens_per_s``, or from step times (the same tokens per step) when it is missing."""
+    a, b = first.get("tokens_per_s"), other.get("tokens_per_s")
+    if a and b and np.isfinite(a) and np.isfinite(b):
+        return float(b) / float(a) - 1
+    return float(first["step_time_s"]) / float(other["step_time_s"]) - 1
 
 
 @styled
@@ -124,12 +147,11 @@ def plot_compare(
             note += f"  ·  MFU {mfu:.1%}"
         lines = [(note, {"fontsize": 10, "weight": "bold"})]
         if i > 0 and totals[0] > 0:
-            change = totals[i] / totals[0] - 1
-            word = "slower" if change > 0 else "faster"
-            colour = "#B03A00" if change > 0.005 else ("#00734F" if change < -0.005 else "#555555")
+            change = throughput_change(rows[0], rows[i])
+            colour = "#00734F" if change > 0.005 else ("#B03A00" if change < -0.005 else "#555555")
             lines.append(
                 (
-                    f"{abs(change):.1%} {word} than {_short(labels[0], 20)}",
+                    f"{change:+.1%} tokens/s vs {_short(labels[0], 20)}",
                     {"fontsize": 8.5, "color": colour},
                 )
             )
@@ -236,7 +258,9 @@ def _line_panel(ax, df, x_key, hue_key, metric, bad, y_fail, *, legend=True):
         ok = ok.assign(_x=[pos[v] for v in ok[x_key]]).sort_values("_x", kind="stable")
         y = pd.to_numeric(ok[metric]).astype(float).to_numpy() * sc
         label = None if h is None else str(h)
-        ax.plot(ok["_x"], y, marker="o", color=colour, label=label, linewidth=1.8, markersize=5)
+        # Points of a categorical key have no order between them: markers, not a line.
+        ax.plot(ok["_x"], y, marker="o", color=colour, label=label, linewidth=1.8, markersize=5,
+                linestyle="-" if numeric else "none")
         if len(hues) == 1 and len(ok):
             for xv, yv in zip(ok["_x"], y, strict=True):
                 ax.annotate(
@@ -268,7 +292,7 @@ def _line_panel(ax, df, x_key, hue_key, metric, bad, y_fail, *, legend=True):
                 fontsize=8.5,
                 weight="bold",
             )
-        for idx in sub.index[sub_bad.to_numpy()]:
+        for n_at, idx in enumerate(sub.index[sub_bad.to_numpy()]):
             r = df.loc[idx]
             xv = pos[r[x_key]]
             ax.plot(xv, y_fail, marker="x", color="#C00000", markersize=9, mew=2)
@@ -277,11 +301,12 @@ def _line_panel(ax, df, x_key, hue_key, metric, bad, y_fail, *, legend=True):
                 text = f"{_key_label(hue_key)} {h}: {text}"
             # Keep the reason inside the panel: left-aligned at the first x, right at the last.
             ha = "left" if r[x_key] == xs[0] else ("right" if r[x_key] == xs[-1] else "center")
+            # Reasons at the same x are stacked (one line per hue), never drawn over each other.
             ax.annotate(
                 text,
                 (xv, y_fail),
                 textcoords="offset points",
-                xytext=(0, -14),
+                xytext=(0, -14 - 11 * (j if h is not None else n_at % 3)),
                 ha=ha,
                 fontsize=8,
                 color="#C00000",
@@ -290,14 +315,26 @@ def _line_panel(ax, df, x_key, hue_key, metric, bad, y_fail, *, legend=True):
         ax.set_xscale("log", base=2)
         ax.minorticks_off()
     ax.set_xticks([pos[v] for v in xs], [str(v) for v in xs])
+    _no_overlap(ax, [str(v) for v in xs])
     if not numeric:
         ax.set_xlim(-0.5, len(xs) - 0.5)
+    if metric != "mfu":
+        ax.yaxis.set_major_formatter(COMPACT)
     ax.set_xlabel(x_key)
     ax.set_ylabel(metric_label(metric))
     ax.grid(color="#E5E5E5", linewidth=0.6)
     ax.spines[["top", "right"]].set_visible(False)
     if legend and hue_key and len(hues) > 1:
         ax.legend(fontsize=8.5, frameon=False, title=_key_label(hue_key), title_fontsize=8.5)
+
+
+def _no_overlap(ax, labels: Sequence[str]) -> None:
+    """Rotate x tick labels that would not fit side by side (about 7 px a character)."""
+    width_px = ax.get_position().width * ax.figure.get_figwidth() * ax.figure.dpi
+    if labels and sum(len(t) * 7 + 12 for t in labels) > width_px:
+        ax.tick_params(axis="x", labelrotation=30)
+        for t in ax.get_xticklabels():
+            t.set_horizontalalignment("right")
 
 
 def _fail_height(df: pd.DataFrame, metric: str, bad: pd.Series) -> tuple[float, tuple]:
@@ -398,6 +435,7 @@ def _heatmap(ax, df, keys, metric, bad):
                         )
                     )
     ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+    _no_overlap(ax, [str(v) for v in xs])
     ax.set_yticks(range(len(ys)), [str(v) for v in ys])
     ax.set_xlabel(keys[0])
     ax.set_ylabel(keys[1])
@@ -405,6 +443,8 @@ def _heatmap(ax, df, keys, metric, bad):
     for sp in ax.spines.values():
         sp.set_visible(False)
     cbar = ax.figure.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
+    if metric != "mfu":
+        cbar.ax.yaxis.set_major_formatter(COMPACT)
     cbar.set_label(
         metric_label(metric) + ("  (lower is better)" if lower_is_better(metric) else "")
     )

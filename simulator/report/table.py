@@ -296,6 +296,13 @@ def _links(summary: dict) -> Table | None:
 
 def _training_cost(summary: dict) -> Table | None:
     rows = []
+    if _finite(summary.get("cost_per_Mtoken_usd")):
+        basis = summary.get("cost_basis") or {}
+        rows.append(("cost per million tokens", f"${summary['cost_per_Mtoken_usd']:,.3f}"))
+        rows.append(("energy per million tokens", f"{summary['energy_per_Mtoken_kWh']:,.3f} kWh"))
+        if basis:
+            rows.append(("per GPU", f"{basis['power_per_gpu_W']:,.0f} W, "
+                         f"${basis['usd_per_gpu_hour']:,.2f}/h ({basis['price_basis']})"))
     if _finite(summary.get("time_to_train_days")):
         rows.append(("time to train", f"{summary['time_to_train_days']:,.1f} days"))
     if _finite(summary.get("gpu_hours")):
@@ -319,7 +326,7 @@ def _training_cost(summary: dict) -> Table | None:
     if not rows:
         return None
     t = Table(
-        title="Whole training run",
+        title="Cost and energy",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         show_edge=False,
@@ -394,6 +401,8 @@ COMPARE_ROWS: tuple[tuple[str, str, Any], ...] = (
     ("memory per GPU (GiB)", "memory_gib.total", lambda v: f"{v:.1f}"),
     ("GPU memory (GiB)", "memory_gib.capacity", lambda v: f"{v:.0f}"),
     ("GPUs", "n_gpus", lambda v: f"{v:,}"),
+    ("USD per million tokens", "cost_per_Mtoken_usd", lambda v: f"${v:,.3f}"),
+    ("kWh per million tokens", "energy_per_Mtoken_kWh", lambda v: f"{v:,.3f}"),
     ("time to train (days)", "time_to_train_days", lambda v: f"{v:,.1f}"),
     ("cost (USD)", "cost_usd", lambda v: f"${v:,.0f}"),
 )
@@ -407,9 +416,9 @@ def compare_table(summaries: Sequence[dict], labels: Sequence[str]) -> Renderabl
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     t.add_column("")
     for i, label in enumerate(labels):
-        t.add_column(
-            label if i else f"{label}\n(baseline)", justify="right", overflow="fold"
-        )
+        # Headers wrap between words, never inside one.
+        head = label if i else f"{label}\n(baseline)"
+        t.add_column(head, justify="right", min_width=max(len(w) for w in head.split()))
     for name, key, fmt in COMPARE_ROWS:
         values = [_get(s, key) for s in summaries]
         if not any(_finite(v) for v in values):
@@ -465,11 +474,16 @@ def sweep_table(df: pd.DataFrame, keys: Sequence[str], metric: str) -> Renderabl
         best = values[ok].idxmin() if lower_is_better(metric) else values[ok].idxmax()
     extra = [c for c in ("step_time_s", "mfu", "tokens_per_s", "fits") if c in df and c != metric]
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for k in keys:
-        t.add_column(k, justify="right")
-    t.add_column(metric + (" ↓" if lower_is_better(metric) else " ↑"), justify="right")
+    # Headers never break inside a word: a key's last part when that is unambiguous, and
+    # every header column at least as wide as its header (the status column takes the rest).
+    short = [k.split(".")[-1] for k in keys]
+    heads = short if len(set(short)) == len(short) else keys
+    for h in heads:
+        t.add_column(h, justify="right", min_width=len(h))
+    head = metric + (" ↓" if lower_is_better(metric) else " ↑")
+    t.add_column(head, justify="right", min_width=len(head))
     for c in extra:
-        t.add_column(c, justify="right")
+        t.add_column(c, justify="right", min_width=len(c))
     t.add_column("status")
     fmts = {
         "step_time_s": format_seconds,

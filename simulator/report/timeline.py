@@ -30,12 +30,44 @@ from simulator.report.figure import (
     time_unit,
 )
 from simulator.report.table import format_seconds, layout_text
+from simulator.report.trace import parse_parts
 
 TIMELINE_SIZE_PX = (1600, 900)
 COMM_STREAMS = (*(d for d in COMM_DIMS if d != "pp"), "gather", "pp")
 STREAM_LABELS = {**{d: short for d, (short, _, _) in COMM_DIMS.items()}, "gather": "ZeRO"}
 #: Kinds that are communication even when recorded on the compute stream.
 COMM_KINDS = (*(f"{d}_comm" for d in COMM_DIMS), "zero_gather")
+
+
+def tp_rows_from_parts(events: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the ``tp`` stream for TP collectives that a folded run coalesced into its
+    compute rows (``parts`` entries named ``tp_*``), placed at their offsets in the row, so
+    that tensor-parallel communication shows in the timeline in its own colour."""
+    comp = events[(events["stream"] == "compute") & (events["parts"].str.contains("tp_"))]
+    rows = []
+    for r in comp.itertuples(index=False):
+        t = float(r.start_s)
+        for name, dur in parse_parts(r.parts):
+            if name.startswith("tp_"):
+                rows.append((r.gpu, r.stage, t, t + dur))
+            t += dur
+    out = pd.DataFrame(rows, columns=["gpu", "stage", "start_s", "end_s"])
+    return out.assign(stream="tp", kind="tp_comm", microbatch=-1, layer=-1)
+
+
+def _density_row(ax, rows: pd.DataFrame, t_end: float, bins: int, scale: float, yc, h) -> None:
+    """Fill a communication row bottom-up with the share of each time bin its events cover."""
+    edges = np.linspace(0.0, t_end, bins + 1)
+    cover = np.zeros(bins)
+    width = edges[1] - edges[0]
+    for s0, e0 in zip(rows["start_s"].to_numpy(float), rows["end_s"].to_numpy(float), strict=True):
+        i, j = int(s0 // width), min(bins - 1, int(e0 // width))
+        for k in range(max(0, i), j + 1):
+            cover[k] += max(0.0, min(e0, edges[k + 1]) - max(s0, edges[k]))
+    frac = np.clip(cover / width, 0.0, 1.0)
+    base = yc + h - 0.02
+    ax.fill_between(edges[:-1] * scale, base - frac * (h - 0.04), base, step="post",
+                    color=KIND_COLOURS["tp_comm"], linewidth=0, zorder=2)
 
 
 def _representatives(events: pd.DataFrame) -> dict[int, int]:
@@ -161,6 +193,8 @@ def plot_timeline(
     reps = _representatives(ev) if not ev.empty else {}
     stages = sorted(reps)
     ev = ev[ev["gpu"].isin(set(reps.values()))]
+    if not ev.empty and "parts" in ev.columns and "tp" not in set(ev["stream"]):
+        ev = pd.concat([ev, tp_rows_from_parts(ev)], ignore_index=True)
     t_end = float(summary.get("step_time_s") or 0.0)
     if not ev.empty:
         t_end = max(t_end, float(ev["end_s"].max()))
@@ -256,6 +290,12 @@ def plot_timeline(
                 [(0, t_end * scale)], (yc + 0.02, h_comm - 0.04), facecolors="#FAFAFA", zorder=0
             )
             sg = g[g["stream"] == stream]
+            if stream == "tp" and len(sg) > ax_px / 4:
+                # Many collectives narrower than a pixel: draw the share of each 2-pixel column
+                # they occupy (a solid row would claim the whole time).
+                _density_row(ax, sg, t_end, int(ax_px / 2), scale, yc, h_comm)
+                present.add("tp_comm")
+                sg = sg.iloc[:0]
             for kind, kg in sg.groupby("kind", sort=True):
                 s = kg["start_s"].to_numpy(dtype=float) * scale
                 w = np.maximum(kg["end_s"].to_numpy(dtype=float) * scale - s, px)
