@@ -10,8 +10,10 @@
    the per-replica batch), ZeRO 0-3 (ZeRO > 0 only with dp > 1; ZeRO-3 only without pipeline
    parallelism, as in DeepSpeed and PyTorch FSDP), recompute none / selective / full, schedule
    1F1B or interleaved 1F1B with 2..8 virtual stages (pp > 1), sequence parallelism on or off
-   (tp > 1). Everything else (global batch, dtypes, overlap flags, rank order) is the
-   workload's. Divisibility is checked by :func:`simulator.config.checks.resolve`, the same
+   (tp > 1). A pipeline whose stages cannot hold the same number of layers gets the most even
+   uneven split, the lighter stages at the ends where the embedding and the LM head sit
+   (:func:`uneven_split`: Llama 3 405B's 126 layers over 16 stages are ``[7, 8 x 14, 7]``, as
+   Meta trained it). Everything else (global batch, dtypes, rank order) is the workload's. Divisibility is checked by :func:`simulator.config.checks.resolve`, the same
    function ``run`` uses, so a dropped layout has its reason.
 2. **Memory pre-screen** (:meth:`~simulator.plan_estimate.Estimator.memory_bytes`): the
    engine's own accounting of model states and in-flight activations, never above its peak,
@@ -20,17 +22,23 @@
    programs, pipeline closed forms and the collective model, in milliseconds per layout
    (see :mod:`simulator.plan_estimate` for the formulas and how close they come).
 
+4. **Knobs** (:data:`KNOBS`): the best estimates are tried again with the parameter
+   all-gather overlapped with the next step's forward (``overlap_param_gather``, ZeRO-1/2) and
+   with gradients reduced in bf16 (``grad_reduce_dtype``), and re-ranked.
+
 The best ``2 * top`` estimates (and the workload's own layout, scaled to N GPUs, as a
 reference) are then simulated in full by :func:`simulator.run.simulate`, and the fitting ones
-ranked by simulated tokens/s.
+ranked by simulated tokens/s. A layout fits when its peak memory plus ``headroom_gib``
+(default :data:`HEADROOM_GIB`: allocator fragmentation, framework buffers, the long tail of
+real runs) is within the GPU's memory.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simulator.config.checks import Resolved, resolve
@@ -53,6 +61,10 @@ MAX_TP = 16
 #: guidance: context parallelism for sequences of 8K tokens and more, i.e. >= 4K per rank at cp 2).
 MIN_CP_TOKENS = 4096
 RECOMPUTE = ("none", "selective", "full")
+#: GiB per GPU a plan keeps free beyond the simulated peak (``plan --headroom-gib``).
+HEADROOM_GIB = 3.0
+#: Training knobs tried on the best estimates: (field, values).
+KNOBS = (("overlap_param_gather", (False, True)), ("grad_reduce_dtype", ("fp32", "bf16")))
 
 
 # --------------------------------------------------------------------------------------------
@@ -73,9 +85,18 @@ class Candidate:
     virtual_stages: int
     sequence_parallel: bool
     cp: int = 1
+    stage_layers: tuple[int, ...] | None = None  # None: an even split
+    overlap_param_gather: bool | None = None  # None: the workload's
+    grad_reduce_dtype: str | None = None  # None: the workload's
 
     def overrides(self) -> dict[str, Any]:
-        """The ``--set`` overrides that give this layout."""
+        """The ``--set`` overrides that give this layout (``stage_layers`` always: a
+        workload's own uneven split does not fit another pipeline depth)."""
+        knobs = {
+            f"training.{k}": getattr(self, k)
+            for k, _ in KNOBS
+            if getattr(self, k) is not None
+        }
         return {
             "parallelism.tp": self.tp,
             "parallelism.cp": self.cp,
@@ -85,12 +106,15 @@ class Candidate:
             "parallelism.sequence_parallel": self.sequence_parallel,
             "parallelism.pp_schedule": self.pp_schedule,
             "parallelism.virtual_stages": self.virtual_stages,
+            "parallelism.stage_layers": None if self.stage_layers is None else list(self.stage_layers),
             "training.micro_batch": self.micro_batch,
             "training.recompute": self.recompute,
+            **knobs,
         }
 
     def set_args(self) -> str:
-        return " ".join(f"--set {k}={_yaml(v)}" for k, v in self.overrides().items())
+        """The overrides as ``--set`` arguments, quoted for a POSIX shell."""
+        return " ".join(_shell(f"{k}={_yaml(v)}") for k, v in self.overrides().items())
 
     def label(self) -> str:
         sched = ""
@@ -100,21 +124,25 @@ class Candidate:
             )
             if self.pp_schedule == "gpipe":
                 sched = " GPipe"
+        split = f" layers {_runs(self.stage_layers)}" if self.stage_layers else ""
+        knobs = " overlap-gather" if self.overlap_param_gather else ""
+        knobs += f" grad:{self.grad_reduce_dtype}" if self.grad_reduce_dtype else ""
         return (
             f"TP{self.tp}{f' CP{self.cp}' if self.cp > 1 else ''} PP{self.pp} DP{self.dp} mb{self.micro_batch} ZeRO-{self.zero} "
-            f"rc:{self.recompute}{sched}{' SP' if self.sequence_parallel else ''}"
+            f"rc:{self.recompute}{sched}{' SP' if self.sequence_parallel else ''}{split}{knobs}"
         )
 
     def apply(self, work: WorkloadConfig) -> WorkloadConfig:
-        """``work`` with this layout (stage_layers dropped: layers split evenly)."""
+        """``work`` with this layout (its own ``stage_layers``; None: layers split evenly)."""
         par = work.parallelism.model_dump()
         par.update(
             tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, zero=self.zero,
             sequence_parallel=self.sequence_parallel, pp_schedule=self.pp_schedule,
-            virtual_stages=self.virtual_stages, stage_layers=None,
+            virtual_stages=self.virtual_stages, stage_layers=self.stage_layers,
         )  # fmt: skip
         tr = work.training.model_dump()
         tr.update(micro_batch=self.micro_batch, recompute=self.recompute)
+        tr.update({k: getattr(self, k) for k, _ in KNOBS if getattr(self, k) is not None})
         return work.model_copy(
             update={
                 "parallelism": ParallelismConfig.model_validate(par),
@@ -124,7 +152,41 @@ class Candidate:
 
 
 def _yaml(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_yaml(x) for x in v) + "]"
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def _shell(arg: str) -> str:
+    """``--set ARG``, the argument single-quoted when the shell would touch it."""
+    return f"--set '{arg}'" if any(c in arg for c in "[]{}*?, ") else f"--set {arg}"
+
+
+def _runs(values: tuple[int, ...]) -> str:
+    """``(7, 8, 8, 8, 7)`` -> ``7,8x3,7``."""
+    out: list[str] = []
+    for v in values:
+        if out and out[-1].split("x")[0] == str(v):
+            n = int(out[-1].split("x")[1]) if "x" in out[-1] else 1
+            out[-1] = f"{v}x{n + 1}"
+        else:
+            out.append(str(v))
+    return ",".join(out)
+
+
+def uneven_split(layers: int, stages: int) -> tuple[int, ...] | None:
+    """Layers per stage when ``stages`` does not divide ``layers``: every stage gets
+    ``layers // stages`` and the remainder goes one layer each to the middle stages, so the
+    first and last stages (embedding, LM head) are the lighter ones; None when the split is
+    even or a stage would get no layer."""
+    base, extra = divmod(layers, stages)
+    if extra == 0 or base == 0:
+        return None
+    order = sorted(range(stages), key=lambda s: (-min(s, stages - 1 - s), s))
+    heavy = set(order[:extra])
+    return tuple(base + (1 if s in heavy else 0) for s in range(stages))
 
 
 def candidate_of(work: WorkloadConfig, res: Resolved) -> Candidate:
@@ -133,7 +195,7 @@ def candidate_of(work: WorkloadConfig, res: Resolved) -> Candidate:
     return Candidate(
         res.size("tp"), res.size("pp"), res.size("dp"), t.micro_batch, p.zero, t.recompute,
         p.pp_schedule, res.virtual_stages, bool(p.sequence_parallel and res.size("tp") > 1),
-        res.size("cp"),
+        res.size("cp"), None if p.stage_layers is None else tuple(p.stage_layers),
     )  # fmt: skip
 
 
@@ -174,13 +236,15 @@ def _layouts_of(work: WorkloadConfig, n_gpus: int, tp: int, cp: int) -> Iterator
                     for v in range(2, MAX_VIRTUAL_STAGES + 1)
                     if per_stage and per_stage % v == 0
                 ]
+            split = uneven_split(m.layers, pp) if pp > 1 else None
             zeros = [0] if dp * cp == 1 else ([0, 1, 2, 3] if pp == 1 else [0, 1, 2])
             sps = [False, True] if tp > 1 else [False]
             for zero in zeros:
                 for rc in RECOMPUTE:
                     for sched, v in scheds:
                         for sp in sps:
-                            yield Candidate(tp, pp, dp, mb, zero, rc, sched, v, sp, cp)
+                            yield Candidate(tp, pp, dp, mb, zero, rc, sched, v, sp, cp,
+                                            split if v == 1 else None)
 
 
 def plan_topology(topo: TopologyConfig, n_gpus: int, *, file: str = "--gpus") -> TopologyConfig:
@@ -198,6 +262,33 @@ def plan_topology(topo: TopologyConfig, n_gpus: int, *, file: str = "--gpus") ->
             file=file,
         )
     return topo.model_copy(update={"nodes": n_gpus // gpn})
+
+
+def knob_variants(cand: Candidate, work: WorkloadConfig) -> list[Candidate]:
+    """``cand`` with each training knob of :data:`KNOBS` changed from the workload's value
+    where it matters: parameter all-gather overlap with ZeRO-1/2 over more than one rank,
+    the gradient reduction's dtype over more than one rank."""
+    t = work.training
+    sharded = cand.dp * cand.cp > 1
+    out = []
+    if sharded and cand.zero in (1, 2):
+        out.append(replace(cand, overlap_param_gather=not t.overlap_param_gather))
+    if sharded:
+        other = "bf16" if t.grad_reduce_dtype != "bf16" else "fp32"
+        out.append(replace(cand, grad_reduce_dtype=other))
+        if cand.zero in (1, 2):
+            out.append(replace(cand, overlap_param_gather=not t.overlap_param_gather,
+                               grad_reduce_dtype=other))
+    return out
+
+
+def fits_with(summary: dict, headroom_gib: float) -> bool:
+    """Whether a simulated layout fits with ``headroom_gib`` GiB per GPU to spare."""
+    mem = summary.get("memory_gib") or {}
+    total, cap = mem.get("total"), mem.get("capacity")
+    if total is None or cap is None:
+        return bool(summary.get("fits"))
+    return total + headroom_gib <= cap
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,6 +317,7 @@ class PlanResult:
     simulated: list[Planned]
     wall_s: float
     timings: dict[str, float] = field(default_factory=dict)
+    headroom_gib: float = HEADROOM_GIB
 
 
 _WORKER: dict[str, Any] = {}
@@ -257,16 +349,23 @@ def plan(
     n_simulate: int | None = None,
     workers: int | None = None,
     machine: Machine | None = None,
+    headroom_gib: float = HEADROOM_GIB,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> PlanResult:
     """Search the layouts of ``loaded``'s workload on ``n_gpus`` GPUs (module docstring).
 
     ``n_simulate`` (default ``2 * top``) layouts with the best estimates are simulated in
     full, besides the workload's own layout; ``workers`` processes run them (default: one per
-    core, at most the number of simulations).
+    core, at most the number of simulations). A layout fits with ``headroom_gib`` GiB per
+    GPU to spare. ``progress(phase, done, total)`` is called as layouts are estimated and
+    simulated.
     """
+    report = progress or (lambda phase, done, total: None)
     t0 = time.perf_counter()
     if top < 1:
         raise ConfigError(f"must be >= 1, got {top}", file="--top")
+    if not headroom_gib >= 0:
+        raise ConfigError(f"must be >= 0, got {headroom_gib}", file="--headroom-gib")
     topo = plan_topology(loaded.topology, n_gpus)
     base = LoadedWorkload(loaded.workload, topo, loaded.workload_path, loaded.topology_path)
     if machine is None:
@@ -274,25 +373,40 @@ def plan(
 
         machine = make_machine(base)
     est = Estimator(loaded.workload, topo, machine)
+    est.capacity -= headroom_gib * 2**30  # the pre-screen keeps the headroom free too
     counts = {"enumerated": 0, "invalid": 0, "does_not_fit": 0, "estimated": 0}
     estimates: list[Estimate] = []
     works: dict[Candidate, WorkloadConfig] = {}
-    for cand in enumerate_layouts(loaded.workload, est.n_gpus, topo.gpus_per_node):
+
+    def consider(cand: Candidate) -> None:
         counts["enumerated"] += 1
         try:
             work, res = est.resolve(cand)
         except ConfigError:
             counts["invalid"] += 1
-            continue
+            return
         e = est.estimate(cand, res)
         if not e.fits:
             counts["does_not_fit"] += 1
-            continue
+            return
         counts["estimated"] += 1
         estimates.append(e)
         works[cand] = work
+
+    space = list(enumerate_layouts(loaded.workload, est.n_gpus, topo.gpus_per_node))
+    for i, cand in enumerate(space):
+        consider(cand)
+        if i % 64 == 0:
+            report("estimating layouts", i, len(space))
+    order = lambda e: (-e.tokens_per_s, e.memory_gib, repr(e.candidate))  # noqa: E731
+    estimates.sort(key=order)
+    n_sim = 2 * top if n_simulate is None else n_simulate
+    for e in list(estimates[: max(2 * n_sim, 10)]):
+        for variant in knob_variants(e.candidate, loaded.workload):
+            if variant not in works:
+                consider(variant)
+    estimates.sort(key=order)
     t_est = time.perf_counter() - t0
-    estimates.sort(key=lambda e: (-e.tokens_per_s, e.memory_gib, e.candidate))
 
     # The workload's own layout, on N GPUs (dp derived), as the reference.
     ref_cand, ref_work = None, None
@@ -306,7 +420,6 @@ def plan(
     except ConfigError:
         pass
 
-    n_sim = 2 * top if n_simulate is None else n_simulate
     chosen = [e for e in estimates[:n_sim]]
     jobs: list[tuple[Candidate, WorkloadConfig, Estimate | None, bool]] = [
         (e.candidate, works[e.candidate], e, False) for e in chosen
@@ -317,18 +430,24 @@ def plan(
         jobs.append((ref_cand, ref_work, ref_est, True))
     n_workers = min(workers or os.cpu_count() or 1, len(jobs)) or 1
     t1 = time.perf_counter()
+    report("simulating the best", 0, len(jobs))
+    summaries = []
     if n_workers > 1:
         with process_pool(n_workers, _init_worker, (base,)) as pool:
-            summaries = list(pool.map(_simulate_candidate, [j[1] for j in jobs]))
+            for summary in pool.map(_simulate_candidate, [j[1] for j in jobs]):
+                summaries.append(summary)
+                report("simulating the best", len(summaries), len(jobs))
     else:
         _WORKER["machine"], _WORKER["loaded"] = machine, base
-        summaries = [_simulate_candidate(j[1]) for j in jobs]
+        for j in jobs:
+            summaries.append(_simulate_candidate(j[1]))
+            report("simulating the best", len(summaries), len(jobs))
     t_sim = time.perf_counter() - t1
     simulated = [
         Planned(c, s, e, is_ref) for (c, _, e, is_ref), s in zip(jobs, summaries, strict=True)
     ]
-    ok = [p for p in simulated if "error" not in p.summary and p.summary.get("fits")]
-    ok.sort(key=lambda p: (-p.summary["tokens_per_s"], p.candidate))
+    ok = [p for p in simulated if "error" not in p.summary and fits_with(p.summary, headroom_gib)]
+    ok.sort(key=lambda p: (-p.summary["tokens_per_s"], repr(p.candidate)))
     reference = next((p for p in simulated if p.is_reference), None)
     counts["simulated"] = len(simulated)
     counts["simulated_fit"] = len(ok)
@@ -341,4 +460,5 @@ def plan(
         simulated=simulated,
         wall_s=time.perf_counter() - t0,
         timings={"estimate_s": t_est, "simulate_s": t_sim, "workers": n_workers},
+        headroom_gib=headroom_gib,
     )

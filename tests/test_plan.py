@@ -4,6 +4,7 @@ and Llama-2-70B on 1,024 GPUs within a minute, at least as fast as the shipped l
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -11,7 +12,14 @@ from simulator.cli import main as cli_main
 from simulator.config.load import LoadedWorkload, load_workload
 from simulator.errors import ConfigError
 from simulator.parallel.schedules import max_in_flight, schedule
-from simulator.plan import Candidate, enumerate_layouts, plan, plan_topology
+from simulator.plan import (
+    Candidate,
+    enumerate_layouts,
+    knob_variants,
+    plan,
+    plan_topology,
+    uneven_split,
+)
 from simulator.plan_estimate import Estimator, peak_inflight_bytes
 from simulator.run import make_machine, simulate
 from tests.conftest import ROOT, SMALL_MODEL, small_topology, write_case
@@ -105,10 +113,10 @@ def test_small_plan_ranks_fitting_layouts(tmp_path):
     loaded = small(
         tmp_path, gpu={"base": "H100-SXM-80GB", "hbm_GiB": 1.0, "runtime_reserved_GiB": 0.0}
     )
-    res = plan(loaded, 16, top=4, workers=1)
+    res = plan(loaded, 16, top=4, workers=1, headroom_gib=0.0)
     c = res.counts
     assert c["enumerated"] == c["invalid"] + c["does_not_fit"] + c["estimated"]
-    assert c["does_not_fit"] > 0 and c["invalid"] > 0
+    assert c["does_not_fit"] > 0  # (every pipeline depth divides: uneven splits)
     assert 1 <= len(res.top) <= 4
     tps = [p.summary["tokens_per_s"] for p in res.top]
     assert tps == sorted(tps, reverse=True)
@@ -163,3 +171,69 @@ def test_llama70b_on_1024_gpus():
     # The search itself (not just the reference it always simulates) beats the shipped layout.
     searched = [p for p in res.simulated if not p.is_reference and p.summary.get("fits")]
     assert max(p.summary["tokens_per_s"] for p in searched) >= shipped.summary["tokens_per_s"]
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 15.5: a plan you can paste
+
+
+def test_run_the_best_line_works_with_stage_layers(tmp_path, capsys):
+    """The printed command reproduces the best layout even when the workload has its own
+    (uneven) stage_layers, which do not fit another pipeline depth."""
+    loaded = small(tmp_path)
+    work = loaded.workload_path.read_text().replace("pp: 2", "pp: 2\n  stage_layers: [2, 4]")
+    loaded.workload_path.write_text(work)
+    assert load_workload(loaded.workload_path).workload.parallelism.stage_layers == (2, 4)
+    args = ["plan", str(loaded.workload_path), "--gpus", "16", "--top", "2", "--workers", "1",
+            "--no-files"]  # fmt: skip
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    line = out[out.index(next(x for x in out if x.startswith("run the best"))) + 1]
+    cmd = shlex.split(line)
+    assert cmd[:4] == ["python", "-m", "simulator", "run"]
+    assert cli_main([*cmd[3:], "--json", "--no-files"]) == 0
+    best = json.loads(capsys.readouterr().out)
+    assert cli_main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert best["tokens_per_s"] == pytest.approx(doc["top"][0]["summary"]["tokens_per_s"])
+
+
+def test_uneven_layer_splits_are_searched(tmp_path):
+    # Llama 3 405B: 126 layers on 16 stages, the first and last lighter (Llama Team 2024, 3.3.2).
+    assert uneven_split(126, 16) == (7,) + (8,) * 14 + (7,)
+    assert uneven_split(80, 16) is None and uneven_split(3, 4) is None
+    assert sum(uneven_split(6, 4)) == 6 and uneven_split(6, 4) == (1, 2, 2, 1)
+    loaded = small(tmp_path)  # 6 layers: pp 4 divides only unevenly
+    cands = [c for c in enumerate_layouts(loaded.workload, 16, 8) if c.pp == 4]
+    assert cands and all(c.stage_layers == (1, 2, 2, 1) for c in cands)
+    est = Estimator(loaded.workload, loaded.topology, make_machine(loaded))
+    work, res = est.resolve(cands[0])  # valid: no longer dropped as not dividing
+    assert res.stage_layers == (1, 2, 2, 1)
+
+
+def test_knobs_are_tried(tmp_path):
+    loaded = small(tmp_path)
+    t = loaded.workload.training
+    base = Candidate(4, 2, 2, 1, 1, "none", "1f1b", 1, True)
+    variants = knob_variants(base, loaded.workload)
+    assert {(v.overlap_param_gather, v.grad_reduce_dtype) for v in variants} == {
+        (not t.overlap_param_gather, None),
+        (None, "bf16" if t.grad_reduce_dtype != "bf16" else "fp32"),
+        (not t.overlap_param_gather, "bf16" if t.grad_reduce_dtype != "bf16" else "fp32"),
+    }
+    applied = variants[0].apply(loaded.workload).training
+    assert applied.overlap_param_gather is not t.overlap_param_gather
+    assert knob_variants(Candidate(8, 2, 1, 1, 0, "none", "1f1b", 1, True), loaded.workload) == []
+
+
+def test_headroom(tmp_path):
+    """Every layout returned leaves the headroom free; more headroom than any layout can
+    leave returns none."""
+    loaded = small(tmp_path)
+    res = plan(loaded, 16, top=3, workers=1, headroom_gib=5.0)
+    assert res.top
+    for p in res.top:
+        mem = p.summary["memory_gib"]
+        assert mem["total"] + 5.0 <= mem["capacity"]
+    cap = res.top[0].summary["memory_gib"]["capacity"]
+    assert plan(loaded, 16, top=3, workers=1, headroom_gib=cap).top == []

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import pandas as pd
 from rich import box
-from rich.console import Group
+from rich.console import Console, Group
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -14,7 +16,7 @@ from simulator.config.load import load_workload
 from simulator.cost import with_training_cost
 from simulator.engine.records import BREAKDOWN_KEYS
 from simulator.errors import ConfigError
-from simulator.plan import Planned, PlanResult, plan
+from simulator.plan import HEADROOM_GIB, Planned, PlanResult, plan
 from simulator.report import io, table
 from simulator.report.table import BREAKDOWN_LABELS, format_count, format_seconds
 
@@ -45,6 +47,13 @@ def register(sub) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override an input key by dotted path (repeatable)",
+    )
+    p.add_argument(
+        "--headroom-gib",
+        type=float,
+        default=HEADROOM_GIB,
+        metavar="G",
+        help=f"GiB per GPU a layout must leave free to count as fitting (default {HEADROOM_GIB:g})",
     )
     p.add_argument("--workers", type=int, default=None, help="parallel simulations")
     p.add_argument("--out", help="output folder (default results/<workload name>)")
@@ -148,18 +157,15 @@ def plan_table(result: PlanResult) -> Group:
     c = result.counts
     head = Text(
         f"{result.name} on {result.n_gpus:,} GPUs: {c['enumerated']:,} layouts, "
-        f"{c['invalid']:,} break divisibility, {c['does_not_fit']:,} do not fit in memory, "
+        f"{c['invalid']:,} break divisibility, {c['does_not_fit']:,} do not fit in memory "
+        f"with {result.headroom_gib:g} GiB to spare, "
         f"{c['estimated']:,} estimated, {c['simulated']} simulated in full "
         f"({result.wall_s:.1f} s)",
         style="bold",
     )
     parts: list = [head, t]
     if result.top:
-        parts += [
-            Text(""),
-            b,
-            Text("run the best: " + result.top[0].candidate.set_args(), style="dim"),
-        ]
+        parts += [Text(""), b]
     else:
         parts.append(Text("no layout fits in GPU memory", style="bold red"))
     return Group(*parts)
@@ -171,7 +177,20 @@ def main(args) -> int:
     if args.simulate is not None and args.simulate < 0:
         raise ConfigError(f"must be >= 0, got {args.simulate}", file="--simulate")
     loaded = load_workload(args.workload, args.overrides, topology=args.topology)
-    result = plan(loaded, args.gpus, top=args.top, n_simulate=args.simulate, workers=args.workers)
+    bar = Progress(
+        TextColumn("[bold]plan: {task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=Console(stderr=True), transient=True, disable=args.json,
+    )  # fmt: skip
+    with bar:
+        task = bar.add_task("enumerating layouts", total=None)
+
+        def progress(phase: str, done: int, total: int) -> None:
+            bar.update(task, description=phase, completed=done, total=total)
+
+        result = plan(
+            loaded, args.gpus, top=args.top, n_simulate=args.simulate, workers=args.workers,
+            headroom_gib=args.headroom_gib, progress=progress,
+        )  # fmt: skip
     for p in result.simulated:
         if "error" not in p.summary:
             p.summary = with_training_cost(p.summary, loaded)
@@ -186,7 +205,19 @@ def main(args) -> int:
     if args.json:
         sys.stdout.write(io.dumps_json(to_json(result), indent=None))
         return 0
+    command = f"python -m simulator run {shlex.quote(str(args.workload))}"
+    if args.topology:
+        command += f" --topology {shlex.quote(str(args.topology))}"
+    command += "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
+    gpn = loaded.topology.gpus_per_node
+    if result.n_gpus < gpn:
+        command += f" --set topology.nodes=1 --set topology.gpus_per_node={result.n_gpus}"
+    elif result.n_gpus != loaded.topology.nodes * gpn:
+        command += f" --set topology.nodes={result.n_gpus // gpn}"
     table.print_renderable(plan_table(result))
+    if result.top:
+        # Plain print: one line however wide the terminal, so that it can be pasted.
+        print(f"run the best:\n{command} {result.top[0].candidate.set_args()}")
     if written:
         print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
