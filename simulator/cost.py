@@ -133,6 +133,8 @@ def cost_summary(summary: dict, gpu: Any, topology: Any, tokens: float | None) -
     the price came from) and, with ``tokens``, ``training`` and :data:`COST_KEYS`.
     ``topology`` is the :class:`~simulator.config.schema.TopologyConfig` (its ``cost`` and
     ``gpus_per_node``)."""
+    if not (hasattr(gpu, "power_W") and hasattr(gpu, "price_per_gpu_hour")):
+        return {}  # a GPU described without power and price (test stubs): no cost figures
     facility, gpn = getattr(topology, "cost", None), getattr(topology, "gpus_per_node", 1)
     r = rates(gpu, facility, gpn)
     out: dict[str, Any] = dict(per_mtoken(summary, r))
