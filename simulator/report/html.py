@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import yaml
+from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter
 
 from simulator.engine.records import BREAKDOWN_KEYS, KIND_COLOURS
@@ -195,26 +196,44 @@ def links_png(series: pd.DataFrame | None, step: float, k: int = 4) -> bytes | N
 
 
 @styled
-def tradeoff_png(df: pd.DataFrame, y: str, labels: Sequence[str]) -> bytes | None:
-    """Cost or energy per million tokens against step time, one labelled point per sweep
-    point (categorical: points are not joined)."""
+def tradeoff_png(df: pd.DataFrame, y: str, keys: Sequence[str]) -> bytes | None:
+    """Cost or energy per million tokens against step time, one point per sweep point:
+    the colour says the first swept key's value, the marker the second's (a legend names
+    them; points are categorical, so they are not joined)."""
     ok = df[df[y].notna() & df["step_time_s"].notna()]
     if ok.empty:
         return None
     fig = new_figure(900, 520)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.scatter(ok["step_time_s"], ok[y], color="#0072B2", zorder=3)
-    for (_, row), lab in zip(ok.iterrows(), [labels[i] for i in ok.index], strict=True):
-        ax.annotate(lab, (row["step_time_s"], row[y]), textcoords="offset points",
-                    xytext=(5, 4), fontsize=7, color="#333")
+    ax = fig.add_axes((0.09, 0.11, 0.6, 0.8))
+    markers = ("o", "s", "^", "D", "v", "P", "X", "*")
+    first = list(dict.fromkeys(ok[keys[0]].astype(str))) if keys else ["all"]
+    second = list(dict.fromkeys(ok[keys[1]].astype(str))) if len(keys) > 1 else [""]
+    for _, row in ok.iterrows():
+        a = str(row[keys[0]]) if keys else "all"
+        b = str(row[keys[1]]) if len(keys) > 1 else ""
+        ax.scatter(row["step_time_s"], row[y], s=70, zorder=3, edgecolor="white",
+                   color=LINE_COLOURS[first.index(a) % len(LINE_COLOURS)],
+                   marker=markers[second.index(b) % len(markers)])
+    handles = [Line2D([], [], ls="none", marker="o", color=LINE_COLOURS[i % len(LINE_COLOURS)],
+                      label=f"{_short_key(keys[0]) if keys else ''} = {v}")
+               for i, v in enumerate(first)]
+    handles += [Line2D([], [], ls="none", marker=markers[i % len(markers)], color="#555",
+                       label=f"{_short_key(keys[1])} = {v}")
+                for i, v in enumerate(second) if len(keys) > 1]
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.71, 0.91), frameon=False,
+               fontsize=9)
     ax.xaxis.set_major_formatter(EngFormatter(unit="s"))
     ax.set_xlabel("step time")
     ax.set_ylabel("USD per million tokens" if y.startswith("cost") else "kWh per million tokens")
-    ax.set_title("Trade-off: " + ("cost" if y.startswith("cost") else "energy")
-                 + " per million tokens against step time (lower left is better)", loc="left")
+    fig.suptitle(("Cost" if y.startswith("cost") else "Energy")
+                 + " per million tokens against step time (lower left is better)",
+                 x=0.01, ha="left", fontsize=12)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return io.png_bytes(fig)
+
+
+def _short_key(key: str) -> str:
+    return key.split(".")[-1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -523,11 +542,6 @@ def compare_report(
     return page(f"{name}: comparison", body)
 
 
-def _point_label(row: pd.Series, keys: Sequence[str]) -> str:
-    bits = [f"{k.split('.')[-1]}={row[k]}" for k in keys if k in row and not pd.isna(row[k])]
-    return f"#{row['point_index']} " + ", ".join(bits)
-
-
 def sweep_report(
     name: str, table: pd.DataFrame, keys: Sequence[str], metric: str, pngs: Sequence[bytes]
 ) -> str:
@@ -552,9 +566,8 @@ def sweep_report(
         reason = row.get("reason") or ""
         cells += f'<td class="muted">{esc(reason[:120])}</td>'
         rows.append(f"<tr><td>{i}</td>{cells}</tr>")
-    labels = {idx: _point_label(r, keys) for idx, r in table.iterrows()}
     y = "cost_per_Mtoken_usd" if table.get("cost_per_Mtoken_usd") is not None else "energy_per_Mtoken_kWh"
-    trade = tradeoff_png(table, y, labels) if y in table.columns else None
+    trade = tradeoff_png(table, y, keys) if y in table.columns else None
     body = (
         f"<h1>{esc(name)}: {len(table)} points</h1>"
         + "".join(img(p, "sweep") for p in pngs)
