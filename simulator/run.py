@@ -138,7 +138,7 @@ def simulate(
     hw_flops = executed_flops(events, procs, res.n_gpus // (res.size("dp") * res.size("pp")))
     peak = machine.gpu.peak_flops(t.precision)
     fits = mem_gib["total"] <= mem_gib["capacity"]
-    warnings = []
+    warnings = list(machine.topology.warnings())
     if not fits:
         warnings.append(
             f"does not fit: {mem_gib['total']:.1f} GiB needed per GPU (worst: {worst_proc}), "
@@ -157,6 +157,7 @@ def simulate(
         "n_gpus": n,
         "gpu": machine.gpu.name,
         "topology": loaded.topology.name,
+        "fabric": _fabric_figures(machine.topology),
         "layout": {
             **{d: res.size(d) for d in ("tp", "cp", "pp", "dp")},
             "zero": work.parallelism.zero,
@@ -197,6 +198,22 @@ def executed_flops(events: pd.DataFrame, procs, inner: int) -> float:
     gpus = {p.label: len(p.replicas) * (inner if p.coords is None else 1) for p in procs}
     per_proc = events.groupby("proc", sort=False)["flops"].sum()
     return float(sum(f * gpus[label] for label, f in per_proc.items()))
+
+
+def _fabric_figures(topo: Topology) -> dict:
+    """The fabric figures in use, each with where it came from (topology file or --set,
+    the GPU catalog, or a generic default)."""
+    out = {k: {"value": v, "from": src} for k, (v, src) in topo.figures.items()}
+    out["nvlink_domain_gpus"] = {
+        "value": topo.gpus_per_node,
+        "from": "topology" if topo.cfg.nvlink_domain_gpus else "default (gpus_per_node)",
+    }
+    if topo.gpu.nvlink_generation:
+        out["nvlink_generation"] = {
+            "value": topo.gpu.nvlink_generation,
+            "from": f"catalog {topo.gpu.name}.nvlink_generation",
+        }
+    return out
 
 
 def _memory_table(mem_rows, procs) -> pd.DataFrame:

@@ -7,12 +7,47 @@ import pytest
 from simulator.errors import ConfigError
 from simulator.hardware.catalog import GPUSpec, gpu_names, load_gpu
 
-NAMES = ["A100-SXM-80GB", "H100-SXM-80GB", "H200-SXM-141GB", "B200"]
+NAMES = [
+    "A100-SXM-80GB", "H100-SXM-80GB", "H200-SXM-141GB", "B200", "B300", "GB200", "GB300", "H800"
+]
+
+# NVLink line rate per direction = links x per-link signalling rate (NVLink 3: 25 GB/s,
+# NVLink 4: 26.5625, NVLink 5: 53.125); H800 keeps 8 of the H100's 18 links.
+NVLINK_LINE = {
+    "A100-SXM-80GB": (3, 12 * 25.0),
+    "H100-SXM-80GB": (4, 18 * 26.5625),
+    "H200-SXM-141GB": (4, 18 * 26.5625),
+    "B200": (5, 18 * 53.125),
+    "B300": (5, 18 * 53.125),
+    "GB200": (5, 18 * 53.125),
+    "GB300": (5, 18 * 53.125),
+    "H800": (4, 8 * 26.5625),
+}
 
 
-
-def test_catalog_lists_the_four_gpus():
+def test_catalog_lists_the_gpus():
     assert gpu_names() == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_platform_defaults_follow_the_nvlink_generation(name):
+    gpu = load_gpu(name)
+    gen, line = NVLINK_LINE[name]
+    assert gpu.nvlink_generation == gen and gpu.nvlink_line_GBps == pytest.approx(line)
+    # the line rate is the datasheet's data rate plus the 64b/66b-class coding margin
+    assert 1.0 <= gpu.nvlink_line_GBps / gpu.nvlink_GBps < 1.07
+    assert gpu.nic_Gbps in (200.0, 400.0, 800.0) and gpu.pcie_GBps in (32.0, 64.0, 128.0)
+    for key in ("nvlink_line_GBps", "nic_Gbps", "pcie_GBps"):
+        assert gpu.sources.get(key), f"{name}: no source for {key}"
+
+
+def test_block_scaled_peaks_only_on_blackwell():
+    for name in ("B200", "B300", "GB200", "GB300"):
+        gpu = load_gpu(name)
+        assert gpu.peak_tflops["mxfp8"] == gpu.peak_tflops["fp8"]
+        assert gpu.peak_tflops["nvfp4"] >= 2 * gpu.peak_tflops["fp8"]
+    with pytest.raises(ConfigError, match="nvfp4"):
+        load_gpu("H100-SXM-80GB").peak_flops("nvfp4")
 
 
 @pytest.mark.parametrize("name", NAMES)

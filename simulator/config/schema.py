@@ -417,14 +417,28 @@ class TopologyConfig(Frozen):
     intra_node: Literal["nvswitch", "mesh", "pcie"] = Field(
         "nvswitch", description="nvswitch: every GPU to a switch; mesh: direct NVLink pairs"
     )
+    nvlink_domain_gpus: PositiveInt | None = Field(
+        None,
+        description="GPUs joined by one NVLink switch fabric (72 on a GB200/GB300 NVL72 rack of "
+        "18 trays of 4); a multiple of gpus_per_node dividing the GPU count; default "
+        "gpus_per_node",
+    )
     nvlink_bandwidth_GBps: PositiveFloat | None = Field(
-        None, description="per GPU per direction; default: the GPU catalog's NVLink figure"
+        None,
+        description="per GPU per direction; default: the GPU catalog's NVLink line rate "
+        "(nvlink_line_GBps: NVLink 4 478.125, NVLink 5 956.25)",
     )
     nvlink_latency_us: float = Field(0.8, ge=0)
     # inter-node
     nics_per_node: int = Field(8, ge=0)
-    nic_bandwidth_Gbps: PositiveFloat = 400.0
-    network: Literal["fat_tree", "leaf_spine"] = "fat_tree"
+    nic_bandwidth_Gbps: PositiveFloat | None = Field(
+        None, description="per NIC; default: the GPU catalog's nic_Gbps (its reference system)"
+    )
+    network: Literal["fat_tree", "leaf_spine", "rail_only"] = Field(
+        "fat_tree",
+        description="fat_tree / leaf_spine: a folded Clos; rail_only: one switch fabric per "
+        "rail and no spine, traffic between rails forwarded over NVLink (PXN)",
+    )
     rail_optimized: bool = True
     nodes_per_leaf: PositiveInt = Field(
         32, description="nodes a leaf switch (per rail, when rail-optimised) serves"
@@ -432,10 +446,33 @@ class TopologyConfig(Frozen):
     oversubscription: float = Field(
         1.0, ge=1.0, description="leaf downlink:uplink bandwidth ratio (2.0 = 2:1)"
     )
+    tiers: Literal[2, 3] = Field(
+        2, description="switch tiers of the Clos: 2 (leaf, spine) or 3 (leaf, spine, core)"
+    )
+    nodes_per_pod: PositiveInt | None = Field(
+        None,
+        description="tiers: 3: nodes under one spine block (a multiple of nodes_per_leaf); "
+        "default 16 leaf groups",
+    )
+    spine_oversubscription: float = Field(
+        1.0, ge=1.0, description="tiers: 3: a pod's spine-to-leaf:spine-to-core bandwidth ratio"
+    )
     switch_latency_us: float = Field(0.6, ge=0, description="per switch hop")
     nic_latency_us: float = Field(2.0, ge=0, description="NIC + PCIe, each end")
-    pcie_bandwidth_GBps: PositiveFloat = Field(
-        64.0, description="GPU<->NIC (PCIe Gen5 x16 ~ 64 GB/s per direction)"
+    pcie_bandwidth_GBps: PositiveFloat | None = Field(
+        None,
+        description="GPU<->NIC per direction; default: the GPU catalog's pcie_GBps "
+        "(Gen5 x16 ~ 64 GB/s, Gen6 x16 ~ 128 GB/s)",
+    )
+    nvls: bool = Field(
+        False,
+        description="NVLink SHARP (NCCL NVLS): all-reduce inside an NVSwitch domain reduced in "
+        "the switch (NVSwitch 3 and later)",
+    )
+    sharp: bool = Field(
+        False,
+        description="InfiniBand SHARP (NCCL CollNet): all-reduce across nodes reduced in the "
+        "switches",
     )
     cost: CostConfig = CostConfig()
 

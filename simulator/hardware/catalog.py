@@ -36,7 +36,7 @@ from simulator.errors import ConfigError
 DATA_DIR = Path(__file__).parent / "data"
 CATALOG_FILE = DATA_DIR / "gpus.yaml"
 
-DTYPES = ("bf16", "fp16", "fp8", "tf32")
+DTYPES = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4", "tf32")
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class GPUSpec:
     """One GPU model. Immutable; build variants with :func:`load_gpu` overrides."""
 
     name: str
-    peak_tflops: Mapping[str, float]  # dense, no sparsity: bf16, fp16, fp8, tf32
+    peak_tflops: Mapping[str, float]  # dense, no sparsity: bf16, fp16, fp8, mxfp8, nvfp4, tf32
     hbm_GiB: float  # usable capacity as the driver reports it
     hbm_TBps: float  # datasheet HBM bandwidth
     hbm_efficiency: float  # achievable fraction of hbm_TBps for streaming kernels
@@ -115,6 +115,15 @@ class GPUSpec:
     #: HBM a training process holds beyond its tensors: CUDA context, NCCL communicators and
     #: buffers, library workspaces, caching-allocator slack (see gpus.yaml)
     runtime_reserved_GiB: float = 0.0
+    #: NVLink generation (3 Ampere, 4 Hopper, 5 Blackwell); None for a GPU without NVLink
+    nvlink_generation: int | None = None
+    #: NVLink line rate per GPU per direction (links x signalling rate); what a topology uses
+    #: unless it sets ``nvlink_bandwidth_GBps`` (default: ``nvlink_GBps``)
+    nvlink_line_GBps: float | None = None
+    #: scale-out NIC per GPU of the GPU's reference system, Gb/s (a topology default)
+    nic_Gbps: float | None = None
+    #: GPU <-> NIC PCIe bandwidth per direction, GB/s (a topology default)
+    pcie_GBps: float | None = None
     calibration: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
 
     def peak_flops(self, dtype: str) -> float:
@@ -147,6 +156,7 @@ class GPUSpec:
                 self.hbm_TBps,
                 self.hbm_efficiency,
                 self.nvlink_GBps,
+                self.nvlink_line_GBps,
                 self.kernel_launch_s,
                 self.sm_count,
                 self.gemm,
@@ -353,6 +363,18 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
             field=f"{field}.runtime_reserved_GiB",
         )
     values["runtime_reserved_GiB"] = float(reserved)
+    for key in ("nvlink_line_GBps", "nic_Gbps", "pcie_GBps"):
+        if entry.get(key) is not None:
+            values[key] = _positive(entry[key], file=file, field=f"{field}.{key}")
+    gen = entry.get("nvlink_generation")
+    if gen is not None:
+        if not isinstance(gen, int) or isinstance(gen, bool) or not 1 <= gen <= 9:
+            raise ConfigError(
+                f"an NVLink generation 1..9, got {gen!r}",
+                file=file,
+                field=f"{field}.nvlink_generation",
+            )
+        values["nvlink_generation"] = gen
     values["calibration"] = tuple(MappingProxyType(dict(c)) for c in entry.get("calibration", ()))
     return GPUSpec(**values)
 

@@ -350,22 +350,21 @@ class CollectiveModel(AlgorithmPhases):
         )
 
     def _signature(self, group: Sequence[int]) -> tuple | None:
-        """A group's shape up to the fabric's symmetry: for each member, its node and leaf
-        group relative to the first member's, its place in the node, and the size of its leaf
-        group. Groups of one signature have the same plan, GPUs relabelled, and the same
-        time alone. None when faults break the symmetry."""
+        """A group's shape up to the fabric's symmetry: for each member, its node (NVLink
+        domain) relative to the first member's, its place in the node, its leaf group and pod
+        relative to the first member's, and their sizes. Groups of one signature have the same
+        plan, GPUs relabelled, and the same time alone. None when faults break the symmetry."""
         topo = self.topology
         if self._faulty:
             return None
         gpn = topo.gpus_per_node
-        per_leaf = max(1, int(topo.cfg.nodes_per_leaf))
+        where = topo.leaf_group_of
         n0 = group[0] // gpn
-        l0 = n0 // per_leaf
+        l0, p0 = where(group[0])[:2]
         sig = []
         for g in group:
-            n = g // gpn
-            lg = n // per_leaf
-            sig.append((n - n0, g % gpn, lg - l0, min(per_leaf, topo.nodes - lg * per_leaf)))
+            lg, pod, lsize, psize = where(g)
+            sig.append((g // gpn - n0, g % gpn, lg - l0, lsize, pod - p0, psize))
         return tuple(sig)
 
     def _plan(self, op, group, nbytes, algorithm):

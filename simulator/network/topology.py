@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # the hardware catalog is only needed for the annotation
 FABRICS_FILE = Path(__file__).with_name("fabrics.yaml")
 
 #: Link kinds, in the order their ids are allocated.
-LINK_KINDS = ("nvlink", "pcie", "nic", "leaf_up", "leaf_down")
+LINK_KINDS = ("nvlink", "pcie", "nic", "leaf_up", "leaf_down", "spine_up", "spine_down")
 
 
 @cache
@@ -74,6 +74,42 @@ def load_fabrics(path: str | None = None) -> dict[str, Any]:
         if key not in data:
             raise ConfigError(f"missing section {key!r}", file=str(p), field=key)
     return data
+
+
+#: Topology keys whose default comes from the GPU catalog: key -> (catalog field, fallback)
+CATALOG_DEFAULTS = {
+    "nvlink_bandwidth_GBps": ("nvlink_line_GBps", "nvlink_GBps"),
+    "nic_bandwidth_Gbps": ("nic_Gbps", None),
+    "pcie_bandwidth_GBps": ("pcie_GBps", None),
+}
+#: Used where neither the topology nor the catalog gives a figure (an inline GPU)
+FALLBACKS = {"nic_bandwidth_Gbps": 400.0, "pcie_bandwidth_GBps": 64.0}
+
+
+def resolve_figures(cfg: TopologyConfig, gpu: Any) -> dict[str, tuple[float | None, str]]:
+    """The fabric figures a run uses and where each came from.
+
+    A topology key set in the file (or by ``--set``) wins; otherwise the GPU catalog's figure
+    for that GPU (its NVLink generation's line rate, its reference system's NIC and PCIe);
+    otherwise a generic default. Returns key -> (value, origin), origin one of ``topology``,
+    ``catalog <GPU>.<field>`` or ``default``.
+    """
+    out: dict[str, tuple[float | None, str]] = {}
+    name = getattr(gpu, "name", "?")
+    for key, (field, alt) in CATALOG_DEFAULTS.items():
+        given = getattr(cfg, key)
+        if given is not None:
+            out[key] = (float(given), "topology")
+            continue
+        for f in (field, alt):
+            v = getattr(gpu, f, None) if f else None
+            if v:
+                out[key] = (float(v), f"catalog {name}.{f}")
+                break
+        else:
+            fb = FALLBACKS.get(key)
+            out[key] = (fb, "default")
+    return out
 
 
 class Topology:
@@ -98,16 +134,37 @@ class Topology:
     def __init__(self, cfg: TopologyConfig, gpu: GPUSpec, link_faults: Sequence[LinkFault] = ()):
         self.cfg = cfg
         self.gpu = gpu
-        self.nodes = int(cfg.nodes)
-        self.gpus_per_node = int(cfg.gpus_per_node)
-        self.n_gpus = self.nodes * self.gpus_per_node
-        self.nics_per_node = int(cfg.nics_per_node) if self.nodes > 1 else 0
+        self.figures = resolve_figures(cfg, gpu)
+        tray = int(cfg.gpus_per_node)
+        dom = int(cfg.nvlink_domain_gpus or tray)
+        n_gpus = int(cfg.nodes) * tray
+        if dom % tray or n_gpus % dom:
+            raise ConfigError(
+                f"an NVLink domain of {dom} GPUs must be a multiple of gpus_per_node ({tray}) "
+                f"and divide the {n_gpus} GPUs (nodes x gpus_per_node)",
+                field="topology.nvlink_domain_gpus",
+            )
+        if dom > tray and cfg.intra_node != "nvswitch":
+            raise ConfigError(
+                f"an NVLink domain across nodes needs intra_node: nvswitch, got {cfg.intra_node}",
+                field="topology.nvlink_domain_gpus",
+            )
+        #: physical nodes (compute trays on an NVL72 rack) and GPUs on each
+        self.physical_nodes, self.tray_gpus = int(cfg.nodes), tray
+        self.trays_per_domain = dom // tray
+        # Routing and collectives see an NVLink domain as one node (NCCL does likewise on
+        # multi-node NVLink: rings and trees treat the domain as one NVLink-connected node).
+        self.gpus_per_node = dom
+        self.n_gpus = n_gpus
+        self.nodes = n_gpus // dom
+        self.nics_per_node = int(cfg.nics_per_node) * self.trays_per_domain if self.nodes > 1 else 0
         if self.nodes > 1 and cfg.nics_per_node < 1:
             raise ConfigError(
                 f"{self.nodes} nodes need at least one NIC per node, got 0",
                 field="topology.nics_per_node",
             )
-        nvl = cfg.nvlink_bandwidth_GBps or getattr(gpu, "nvlink_GBps", None)
+        self._check_tiers(cfg)
+        nvl = self.figures["nvlink_bandwidth_GBps"][0]
         if cfg.intra_node != "pcie" and not nvl:
             raise ConfigError(
                 f"GPU {getattr(gpu, 'name', gpu)!r} has no NVLink bandwidth; set "
@@ -115,8 +172,8 @@ class Topology:
                 field="topology.nvlink_bandwidth_GBps",
             )
         self.nvlink_Bps = float(nvl or 0.0) * 1e9
-        self.pcie_Bps = cfg.pcie_bandwidth_GBps * 1e9
-        self.nic_Bps = cfg.nic_bandwidth_Gbps * 1e9 / 8
+        self.pcie_Bps = self.figures["pcie_bandwidth_GBps"][0] * 1e9
+        self.nic_Bps = self.figures["nic_bandwidth_Gbps"][0] * 1e9 / 8
         self._build_links()
         self._apply_faults(link_faults)
         self._cap_list: list[float] = self.capacity.tolist()  # fast scalar access for routing
@@ -128,6 +185,40 @@ class Topology:
         self._ig: dict[int, tuple[tuple[int, ...], int]] = {}
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
         self._route_lat: dict[tuple[int, int], float] = {}
+
+    def _check_tiers(self, cfg: TopologyConfig) -> None:
+        per_leaf = int(cfg.nodes_per_leaf)
+        pod = cfg.nodes_per_pod or 16 * per_leaf
+        if cfg.tiers == 3 and pod % per_leaf:
+            raise ConfigError(
+                f"nodes_per_pod ({pod}) must be a multiple of nodes_per_leaf ({per_leaf})",
+                field="topology.nodes_per_pod",
+            )
+        if cfg.network == "rail_only" and cfg.tiers == 3:
+            raise ConfigError(
+                "a rail-only fabric has no spine (accepted: tiers: 2)", field="topology.tiers"
+            )
+        #: leaf groups under one spine block (tiers: 3), 0 for a two-tier fabric
+        self.leaf_groups_per_pod = pod // per_leaf if cfg.tiers == 3 else 0
+
+    def warnings(self) -> list[str]:
+        """What the run should say about this fabric: NICs a PCIe link caps."""
+        out = []
+        if not self.nics_per_node:
+            return out
+        eff = {k: float(v["efficiency"]) for k, v in load_fabrics()["links"].items()}
+        gpus_per_nic = max(1, self.gpus_per_node // self.nics_per_node)
+        feed = self.pcie_Bps * eff["pcie"] * (gpus_per_nic if self.intra != "pcie" else 1)
+        nic = self.nic_Bps * eff["nic"]
+        if feed < nic:
+            out.append(
+                f"NICs are PCIe-bound: a {self.nic_Bps * 8 / 1e9:.0f} Gb/s NIC "
+                f"({nic / 1e9:.0f} GB/s achievable) is fed by {gpus_per_nic} GPU(s) over "
+                f"{self.pcie_Bps / 1e9:.0f} GB/s PCIe ({feed / 1e9:.0f} GB/s achievable), so "
+                f"network transfers run at most at {feed / nic:.0%} of the NIC's rate "
+                "(topology.pcie_bandwidth_GBps)"
+            )
+        return out
 
     # ------------------------------------------------------------------ construction
 
@@ -172,36 +263,7 @@ class Topology:
         m = self.nics_per_node
         self.n_leaves = 0
         if m:
-            nic_lat = cfg.nic_latency_us * 1e-6
-            sw_lat = cfg.switch_latency_us * 1e-6
-            nics = [f"nic{n}.{i}" for n in range(N) for i in range(m)]
-            if cfg.intra_node == "pcie":  # NICs hang off the node's PCIe switch
-                psw = [f"pcisw{n}" for n in range(N) for _ in range(m)]
-                self._pcie_up = add(psw, nics, "pcie", self.pcie_Bps, nic_lat)
-                self._pcie_down = add(nics, psw, "pcie", self.pcie_Bps, nic_lat)
-            else:  # one PCIe link per GPU to its own NIC (DGX: GPU and NIC share a PCIe switch)
-                own = [nics[g // k * m + self.nic_index(g % k)] for g in range(G)]
-                self._pcie_up = add(gname, own, "pcie", self.pcie_Bps, nic_lat)
-                self._pcie_down = add(own, gname, "pcie", self.pcie_Bps, nic_lat)
-            groups = -(-N // cfg.nodes_per_leaf)
-            per_group = [min(cfg.nodes_per_leaf, N - q * cfg.nodes_per_leaf) for q in range(groups)]
-            if cfg.rail_optimized:
-                self.n_leaves = groups * m
-                leaf_of = [(n // cfg.nodes_per_leaf) * m + i for n in range(N) for i in range(m)]
-                down_sum = [per_group[q] * self.nic_Bps for q in range(groups) for _ in range(m)]
-            else:
-                self.n_leaves = groups
-                leaf_of = [n // cfg.nodes_per_leaf for n in range(N) for _ in range(m)]
-                down_sum = [per_group[q] * m * self.nic_Bps for q in range(groups)]
-            self._leaf_of_nic = np.asarray(leaf_of)
-            leaves = [f"leaf{x}" for x in leaf_of]
-            self._nic_up = add(nics, leaves, "nic", self.nic_Bps, sw_lat)
-            self._nic_down = add(leaves, nics, "nic", self.nic_Bps, 0.0)
-            lname = [f"leaf{x}" for x in range(self.n_leaves)]
-            up_cap = np.asarray(down_sum) / cfg.oversubscription
-            spine = ["spine"] * self.n_leaves
-            self._leaf_up = add(lname, spine, "leaf_up", up_cap, sw_lat)
-            self._leaf_down = add(spine, lname, "leaf_down", up_cap, sw_lat)
+            self._build_network(add, N, m)
         self.link_names = names
         self.link_kinds = kinds
         self._kind_id = np.array([LINK_KINDS.index(kd) for kd in kinds], dtype=np.int64)
@@ -209,6 +271,64 @@ class Topology:
         self.capacity = np.concatenate(caps) if caps else np.zeros(0)
         self.latency = np.concatenate(lats) if lats else np.zeros(0)
         self._nominal = self.capacity.copy()
+
+    def _build_network(self, add, N: int, m: int) -> None:
+        """NICs, leaves and the spine (and core, tiers: 3) tiers; see the module docstring."""
+        cfg, k = self.cfg, self.gpus_per_node
+        G = self.n_gpus
+        gname = [f"gpu{g}" for g in range(G)]
+        nic_lat = cfg.nic_latency_us * 1e-6
+        sw_lat = cfg.switch_latency_us * 1e-6
+        mt, T = int(cfg.nics_per_node), self.trays_per_domain
+        # NIC i of domain n sits on tray n*T + i // mt, rail i % mt (named by its tray)
+        tray_of = [n * T + i // mt for n in range(N) for i in range(m)]
+        rail_of = [i % mt for _ in range(N) for i in range(m)]
+        nics = [f"nic{t}.{r}" for t, r in zip(tray_of, rail_of, strict=True)]
+        if cfg.intra_node == "pcie":  # NICs hang off the node's PCIe switch
+            psw = [f"pcisw{n}" for n in range(N) for _ in range(m)]
+            self._pcie_up = add(psw, nics, "pcie", self.pcie_Bps, nic_lat)
+            self._pcie_down = add(nics, psw, "pcie", self.pcie_Bps, nic_lat)
+        else:  # one PCIe link per GPU to its own NIC (DGX: GPU and NIC share a PCIe switch)
+            own = [nics[g // k * m + self.nic_index(g % k)] for g in range(G)]
+            self._pcie_up = add(gname, own, "pcie", self.pcie_Bps, nic_lat)
+            self._pcie_down = add(own, gname, "pcie", self.pcie_Bps, nic_lat)
+        per_leaf = int(cfg.nodes_per_leaf)
+        if cfg.network == "rail_only":  # one switch fabric per rail spanning every node
+            leaf_of = list(rail_of)
+            self.n_leaves = mt
+        elif cfg.rail_optimized:
+            leaf_of = [(t // per_leaf) * mt + r for t, r in zip(tray_of, rail_of, strict=True)]
+            self.n_leaves = -(-self.physical_nodes // per_leaf) * mt
+        else:
+            leaf_of = [t // per_leaf for t in tray_of]
+            self.n_leaves = -(-self.physical_nodes // per_leaf)
+        self._leaf_of_nic = np.asarray(leaf_of)
+        leaves = [f"leaf{x}" for x in leaf_of]
+        self._nic_up = add(nics, leaves, "nic", self.nic_Bps, sw_lat)
+        self._nic_down = add(leaves, nics, "nic", self.nic_Bps, 0.0)
+        self.n_pods = 0
+        if cfg.network == "rail_only":
+            return
+        down_sum = np.bincount(self._leaf_of_nic, minlength=self.n_leaves) * self.nic_Bps
+        up_cap = down_sum / cfg.oversubscription
+        lname = [f"leaf{x}" for x in range(self.n_leaves)]
+        per_group = mt if cfg.rail_optimized else 1  # leaves per leaf group
+        if self.leaf_groups_per_pod:
+            self._pod_of_leaf = [x // per_group // self.leaf_groups_per_pod for x in range(len(lname))]
+            self.n_pods = max(self._pod_of_leaf) + 1
+            spine = [f"spine{p}" for p in self._pod_of_leaf]
+        else:
+            self._pod_of_leaf = [0] * len(lname)
+            spine = ["spine"] * self.n_leaves
+        self._leaf_up = add(lname, spine, "leaf_up", up_cap, sw_lat)
+        self._leaf_down = add(spine, lname, "leaf_down", up_cap, sw_lat)
+        if self.n_pods:
+            pod_cap = np.bincount(self._pod_of_leaf, weights=up_cap, minlength=self.n_pods)
+            pods = [f"spine{p}" for p in range(self.n_pods)]
+            core = ["core"] * self.n_pods
+            cap = pod_cap / cfg.spine_oversubscription
+            self._spine_up = add(pods, core, "spine_up", cap, sw_lat)
+            self._spine_down = add(core, pods, "spine_down", cap, sw_lat)
 
     def _apply_faults(self, faults: Sequence[LinkFault]) -> None:
         m = self.nics_per_node
@@ -221,18 +341,20 @@ class Topology:
                     )
                 ids = self._gpu_port_links(f.gpu)
             else:
-                if f.node is None or f.node >= self.nodes:
+                mt = m // self.trays_per_domain
+                if f.node is None or f.node >= self.physical_nodes:
                     raise ConfigError(
-                        f"node must be in 0..{self.nodes - 1}, got {f.node}", field=f"{where}.node"
+                        f"node must be in 0..{self.physical_nodes - 1}, got {f.node}",
+                        field=f"{where}.node",
                     )
-                if f.nic is None or not 0 <= f.nic < max(m, 1) or not m:
+                if f.nic is None or not 0 <= f.nic < max(mt, 1) or not m:
                     raise ConfigError(
-                        f"nic must be in 0..{m - 1}, got {f.nic}"
+                        f"nic must be in 0..{mt - 1}, got {f.nic}"
                         if m
                         else "this topology has no NICs (single node)",
                         field=f"{where}.nic",
                     )
-                j = f.node * m + f.nic
+                j = f.node * mt + f.nic  # trays of a domain are consecutive, NICs too
                 ids = [self._nic_up + j, self._nic_down + j]
             for i in ids:
                 self.capacity[i] *= f.bandwidth_factor
@@ -275,6 +397,20 @@ class Topology:
                 self._nic_cache[gpu] = j
                 return j
         raise PlanError(f"gpu {gpu}: every NIC of node {n} has failed; it cannot reach other nodes")
+
+    def leaf_group_of(self, gpu: int) -> tuple[int, int, int, int]:
+        """(leaf group, pod, physical nodes in that leaf group, in that pod) of a GPU's node:
+        the fabric's translation symmetry, used to share collective plans between groups."""
+        cfg = self.cfg
+        per_leaf = self.physical_nodes if cfg.network == "rail_only" else int(cfg.nodes_per_leaf)
+        tray = gpu // self.tray_gpus
+        lg = tray // per_leaf
+        lsize = min(per_leaf, self.physical_nodes - lg * per_leaf)
+        if not self.leaf_groups_per_pod:
+            return lg, 0, lsize, self.physical_nodes
+        per_pod = per_leaf * self.leaf_groups_per_pod
+        pod = tray // per_pod
+        return lg, pod, lsize, min(per_pod, self.physical_nodes - pod * per_pod)
 
     def leaf_of(self, node: int, nic: int) -> int:
         """Leaf switch of NIC ``nic`` of node ``node``."""
@@ -338,12 +474,15 @@ class Topology:
             r = self._intra(src, dst)
         else:
             try:
-                up, la = self._egress(src)
+                if self.cfg.network == "rail_only":  # leave on the destination's rail (PXN)
+                    up, la = self._egress_via(src, self.nic_of(dst))
+                else:
+                    up, la = self._egress(src)
                 down, lb = self._ingress(dst)
             except PlanError as e:
                 raise PlanError(f"no path from gpu {src} to gpu {dst}: {e}") from None
             if la != lb:
-                r = up + (self._leaf_up + la, self._leaf_down + lb) + down
+                r = up + self._between_leaves(src, dst, la, lb) + down
             else:
                 r = up + down
         cap = self._cap_list
@@ -354,6 +493,16 @@ class Topology:
             )
         return r
 
+    def _between_leaves(self, src: int, dst: int, la: int, lb: int) -> tuple[int, ...]:
+        """Links from leaf ``la`` up and down to leaf ``lb`` (via a spine; tiers: 3 via the
+        core when the leaves are in different pods)."""
+        if self.cfg.network == "rail_only":
+            raise AssertionError("rail-only routes change rails over NVLink")
+        pa, pb = self._pod_of_leaf[la], self._pod_of_leaf[lb]
+        if pa == pb:
+            return (self._leaf_up + la, self._leaf_down + lb)
+        return (self._leaf_up + la, self._spine_up + pa, self._spine_down + pb, self._leaf_down + lb)
+
     def _egress(self, g: int) -> tuple[tuple[int, ...], int]:
         """Links from GPU g up to and including its NIC's cable to the leaf, and that leaf."""
         hit = self._eg.get(g)
@@ -363,6 +512,14 @@ class Topology:
             hit = (self._to_nic(g, j) + (self._nic_up + n * m + j,), self._leaf_list[n * m + j])
             self._eg[g] = hit
         return hit
+
+    def _egress_via(self, g: int, j: int) -> tuple[tuple[int, ...], int]:
+        """Links from GPU g to NIC j of its node (over NVLink when j is not its own) and on to
+        that NIC's leaf, and the leaf."""
+        if j == self.nic_of(g):
+            return self._egress(g)
+        n, m = g // self.gpus_per_node, self.nics_per_node
+        return self._to_nic(g, j) + (self._nic_up + n * m + j,), self._leaf_list[n * m + j]
 
     def _ingress(self, g: int) -> tuple[tuple[int, ...], int]:
         """Links from the leaf down to GPU g, and that leaf."""
@@ -427,6 +584,7 @@ class Topology:
             ("nic", "nic"),
             ("leaf", "leaf"),
             ("spine", "spine"),
+            ("core", "core"),
         )
         seen: set[str] = set()
         for name in self.link_names:
