@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import simpy
 import yaml
 
 from simulator.config.schema import TopologyConfig
+from simulator.hardware.catalog import load_gpu
 from simulator.network.collectives import CollectiveModel, collective_summary
 from simulator.network.flows import FlowNetwork, fluid_completion
 from simulator.network.topology import Topology, load_fabrics
@@ -20,8 +20,9 @@ from simulator.network.topology import Topology, load_fabrics
 ROOT = Path(__file__).resolve().parents[1]
 CALIBRATION = ROOT / "data/calibration/h200x4-nvswitch/collectives.jsonl"
 # Stand-ins for simulator.hardware.catalog.GPUSpec (only these fields are read).
-H100 = SimpleNamespace(name="H100-SXM-80GB", nvlink_GBps=450.0, hbm_TBps=3.35)
-H200 = SimpleNamespace(name="H200-SXM-141GB", nvlink_GBps=450.0, hbm_TBps=4.8)
+# The catalog's GPUs: shipped topologies take their NVLink, NIC and PCIe rates from them.
+H100 = load_gpu("H100-SXM-80GB")
+H200 = load_gpu("H200-SXM-141GB")
 FAB = load_fabrics()
 EFF = {k: v["efficiency"] for k, v in FAB["links"].items()}
 SIMPLE = FAB["nccl"]["protocols"]["Simple"]["ring_step_us"]
@@ -238,7 +239,7 @@ def test_collective_summary_uses_nccl_tests_definitions():
 
 def test_published_nccl_figures():
     """Held-out checks: published nccl-tests busbw, not used in any fit."""
-    a100 = SimpleNamespace(name="A100-SXM-80GB", nvlink_GBps=300.0)
+    a100 = load_gpu("A100-SXM-80GB")
 
     def busbw(name, gpu, n, op="all_reduce", alg="ring"):
         cfg = yaml.safe_load((ROOT / "topologies" / name).read_text())
