@@ -204,6 +204,8 @@ def _fabric_figures(topo: Topology) -> dict:
     """The fabric figures in use, each with where it came from (topology file or --set,
     the GPU catalog, or a generic default)."""
     out = {k: {"value": v, "from": src} for k, (v, src) in topo.figures.items()}
+    if not out:
+        return out
     out["nvlink_domain_gpus"] = {
         "value": topo.gpus_per_node,
         "from": "topology" if topo.cfg.nvlink_domain_gpus else "default (gpus_per_node)",

@@ -26,6 +26,10 @@ class NoLinks:
     link_names: list = []
     link_kinds: list = []
     capacity = np.zeros(0)
+    figures: dict = {}  # no fabric figures to report
+
+    def warnings(self):
+        return []
 
     def effective_capacity(self, efficiency=None):
         return np.zeros(0)
