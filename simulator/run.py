@@ -21,6 +21,7 @@ from simulator.engine.sim import CountingEnvironment, Engine
 from simulator.errors import ConfigError
 from simulator.hardware.catalog import GPUSpec, load_gpu
 from simulator.hardware.compute import ComputeModel
+from simulator.hardware.precision import pricing_dtype, split_dtype
 from simulator.model import transformer as tf
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology
@@ -101,6 +102,14 @@ def simulate(
             field="model.moe" if work.model.moe is not None else "model.attention",
         )
     machine = machine or make_machine(loaded)
+    gemm_dtype = split_dtype(pricing_dtype(work.training))[0]
+    if gemm_dtype not in machine.gpu.peak_tflops:
+        raise ConfigError(
+            f"{machine.gpu.name} has no {gemm_dtype} tensor cores (it has: "
+            f"{', '.join(machine.gpu.peak_tflops)})",
+            file=str(loaded.workload_path),
+            field="training.precision",
+        )
     env = env if env is not None else CountingEnvironment()
     job = make_job(work, loaded.topology, res, machine)
     plan, net = build_plan(job, detail=detail, env=env)

@@ -208,7 +208,22 @@ class TrainingConfig(Frozen):
 
     global_batch: PositiveInt = Field(description="sequences per optimizer step")
     micro_batch: PositiveInt = Field(1, description="sequences per micro-batch per DP rank")
-    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4"] = Field(
+        "bf16",
+        description="GEMM format of the linear layers: bf16, fp16, fp8 (per-tensor or blockwise "
+        "scales, fp8_recipe), mxfp8 (MX 32-element blocks) or nvfp4 (16-element blocks; "
+        "mxfp8/nvfp4 need Blackwell); attention and everything else stays bf16",
+    )
+    fp8_recipe: Literal["delayed", "current", "blockwise"] = Field(
+        "delayed",
+        description="precision fp8: per-tensor delayed scaling (Transformer Engine's default), "
+        "per-tensor current scaling (NeMo on Blackwell) or blockwise 1x128/128x128 (DeepSeek-V3)",
+    )
+    fp8_param_gather: bool = Field(
+        False,
+        description="low-precision working weights (Megatron --fp8-param-gather): no bf16 copy, "
+        "and the ZeRO parameter all-gather moves the low-precision bytes",
+    )
     param_dtype: Literal["bf16", "fp32"] = Field(
         "bf16", description="stored working weights; fp32 = AMP autocast (no bf16 copy)"
     )

@@ -57,8 +57,10 @@ from simulator.hardware.catalog import (
     load_gpu,
 )
 
-BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "tf32": 4}  # operand element size
-OUT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "tf32": 4}  # fp8 GEMMs write bf16
+# operand element size, block scales included (MX: an E8M0 byte per 32; NVFP4: 4 bits and an
+# E4M3 byte per 16); low-precision GEMMs write bf16
+BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "mxfp8": 1 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "tf32": 4}
+OUT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "mxfp8": 2, "nvfp4": 2, "tf32": 4}
 BWD_FACTOR = 2.5  # backward FLOPs / forward FLOPs (FlashAttention-2 convention)
 
 

@@ -76,8 +76,13 @@ def model_state_bytes(
     param_dtype: str = "bf16",
     grad_dtype: str = "bf16",
     kernels: str = "fused",
+    weight_bytes: float | None = None,
 ) -> ModelStateBytes:
     """Weights, gradients and Adam state of ``n_params`` parameters on one GPU.
+
+    ``weight_bytes`` (bytes per parameter of the working weights) replaces ``param_dtype``'s
+    size for low-precision training: the bf16 weights plus the cached FP8/MXFP8/NVFP4 copies,
+    or the low-precision weights alone (:func:`simulator.hardware.precision.weight_bytes`).
 
     Mixed-precision Adam (Rajbhandari et al. 2020, Section 3.1): 2-byte working weights,
     gradients of ``grad_dtype`` (2, or 4 for an fp32 gradient buffer), and 12 bytes of fp32
@@ -105,6 +110,8 @@ def model_state_bytes(
         w, o = FP32, 2 * FP32
     else:
         w, o = p, 3 * FP32
+    if weight_bytes is not None and p != FP32 and not (kernels == "eager" and zero == 3):
+        w = weight_bytes
     return ModelStateBytes(
         weights=n_params * w / (dp if zero >= 3 else 1),
         gradients=n_params * g / (dp if zero >= 2 else 1),

@@ -1,0 +1,152 @@
+"""Low-precision training recipes: what a GEMM's operands cost to quantise, and what the
+cached low-precision copies of the weights hold.
+
+``training.precision`` picks the tensor-core format of the linear layers (attention and
+everything else stays bf16, as in Transformer Engine); ``training.fp8_recipe`` picks how FP8
+scales are computed. Each recipe is priced from first principles, with no fitted constant:
+
+* the GEMM runs at the catalog's dense peak for its format (``peak_tflops``: fp8, mxfp8,
+  nvfp4) with the same efficiency model as bf16 and operands of :attr:`Recipe.operand_bytes`
+  per element (scales included). That efficiency is *assumed* equal to bf16's: no FP8 or
+  block-scaled GEMM was measured here, and on Blackwell even the bf16 efficiency is derived
+  (MAMF ratio, gpus.yaml), not measured.
+* quantising a bf16 tensor is a memory-bound kernel at the GPU's streaming bandwidth moving
+  :attr:`Recipe.quant_bytes` per element: reading the bf16 input (2 B), once more for a
+  separate amax pass where the scale needs the whole tensor first (current scaling), and
+  writing each low-precision copy with its scales (row-wise for the forward/dgrad operand,
+  column-wise for the wgrad operand where the format is scaled along K).
+
+Recipes (sources per entry): per-tensor FP8 with delayed scaling (Transformer Engine's
+``DelayedScaling``; Micikevicius et al. 2022, arXiv 2209.05433), per-tensor FP8 with current
+scaling (NeMo's default on Blackwell: "scaling factors computed in the current step"),
+blockwise FP8 (DeepSeek-V3, arXiv 2412.19437 sec. 3.3.2: 1x128 tiles for activations, 128x128
+blocks for weights, fp32 scales), MXFP8 (OCP Microscaling Formats v1.0: 32-element blocks
+with an E8M0 scale; TE's ``MXFP8BlockScaling`` writes row- and column-wise copies) and NVFP4
+(NVIDIA, "Pretraining Large Language Models with NVFP4", arXiv 2509.25149: E2M1 values,
+an E4M3 scale per 16 elements and an fp32 per-tensor scale, 16x16 blocks for weights, random
+Hadamard transforms on the wgrad inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.errors import ConfigError
+
+#: training.precision values that run the linear layers' GEMMs in a low-precision format
+LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")
+FP8_RECIPES = ("delayed", "current", "blockwise")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one low-precision format is produced and stored.
+
+    gemm_dtype: the catalog peak the GEMM runs at. operand_bytes: bytes per operand element,
+    scales included. quant_bytes: HBM bytes moved to quantise one bf16 element (all copies a
+    GEMM pass needs). wgrad_extra_bytes: further bytes per element of a wgrad operand (a
+    transposed re-quantisation, a Hadamard transform). weight_bytes: bytes per parameter of
+    the low-precision weight copies kept across micro-batches (beside the bf16 weights).
+    """
+
+    name: str
+    gemm_dtype: str
+    operand_bytes: float
+    quant_bytes: float
+    wgrad_extra_bytes: float
+    weight_bytes: float
+    source: str
+
+
+RECIPES: dict[str, Recipe] = {
+    "fp8/delayed": Recipe(
+        "fp8/delayed", "fp8", 1.0, 2 + 1 + 1, 0.0, 2.0,
+        "TE DelayedScaling: the scale comes from an amax history, so one cast-transpose pass "
+        "reads bf16 and writes the fp8 copy and its transpose (for wgrad); the weight is "
+        "cached as fp8 and fp8-transposed (2 B/param)",
+    ),
+    "fp8/current": Recipe(
+        "fp8/current", "fp8", 1.0, 2 + 2 + 1 + 1, 0.0, 2.0,
+        "TE Float8CurrentScaling: an amax pass over the whole tensor before the cast-transpose "
+        "(read bf16 twice, write fp8 and its transpose)",
+    ),
+    "fp8/blockwise": Recipe(
+        "fp8/blockwise", "fp8", 1 + 4 / 128, 2 + 2 * (1 + 4 / 128), 0.0,
+        2 * (1 + 4 / (128 * 128)),
+        "DeepSeek-V3 sec. 3.3.2: per-tile (1x128) amax fused in the cast, an fp32 scale per "
+        "128 elements, row-wise and column-wise (for wgrad) tiles written in one pass; weights "
+        "in 128x128 blocks (two orientations)",
+    ),
+    "mxfp8": Recipe(
+        "mxfp8", "mxfp8", 1 + 1 / 32, 2 + 2 * (1 + 1 / 32), 0.0, 2 * (1 + 1 / 32),
+        "OCP MX v1.0: an E8M0 scale per 32 elements along K; TE writes the row-wise and the "
+        "column-wise (wgrad) copy in one pass",
+    ),
+    "nvfp4": Recipe(
+        "nvfp4", "nvfp4", 0.5 + 1 / 16, 2 + 2 + (0.5 + 1 / 16), 2 + (0.5 + 1 / 16),
+        2 * (0.5 + 1 / 256),
+        "arXiv 2509.25149: a per-tensor amax pass (the fp32 second-level scale), then the "
+        "row-wise E2M1 copy with an E4M3 scale per 16 elements; the wgrad inputs are read "
+        "again, passed through a random Hadamard transform and written column-wise; weights "
+        "in 16x16 blocks (two orientations)",
+    ),
+}
+
+
+def recipe(precision: str, fp8_recipe: str = "delayed") -> Recipe | None:
+    """The recipe of ``training.precision`` (None for bf16/fp16: no quantisation)."""
+    if precision not in LOW_PRECISION:
+        return None
+    if precision != "fp8":
+        return RECIPES[precision]
+    if fp8_recipe not in FP8_RECIPES:
+        raise ConfigError(
+            f"unknown FP8 recipe {fp8_recipe!r} (accepted: {', '.join(FP8_RECIPES)})",
+            field="training.fp8_recipe",
+        )
+    return RECIPES[f"fp8/{fp8_recipe}"]
+
+
+def quantize_bytes(rec: Recipe, m: int, k: int, n: int, wgrad: bool) -> float:
+    """HBM bytes of quantising a GEMM's operands from bf16.
+
+    Forward and dgrad GEMMs quantise their left ``[m, k]`` operand (activation or output
+    gradient; the weight's copy is cached across micro-batches), writing every copy the
+    backward needs. A wgrad GEMM (``[m, k] @ [k, n]``, both operands from the forward/dgrad
+    passes) pays only the recipe's extra wgrad work on both operands.
+    """
+    if wgrad:
+        return rec.wgrad_extra_bytes * (m * k + k * n)
+    return rec.quant_bytes * m * k
+
+
+def pricing_dtype(training) -> str:
+    """The dtype string the kernel pricer takes: ``bf16``/``fp16``, or ``<precision>`` with
+    the FP8 recipe appended (``fp8/current``)."""
+    if training.precision == "fp8":
+        return f"fp8/{training.fp8_recipe}"
+    return training.precision
+
+
+def split_dtype(dtype: str) -> tuple[str, Recipe | None]:
+    """(GEMM peak dtype, recipe) of a :func:`pricing_dtype` string."""
+    name, _, fp8 = dtype.partition("/")
+    rec = recipe(name, fp8 or "delayed")
+    return (rec.gemm_dtype if rec else name), rec
+
+
+def weight_bytes(training, param_bytes: int) -> tuple[float | None, float]:
+    """(bytes per parameter of the working weights with their low-precision copies, bytes per
+    parameter a ZeRO parameter all-gather moves).
+
+    bf16/fp16: None (the working weights as ``param_dtype`` says), gathered as they are. Low precision: the cached copies
+    beside the bf16 weights (:attr:`Recipe.weight_bytes`); with ``fp8_param_gather`` the
+    weights are kept only in the low-precision format (its two orientations) and gathered as
+    one orientation (``operand_bytes``).
+    """
+    rec = recipe(training.precision, training.fp8_recipe)
+    if rec is None:
+        return None, float(param_bytes)
+    if training.fp8_param_gather:
+        return rec.weight_bytes, rec.operand_bytes
+    return param_bytes + rec.weight_bytes, float(param_bytes)

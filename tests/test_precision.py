@@ -1,0 +1,83 @@
+"""Low-precision recipes: quantisation traffic, GEMM format, weight memory (issue 11)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from simulator.config.load import load_workload
+from simulator.hardware.catalog import load_gpu
+from simulator.hardware.compute import ComputeModel
+from simulator.hardware.precision import RECIPES, quantize_bytes, recipe, weight_bytes
+from simulator.run import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def training(precision="fp8", fp8_recipe="delayed", fp8_param_gather=False):
+    return SimpleNamespace(
+        precision=precision, fp8_recipe=fp8_recipe, fp8_param_gather=fp8_param_gather
+    )
+
+
+def test_quantisation_bytes_per_element_from_the_formats():
+    m, k, n = 8192, 4096, 1024
+    # delayed: read bf16 (2) + write fp8 and its transpose (1 + 1)
+    assert quantize_bytes(recipe("fp8"), m, k, n, False) == 4 * m * k
+    # current scaling adds a whole-tensor amax read (2)
+    assert quantize_bytes(recipe("fp8", "current"), m, k, n, False) == 6 * m * k
+    # MX: both orientations, one E8M0 byte per 32 elements
+    assert quantize_bytes(recipe("mxfp8"), m, k, n, False) == pytest.approx(
+        (2 + 2 * 33 / 32) * m * k
+    )
+    # NVFP4 wgrad: both operands re-read and Hadamard-transformed, written as 4-bit + E4M3/16
+    assert quantize_bytes(recipe("nvfp4"), m, k, n, True) == pytest.approx(
+        (2 + 0.5 + 1 / 16) * (m * k + k * n)
+    )
+    assert recipe("bf16") is None
+    assert all(r.source for r in RECIPES.values())
+
+
+def test_block_scaled_gemms_run_at_their_peak():
+    """A large, compute-bound GEMM: nvfp4 runs at B200's FP4 peak (2x FP8), mxfp8 at FP8's."""
+    cm = ComputeModel(load_gpu("B200"))
+    big = (16384, 16384, 16384)
+    t8, tmx, t4 = (cm.gemm_s(*big, d) for d in ("fp8", "mxfp8", "nvfp4"))
+    assert tmx == pytest.approx(t8, rel=0.02)
+    assert t4 == pytest.approx(t8 / 2, rel=0.05)
+
+
+def test_weight_memory_of_each_recipe():
+    assert weight_bytes(training("bf16"), 2) == (None, 2.0)
+    assert weight_bytes(training("fp8"), 2) == (4.0, 2.0)  # bf16 + fp8 + fp8 transpose
+    assert weight_bytes(training("fp8", fp8_param_gather=True), 2) == (2.0, 1.0)
+    w, g = weight_bytes(training("nvfp4", fp8_param_gather=True), 2)
+    assert w == pytest.approx(2 * (0.5 + 1 / 256)) and g == pytest.approx(0.5 + 1 / 16)
+
+
+def test_a_run_holds_the_low_precision_weight_copies():
+    path = ROOT / "workloads" / "llama3-8b.yaml"
+    base = ["topology.gpu=B200"]
+    bf16 = simulate(load_workload(path, base)).summary
+    fp8 = simulate(load_workload(path, base + ["training.precision=fp8"])).summary
+    fp8p = simulate(
+        load_workload(path, base + ["training.precision=fp8", "training.fp8_param_gather=true"])
+    ).summary
+    w = bf16["memory_gib"]["weights"]
+    assert fp8["memory_gib"]["weights"] == pytest.approx(2 * w)
+    assert fp8p["memory_gib"]["weights"] == pytest.approx(w)
+    assert fp8["step_time_s"] < bf16["step_time_s"]
+
+
+def test_a_format_the_gpu_lacks_is_one_line_exit_2():
+    out = subprocess.run(
+        [sys.executable, "-m", "simulator", "run", "workloads/llama3-8b.yaml", "--no-files",
+         "--set", "training.precision=mxfp8"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "training.precision" in out.stderr and "mxfp8" in out.stderr
