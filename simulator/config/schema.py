@@ -479,16 +479,6 @@ class TopologyConfig(Frozen):
         description="GPU<->NIC per direction; default: the GPU catalog's pcie_GBps "
         "(Gen5 x16 ~ 64 GB/s, Gen6 x16 ~ 128 GB/s)",
     )
-    nvls: bool = Field(
-        False,
-        description="NVLink SHARP (NCCL NVLS): all-reduce inside an NVSwitch domain reduced in "
-        "the switch (NVSwitch 3 and later)",
-    )
-    sharp: bool = Field(
-        False,
-        description="InfiniBand SHARP (NCCL CollNet): all-reduce across nodes reduced in the "
-        "switches",
-    )
     cost: CostConfig = CostConfig()
 
 
