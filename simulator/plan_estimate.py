@@ -45,6 +45,7 @@ from simulator.engine.program import (
     build_stage_programs,
     program_time,
 )
+from simulator.hardware.precision import pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import memory as mem
 from simulator.model import transformer as tf
@@ -222,7 +223,7 @@ class Estimator:
 
             hit = build_stage_programs(
                 model=self.work.model, micro_batch=cand.micro_batch, tp=cand.tp,
-                sp=cand.sequence_parallel, recompute=cand.recompute, dtype=t.precision,
+                sp=cand.sequence_parallel, recompute=cand.recompute, dtype=pricing_dtype(t),
                 cm=self.machine.compute, comm_cost=comm_cost, flash_attention=t.flash_attention,
                 kernels=t.kernels, param_dtype=t.param_dtype, cp=cand.cp,
                 cp_comm=self.work.parallelism.cp_comm,
@@ -237,7 +238,7 @@ class Estimator:
             ops = tf.optimizer_ops(
                 local_params, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype
             )
-            pr = Pricer(self.machine.compute, t.precision, t.kernels, t.param_dtype)
+            pr = Pricer(self.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
             hit = sum(pr.time(op) for op in ops)
             self._opt[local_params] = hit
         return hit
@@ -267,6 +268,7 @@ class Estimator:
             states = mem.model_state_bytes(
                 self._stage_params(res, s) / cand.tp, zero=cand.zero, dp=_shard(res),
                 param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype, kernels=t.kernels,
+                weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0],
             ).total  # fmt: skip
             chunk = []
             for c in range(v):
@@ -302,7 +304,7 @@ class Estimator:
         ef, eb = program_time(progs.embed_fwd), program_time(progs.embed_bwd)
         hf, hb = program_time(progs.head_fwd), program_time(progs.head_bwd)
 
-        pb, gb = BYTES[t.param_dtype], BYTES[t.grad_reduce_dtype]
+        pb, gb = weight_bytes(t, BYTES[t.param_dtype])[1], BYTES[t.grad_reduce_dtype]
         bucket = t.grad_bucket_MB * 1e6
         p_layer = self.lp / tp
         # ZeRO-3: every layer's parameters gathered before its forward and its backward, and

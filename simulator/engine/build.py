@@ -28,6 +28,7 @@ from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_pr
 from simulator.engine.sim import CommSpec, Proc, StepPlan
 from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
+from simulator.hardware.precision import pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import memory as mem
 from simulator.model import transformer as tf
@@ -216,7 +217,7 @@ class _Builder:
             t = self.t
             hit = build_stage_programs(
                 model=self.m, micro_batch=t.micro_batch, tp=self.tp, sp=self.sp,
-                recompute=t.recompute, dtype=t.precision, cm=self.job.machine.compute,
+                recompute=t.recompute, dtype=pricing_dtype(t), cm=self.job.machine.compute,
                 comm_cost=comm_cost, flash_attention=t.flash_attention, kernels=t.kernels,
                 param_dtype=t.param_dtype, cp=self.lay.size("cp"), cp_comm=self.par.cp_comm,
             )  # fmt: skip
@@ -291,6 +292,7 @@ class _Builder:
         ms = mem.model_state_bytes(
             local, zero=zero, dp=self.shard, param_dtype=t.param_dtype,
             grad_dtype=t.grad_reduce_dtype, kernels=t.kernels,
+            weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0],
         )  # fmt: skip
         # PyTorch DDP's gradient buckets (eager): gradient copies, counted with the gradients
         buckets = mem.ddp_bucket_bytes(
@@ -304,7 +306,7 @@ class _Builder:
         t = self.t
         local = self.stage_params(p.stage) / self.tp / (self.shard if self.par.zero >= 1 else 1)
         ops = tf.optimizer_ops(local, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype)
-        pr = Pricer(self.job.machine.compute, t.precision, t.kernels, t.param_dtype)
+        pr = Pricer(self.job.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
         return tuple(pr.part(op) for op in ops)
 
     def activations(self) -> tuple[float, float, float, float]:
@@ -406,7 +408,7 @@ class _Builder:
         else:
             prep_per_param, fin_per_param = 2.0 * gb, 0.0
         prep_cache: dict[float, tuple[Part, ...]] = {}
-        pr = Pricer(self.job.machine.compute, t.precision, t.kernels, t.param_dtype)
+        pr = Pricer(self.job.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
 
         def grad_prep(grad_bytes: float) -> tuple[Part, ...]:
             if grad_bytes not in prep_cache:
@@ -426,7 +428,7 @@ class _Builder:
 
     def plan(self) -> StepPlan:
         t, par, tp, m = self.t, self.par, self.tp, self.m
-        pb, gb = BYTES[t.param_dtype], BYTES[t.grad_reduce_dtype]
+        pb, gb = weight_bytes(t, BYTES[t.param_dtype])[1], BYTES[t.grad_reduce_dtype]
         lp, emb = tf.layer_params(m), tf.embedding_params(m)
         head = tf.head_params(m) + tf.final_norm_params(m)
         act_layer, act_embed, act_head, act_recompute = self.activations()

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from simulator.hardware.compute import ComputeModel
+from simulator.hardware.precision import quantize_bytes, split_dtype
 from simulator.model import comm as mc
 from simulator.model.transformer import Op
 
@@ -83,18 +84,19 @@ def memory_access(name: str, kernels: str = "fused", param_dtype: str = "bf16") 
 def _op_time(
     cm: ComputeModel, op: Op, dtype: str, kernels: str = "fused", param_dtype: str = "bf16"
 ) -> float:
+    gemm_dtype, rec = split_dtype(dtype)
     if op.kind == "gemm":
         # A batched GEMM (unfused attention: one product per head) fills the GPU like one
         # GEMM with the batch folded into m.
-        t = cm.gemm_s(op.m * max(op.batch, 1), op.k, op.n, dtype)
-        if dtype == "fp8" and not op.batch:
-            # Transformer Engine's FP8 GEMMs take FP8 operands: the activation (forward,
-            # dgrad: the left [m, k] operand) or both activation-side operands (wgrad) are
-            # quantized from bf16 first (read 2, write 1 byte per element, plus the
-            # transposed copy a wgrad needs). Weights are cast once per step (cached across
-            # micro-batches) and amax/scale updates are negligible.
-            elems = op.m * op.k + (op.m * op.n if op.name.endswith("_wgrad") else 0)
-            t += cm.memory_s(3.0 * elems) + cm.gpu.kernel_launch_s
+        t = cm.gemm_s(op.m * max(op.batch, 1), op.k, op.n, gemm_dtype)
+        if rec is not None and not op.batch:
+            # Transformer Engine's low-precision GEMMs take quantised operands: the
+            # activation-side operands are quantised from bf16 first (a memory-bound kernel,
+            # bytes per recipe in simulator/hardware/precision.py); weights are quantised once
+            # per step (cached across micro-batches) and amax/scale updates are negligible.
+            q = quantize_bytes(rec, op.m, op.k, op.n, op.name.endswith("_wgrad"))
+            if q:
+                t += cm.memory_s(q) + cm.gpu.kernel_launch_s
     elif op.kind == "attention":
         t = cm.attention_s(
             op.batch,
@@ -104,7 +106,7 @@ def _op_time(
             kv_heads=op.kv_heads or None,
             causal=op.causal,
             backward=op.backward,
-            dtype="bf16" if dtype == "fp8" else dtype,
+            dtype="bf16" if rec is not None else gemm_dtype,
             kv_seq=op.kv_seq or None,
         )
     else:
