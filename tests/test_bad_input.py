@@ -163,7 +163,7 @@ def test_missing_required_key(tmp_path, capsys):
         ("model", "layers", "many", "valid integer"),
         ("training", "overlap_grad_reduce", "perhaps", "valid boolean"),
         ("parallelism", "pp_schedule", "zigzag", "'gpipe', '1f1b' or 'interleaved'"),
-        ("training", "precision", "fp64", "'bf16', 'fp16' or 'fp8'"),
+        ("training", "precision", "fp64", "'fp8', 'mxfp8' or 'nvfp4'"),
     ],
 )
 def test_wrong_type_or_choice(tmp_path, capsys, section, key, value, accepted):

@@ -498,12 +498,9 @@ def folded_link_bytes(engine, coll: CollectiveModel, n_links: int):
         p = procs[pid]
         for part in prog:
             if part.kind == "comm":
-                lb = engine.plan.part_cost(p, part).link_bytes
-                ids = np.fromiter(lb.keys(), dtype=np.int64, count=len(lb))
-                out[ids] += runs * np.fromiter(lb.values(), dtype=float, count=len(lb))
+                engine.plan.part_cost(p, part).add_to(out, runs)
     for p, spec in engine.comm_log:
         if spec.stream != "pp":
             continue  # data-parallel collectives ran in the flow network, which counted them
-        for link, b in engine.plan.comm_cost(spec, p).link_bytes.items():
-            out[link] += b
+        engine.plan.comm_cost(spec, p).add_to(out)
     return out

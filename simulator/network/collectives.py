@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -87,15 +87,40 @@ class Step:
     latency_s: float
 
 
+_NO_LINKS = np.zeros(0, dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class CollectiveCost:
-    """Predicted time of one collective call (or of identical concurrent calls)."""
+    """Predicted time of one collective call (or of identical concurrent calls).
+
+    The bytes each link carried (all groups, all steps) are two arrays, ``link_ids`` and
+    ``link_vals`` (ids unique), so that summing them over a run's hundreds of thousands of
+    flows is a vector operation; :attr:`link_bytes` is the same as a mapping.
+    """
 
     time_s: float
     algorithm: str
     n_steps: int
     launch_s: float
-    link_bytes: Mapping[int, float]  # bytes per link id (all groups, all steps)
+    link_ids: np.ndarray = field(default_factory=lambda: _NO_LINKS, repr=False)
+    link_vals: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+
+    @classmethod
+    def from_dense(cls, time_s, algorithm, n_steps, launch_s, dense: np.ndarray):
+        """A cost whose per-link bytes are given as one value per link id."""
+        nz = np.flatnonzero(dense)
+        return cls(time_s, algorithm, n_steps, launch_s, nz, dense[nz])
+
+    @property
+    def link_bytes(self) -> Mapping[int, float]:
+        """Bytes per link id, as a mapping (built on each call: prefer :meth:`add_to`)."""
+        return dict(zip(self.link_ids.tolist(), self.link_vals.tolist(), strict=True))
+
+    def add_to(self, out: np.ndarray, times: float = 1.0) -> None:
+        """Add ``times`` x this cost's per-link bytes into ``out`` (indexed by link id)."""
+        if len(self.link_ids):
+            out[self.link_ids] += times * self.link_vals
 
 
 
@@ -269,7 +294,7 @@ class CollectiveModel(AlgorithmPhases):
             tr += [(a, b, nbytes * split[j]) for a in g for j, b in enumerate(g) if a != b]
         live = [g for g in key[1] if len(g) > 1]
         if not live or not tr:
-            return CollectiveCost(0.0, "none", 0, 0.0, {})
+            return CollectiveCost(0.0, "none", 0, 0.0)
         n = len(split)
         local = max((n - 1) * nbytes * x for x in split)  # the busiest receiver's bytes
         ph = self._direct_phase(self._pxn(tuple(tr)), local)
@@ -277,16 +302,12 @@ class CollectiveModel(AlgorithmPhases):
         best = min(self.protocols, key=lambda p: fluid * self._wire(ph, p) + self._lat(ph, p))
         w = self._wire(ph, best)
         flows = [(self.topology.route(s, d), nb * w) for s, d, nb in ph.transfers]
-        link_bytes: dict[int, float] = {}
-        for r, nb in flows:
-            for lid in r:
-                link_bytes[lid] = link_bytes.get(lid, 0.0) + nb
-        hit = CollectiveCost(
-            time_s=self._launch + fluid * w + self._lat(ph, best),
-            algorithm=f"direct/{best.name}",
-            n_steps=1,
-            launch_s=self._launch,
-            link_bytes=link_bytes,
+        lens = [len(r) for r, _ in flows]
+        ln = np.fromiter((x for r, _ in flows for x in r), dtype=np.int64, count=sum(lens))
+        dense = np.bincount(ln, np.repeat([nb for _, nb in flows], lens), self.topology.n_links)
+        hit = CollectiveCost.from_dense(
+            self._launch + fluid * w + self._lat(ph, best), f"direct/{best.name}", 1,
+            self._launch, dense,
         )
         self._cost_cache[key] = hit
         return hit
@@ -301,7 +322,7 @@ class CollectiveModel(AlgorithmPhases):
         plans = [self._plan(op, g, nbytes, algorithm) for g in groups if len(g) > 1]
         plans = [p for p in plans if p[2]]
         if not plans:
-            return CollectiveCost(0.0, "none", 0, 0.0, {})
+            return CollectiveCost(0.0, "none", 0, 0.0)
         # Walk all groups' step sequences together; cut where any group changes phase.
         seqs = [
             [(ph, self._wire(ph, pr), self._lat(ph, pr), f) for ph, f in ps] for _, pr, ps in plans
@@ -331,13 +352,8 @@ class CollectiveModel(AlgorithmPhases):
             total += (b - a) * dt
             link_bytes += (b - a) * lb
         names = sorted({p[0] for p in plans})
-        nz = np.nonzero(link_bytes)[0]
-        return CollectiveCost(
-            time_s=self._launch + total,
-            algorithm=",".join(names),
-            n_steps=int(n_steps),
-            launch_s=self._launch,
-            link_bytes={int(i): float(link_bytes[i]) for i in nz},
+        return CollectiveCost.from_dense(
+            self._launch + total, ",".join(names), int(n_steps), self._launch, link_bytes
         )
 
     def _wire(self, ph: Phase, proto: _Proto) -> float:
@@ -357,15 +373,15 @@ class CollectiveModel(AlgorithmPhases):
         topo = self.topology
         if self._faulty:
             return None
-        gpn = topo.gpus_per_node
-        where = topo.leaf_group_of
+        gpn, T = topo.gpus_per_node, topo.tray_gpus
+        places = topo.tray_places
         n0 = group[0] // gpn
-        l0, p0 = where(group[0])[:2]
-        sig = []
-        for g in group:
-            lg, pod, lsize, psize = where(g)
-            sig.append((g // gpn - n0, g % gpn, lg - l0, lsize, pod - p0, psize))
-        return tuple(sig)
+        l0, p0 = places[group[0] // T][:2]
+        return tuple(
+            (g // gpn - n0, g % gpn, lg - l0, lsize, pod - p0, psize)
+            for g in group
+            for lg, pod, lsize, psize in (places[g // T],)
+        )
 
     def _plan(self, op, group, nbytes, algorithm):
         """(algorithm/protocol, protocol, [(phase, fluid time of its data bytes)]).

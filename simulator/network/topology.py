@@ -401,16 +401,20 @@ class Topology:
     def leaf_group_of(self, gpu: int) -> tuple[int, int, int, int]:
         """(leaf group, pod, physical nodes in that leaf group, in that pod) of a GPU's node:
         the fabric's translation symmetry, used to share collective plans between groups."""
-        cfg = self.cfg
-        per_leaf = self.physical_nodes if cfg.network == "rail_only" else int(cfg.nodes_per_leaf)
-        tray = gpu // self.tray_gpus
-        lg = tray // per_leaf
-        lsize = min(per_leaf, self.physical_nodes - lg * per_leaf)
-        if not self.leaf_groups_per_pod:
-            return lg, 0, lsize, self.physical_nodes
-        per_pod = per_leaf * self.leaf_groups_per_pod
-        pod = tray // per_pod
-        return lg, pod, lsize, min(per_pod, self.physical_nodes - pod * per_pod)
+        return self.tray_places[gpu // self.tray_gpus]
+
+    @cached_property
+    def tray_places(self) -> list[tuple[int, int, int, int]]:
+        """:meth:`leaf_group_of` for every physical node, in node order."""
+        cfg, N = self.cfg, self.physical_nodes
+        per_leaf = N if cfg.network == "rail_only" else int(cfg.nodes_per_leaf)
+        per_pod = per_leaf * self.leaf_groups_per_pod if self.leaf_groups_per_pod else N
+        out = []
+        for tray in range(N):
+            lg, pod = tray // per_leaf, tray // per_pod
+            out.append((lg, pod,
+                        min(per_leaf, N - lg * per_leaf), min(per_pod, N - pod * per_pod)))
+        return out
 
     def leaf_of(self, node: int, nic: int) -> int:
         """Leaf switch of NIC ``nic`` of node ``node``."""
