@@ -31,7 +31,7 @@ def main() -> None:
     for row, (key, title) in enumerate(MODELS.items()):
         df = pd.read_parquet(results / f"buy-2026-{key}" / "sweep.parquet")
         df = df.sort_values("point_index")
-        labels = [f"{g.split('-')[0]}\n{n:,} GPUs" for g, n in zip(df["gpu"], df["n_gpus"])]
+        labels = [f"{g.split('-')[0]}\n{n:,} GPUs" for g, n in zip(df["gpu"], df["n_gpus"], strict=True)]
         for col, (metric, name, scale) in enumerate(PANELS):
             ax = axes[row][col]
             vals = df[metric] * scale
