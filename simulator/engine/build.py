@@ -68,10 +68,26 @@ class Job:
     layout: Layout
     microbatches: int
     machine: Machine
+    #: further layouts over the same GPUs, by name: ``moe`` (``etp, ep, edp, pp``, MoE
+    #: Parallel Folding) when the model has experts spread over several GPUs
+    others: tuple[tuple[str, Layout], ...] = ()
 
     @property
     def inner_dims(self) -> tuple[str, ...]:
         return tuple(d for d in self.layout.dims if d not in OUTER_DIMS)
+
+    def layout_of(self, dim: str) -> Layout:
+        """The layout that has dimension ``dim`` (the dense one first)."""
+        if dim in self.layout.dims:
+            return self.layout
+        for _, lay in self.others:
+            if dim in lay.dims:
+                return lay
+        return self.layout  # a dimension of size 1 everywhere
+
+
+#: Order of the MoE layout's dimensions, innermost first (Megatron-Core's expert rank order).
+MOE_DIMS = ("etp", "ep", "edp", "pp")
 
 
 def make_layout(work: WorkloadConfig, res: Resolved) -> Layout:
@@ -81,7 +97,15 @@ def make_layout(work: WorkloadConfig, res: Resolved) -> Layout:
 
 
 def make_job(work: WorkloadConfig, topo: TopologyConfig, res: Resolved, machine: Machine) -> Job:
-    return Job(work, topo, make_layout(work, res), res.microbatches, machine)
+    """The resolved job: the dense layout, and the MoE one where experts are split."""
+    others = ()
+    ep, etp = getattr(res, "ep", 1), getattr(res, "etp", 1)
+    if ep * etp > 1:
+        sizes = {"etp": etp, "ep": ep, "edp": getattr(res, "edp", 1), "pp": res.size("pp")}
+        moe = Layout.of(sizes, MOE_DIMS, virtual_stages=res.virtual_stages,
+                        stage_layers=res.stage_layers)  # fmt: skip
+        others = (("moe", moe),)
+    return Job(work, topo, make_layout(work, res), res.microbatches, machine, others)
 
 
 def gpu_slowdowns(work: WorkloadConfig, topo: TopologyConfig) -> dict[int, float]:
@@ -138,14 +162,26 @@ class _Comm:
     """Groups and prices of a job's collectives (folded and full detail alike)."""
 
     def __init__(self, job: Job):
+        self.job = job
         self.layout = job.layout
         self.coll = job.machine.collectives
+
+    def group_of(self, dims: str | tuple[str, ...], gpu: int) -> tuple[int, ...]:
+        """The group of ``dims`` that GPU ``gpu`` belongs to, in whichever layout has them."""
+        lay = self.job.layout_of(dims if isinstance(dims, str) else dims[0])
+        return lay.group(dims, lay.coords(gpu))
 
     def proc_groups(self, dim, p: Proc) -> list[tuple[int, ...]]:
         """The groups of ``dim`` among the GPUs ``p`` stands for (its concurrent copies)."""
         if p.coords is not None:
-            return [self.layout.group(dim, p.coords)]
-        return self.layout.groups(dim, {"dp": p.replicas, "pp": (p.stage,)})
+            return [self.group_of(dim, p.gpu)]
+        if dim in self.layout.dims or isinstance(dim, tuple):
+            return self.layout.groups(dim, {"dp": p.replicas, "pp": (p.stage,)})
+        # a dimension of another layout (MoE): its groups that meet this process's GPUs
+        gpus = {g for d in p.replicas
+                for g in self.layout.group(self.job.inner_dims, {"dp": d, "pp": p.stage})}
+        lay = self.job.layout_of(dim)
+        return [g for g in lay.groups(dim, {"pp": (p.stage,)}) if not gpus.isdisjoint(g)]
 
     def cost(self, op: str, groups: list[tuple[int, ...]], nbytes: float) -> CollectiveCost:
         if op == "send_recv":
@@ -265,7 +301,7 @@ class _Builder:
                         for d in range(self.lay.size("dp"))})
             )  # fmt: skip
         dims = GRAD_DIMS if stream in ("dp", "gather") else stream
-        return tuple(self.pid_of[g] for g in self.lay.group(dims, p.coords))
+        return tuple(self.pid_of[g] for g in self.comm.group_of(dims, p.gpu))
 
     def peer(self, p: Proc, phase: str, dst_vs: int) -> int:
         dst_stage = dst_vs % self.pp
@@ -379,7 +415,7 @@ class _Builder:
             groups, op = [(p.gpu, self.procs[spec.key[2]].gpu)], "send"
         else:
             dims = GRAD_DIMS if spec.stream in ("dp", "gather") else spec.stream
-            groups, op = [self.lay.group(dims, p.coords)], spec.op
+            groups, op = [self.comm.group_of(dims, p.gpu)], spec.op
         yield self.env.timeout(self.comm.launch_s(op, groups[0]))
         if op == "send_recv":
             steps = self.comm.steps(op, groups, spec.nbytes)
