@@ -66,15 +66,22 @@ def interleaved(stage: int, pp: int, m: int, v: int) -> list[Work]:
     return order
 
 
+#: Pipeline schedules by name: each gives a stage's work order from ``(stage, pp, m, v)``
+#: (``v``, the model chunks per stage, only matters to the interleaved one).
+SCHEDULES = {
+    "gpipe": lambda stage, pp, m, v: gpipe(stage, pp, m),
+    "1f1b": lambda stage, pp, m, v: one_f_one_b(stage, pp, m),
+    "interleaved": interleaved,
+}
+
+
 def schedule(name: str, stage: int, pp: int, m: int, v: int = 1) -> list[Work]:
-    """The work order of ``stage`` for schedule ``name`` (gpipe | 1f1b | interleaved)."""
-    if name == "gpipe":
-        return gpipe(stage, pp, m)
-    if name == "1f1b":
-        return one_f_one_b(stage, pp, m)
-    if name == "interleaved":
-        return interleaved(stage, pp, m, v)
-    raise ValueError(f"unknown pipeline schedule {name!r}")
+    """The work order of ``stage`` for schedule ``name`` (a key of :data:`SCHEDULES`)."""
+    try:
+        fn = SCHEDULES[name]
+    except KeyError:
+        raise ValueError(f"unknown pipeline schedule {name!r}") from None
+    return fn(stage, pp, m, v)
 
 
 def max_in_flight(order: list[Work]) -> int:
