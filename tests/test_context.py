@@ -62,6 +62,18 @@ def test_ring_attention_bytes_per_step_and_direction(cp, tp):
     assert [(op.collective, op.bytes) for op in ag] == [("all_gather", cp * kv)]
 
 
+def test_ring_merges_partial_results_after_every_step_but_the_first():
+    """cp-1 merges per pass; forward reads and writes the output 3x (d bytes) and the
+    log-sum-exp 3x (fp32); backward accumulates dQ of the block's 2c queries and dK/dV of its
+    c keys."""
+    cp, tp, c = 4, 2, M.seq_len // 8
+    hq, hkv, hd = M.heads // tp, M.n_kv_heads // tp, M.head_dim
+    for bwd, expect in ((False, 3 * 2 * 2 * c * hq * hd + 3 * 4 * 2 * c * hq),
+                        (True, 3 * 2 * hd * (2 * c * hq + 2 * c * hkv))):
+        merges = [o for o in context.attention_ops(M, 1, tp, cp, "p2p", bwd) if o.name == "attn_merge"]
+        assert len(merges) == cp - 1 and all(o.bytes == expect for o in merges)
+
+
 @pytest.mark.parametrize("cp", [2, 4, 8])
 def test_activation_memory_divided_by_cp(cp):
     """With flash attention every saved tensor is linear in the tokens a rank holds."""

@@ -149,7 +149,7 @@ def price(ops: Sequence[Op], pr: Pricer, comm_cost: CommCost | None) -> Program:
 
 #: Kernels that selective recomputation runs again before a layer's backward (Korthikanti et
 #: al. 2022: the core attention, QK^T, softmax, AV; with context parallelism its blocks).
-SELECTIVE = ("attn", "attn_scores", "softmax", "attn_dropout", "attn_context")
+SELECTIVE = ("attn", "attn_scores", "softmax", "attn_dropout", "attn_context", "attn_merge")
 
 
 def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pricer) -> Program:

@@ -14,7 +14,8 @@ local block, causal over ``2c`` queries and keys. At step ``j > 0`` the block co
 (``c`` x ``2c``), in both cases without a mask. The send of the next block runs beside the
 current block's kernel. Backward runs the blocks again in the same order, the K/V blocks
 making the same ``cp-1`` hops and the accumulated dK/dV travelling with them, ``cp`` hops so
-that they end at their owner; the last hop has no kernel to hide behind.
+that they end at their owner; the last hop has no kernel to hide behind. After every step but
+the first the partial results are folded into the running ones (:func:`merge_bytes`).
 
 **all_gather** (Llama 3, Dubey et al. 2024, arXiv:2407.21783, Section 3.3.2): K and V are
 all-gathered over the CP group before attention (small with GQA), each local query chunk
@@ -29,7 +30,7 @@ the first (it has the more row tiles, so it is the slower by the per-tile overhe
 from __future__ import annotations
 
 from simulator.config.schema import ModelConfig
-from simulator.model.ops import Op, local_dims
+from simulator.model.ops import FP32, Op, local_dims, mem_op
 
 CP_COMM = ("p2p", "all_gather")
 #: FlashAttention-2's backward FLOPs relative to its forward (see ``ops.flash_attention_op``).
@@ -78,6 +79,20 @@ def _attn(model, b, tp, q: int, kv: int, causal: bool, backward: bool, d: int, n
               kv_seq=kv, causal=causal, flops=flops, bytes=nbytes, backward=backward)  # fmt: skip
 
 
+def merge_bytes(model: ModelConfig, b: int, tp: int, q: int, kv: int, backward: bool, d: int = 2):
+    """HBM bytes of folding one ring step's partial results into the running ones.
+
+    Forward: the block's output is rescaled by its log-sum-exp and added to the running output
+    (read both, write one, ``3 d`` bytes per element of ``q x heads x head_dim``) and the
+    log-sum-exp updated (``3 x 4`` bytes per query and head); Transformer Engine's
+    ``flash_attn_fwd_out_correction``. Backward: the block's dQ added to the running dQ, and
+    its dK/dV to the running dK/dV (``3 d`` bytes per element each)."""
+    L = local_dims(model, b, tp, False)
+    if backward:
+        return float(3 * d * b * L.head_dim * (q * L.heads + 2 * kv * L.kv_heads))
+    return float(3 * d * b * q * L.heads * L.head_dim + 3 * FP32 * b * q * L.heads)
+
+
 def _comm(name: str, collective: str, nbytes: float, overlap: bool) -> Op:
     return Op(name, "comm", "cp", bytes=float(nbytes), dim="cp", collective=collective,
               overlap=overlap)  # fmt: skip
@@ -100,12 +115,13 @@ def attention_ops(
         return [_comm("cp_all_gather", "all_gather", cp * kv, False), *out]
     diag = _attn(model, b, tp, 2 * c, 2 * c, True, backward, d, "attn_blk0")
     block = _attn(model, b, tp, 2 * c, c, False, backward, d, "attn_blk")
+    merge = mem_op("attn_merge", "attn", merge_bytes(model, b, tp, 2 * c, c, backward, d), backward)
     out: list[Op] = []
     for j in range(cp):
         hop = (kv if j < cp - 1 else 0.0) + (kv if backward and j > 0 else 0.0)
         if hop:
             out.append(_comm("cp_send_recv", "send_recv", hop, True))
-        out.append(diag if j == 0 else block)
+        out += [diag] if j == 0 else [block, merge]
     if backward:
         out.append(_comm("cp_send_recv", "send_recv", kv, False))  # dK/dV home
     return out
