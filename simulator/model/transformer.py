@@ -20,7 +20,7 @@ Norm parameters follow ``model.norm_kind``: LayerNorm has gain and bias (2h), RM
 FLOP conventions: a GEMM ``[m,k] @ [k,n]`` costs ``2mkn``. Attention ``softmax(QK^T)V`` costs
 ``4 b s^2 h`` non-causal (two batched GEMMs of ``2 b s^2 h``); a causal flash kernel executes
 half of it, and its backward 2.5x the forward (the convention of the calibration data,
-``shared/calibration/README.md``, and of FlashAttention-2, Dao 2023). Memory-bound ops carry
+``data/calibration/README.md``, and of FlashAttention-2, Dao 2023). Memory-bound ops carry
 ``flops = 0``: their time is their HBM bytes over bandwidth, and model FLOPs (MFU) count only
 matrix products (Narayanan et al. 2021, arXiv:2104.04473, Appendix), with causal attention
 (Megatron-LM's current counting; :func:`model_flops_per_step`).
