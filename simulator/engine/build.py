@@ -165,6 +165,7 @@ class _Comm:
         self.job = job
         self.layout = job.layout
         self.coll = job.machine.collectives
+        self._groups: dict[tuple, list[tuple[int, ...]]] = {}
 
     def group_of(self, dims: str | tuple[str, ...], gpu: int) -> tuple[int, ...]:
         """The group of ``dims`` that GPU ``gpu`` belongs to, in whichever layout has them."""
@@ -173,6 +174,13 @@ class _Comm:
 
     def proc_groups(self, dim, p: Proc) -> list[tuple[int, ...]]:
         """The groups of ``dim`` among the GPUs ``p`` stands for (its concurrent copies)."""
+        key = (dim, p.pid)
+        hit = self._groups.get(key)
+        if hit is None:
+            hit = self._groups[key] = self._proc_groups(dim, p)
+        return hit
+
+    def _proc_groups(self, dim, p: Proc) -> list[tuple[int, ...]]:
         if p.coords is not None:
             return [self.group_of(dim, p.gpu)]
         if dim in self.layout.dims or isinstance(dim, tuple):
@@ -229,6 +237,7 @@ class _Builder:
         self.net = FlowNetwork(env, job.machine.topology)
         self._progs: dict[tuple, StagePrograms] = {}
         self._cost_cache: dict[tuple, CollectiveCost] = {}
+        self._grad_groups: dict[int, list[tuple[int, ...]]] = {}
         self.procs: list[Proc] = []
         self.pid_of: dict[tuple, int] = {}
         self._make_procs()
@@ -373,11 +382,11 @@ class _Builder:
     # the programs (TP, CP) are priced in isolation (their own concurrent groups only).
 
     def send_pairs(self, p: Proc, dst: Proc) -> list[tuple[int, int]]:
-        lay, out = self.lay, []
-        for d in p.replicas:
-            for g in lay.group(self.job.inner_dims, {"dp": d, "pp": p.stage}):
-                out.append((g, lay.rank({**lay.coords(g), "pp": dst.stage})))
-        return out
+        """Every GPU of ``p`` to its counterpart (same coordinates) in ``dst``'s stage."""
+        lay = self.lay
+        shift = lay.rank({"pp": dst.stage}) - lay.rank({"pp": p.stage})
+        return [(g, g + shift) for d in p.replicas
+                for g in lay.group(self.job.inner_dims, {"dp": d, "pp": p.stage})]  # fmt: skip
 
     def comm_cost(self, spec: CommSpec, p: Proc) -> CollectiveCost:
         """The CollectiveCost of a folded collective or send (memoised)."""
@@ -392,18 +401,24 @@ class _Builder:
             return cache[key]
         key = (spec.op, p.stage, spec.nbytes)
         if key not in cache:
-            groups = self.lay.groups(GRAD_DIMS, {"pp": (p.stage,)})
-            cache[key] = self.comm.cost(spec.op, groups, spec.nbytes)
+            cache[key] = self.comm.cost(spec.op, self.grad_groups(p.stage), spec.nbytes)
         return cache[key]
 
     def comm_time(self, spec: CommSpec, p: Proc) -> float:
         return self.comm_cost(spec, p).time_s
 
+    def grad_groups(self, stage: int) -> list[tuple[int, ...]]:
+        """Every gradient-reduction (cp x dp) group of a stage."""
+        hit = self._grad_groups.get(stage)
+        if hit is None:
+            hit = self._grad_groups[stage] = self.lay.groups(GRAD_DIMS, {"pp": (stage,)})
+        return hit
+
     def comm_exec_folded(self, spec: CommSpec, p: Proc):
         if spec.stream == "pp":
             yield self.env.timeout(self.comm_time(spec, p))
             return
-        groups = self.lay.groups(GRAD_DIMS, {"pp": (p.stage,)})
+        groups = self.grad_groups(p.stage)
         yield self.env.timeout(self.comm.launch_s(spec.op, groups[0]))
         for st in self.comm.steps(spec.op, groups, spec.nbytes):
             yield self.net.transfer(st.transfers)
