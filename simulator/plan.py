@@ -3,7 +3,7 @@
 :func:`plan` works in three passes, each cheaper than the next is accurate:
 
 1. **Enumerate** (:func:`enumerate_layouts`): tp over the divisors of N up to
-   ``min(gpus_per_node, 16)`` (TP stays inside the NVLink domain), cp over the powers of two
+   ``min(nvlink_domain_gpus, 16)`` (TP stays inside the NVLink domain), cp over the powers of two
    dividing ``N / tp`` that leave each rank at least :data:`MIN_CP_TOKENS` tokens of a
    sequence (context parallelism pays only for long sequences), pp over the divisors of
    ``N / (tp * cp)`` up to the layer count, ``dp = N / (tp * cp * pp)``, micro-batch 1, 2, 4, 8 (dividing
@@ -393,7 +393,9 @@ def plan(
         estimates.append(e)
         works[cand] = work
 
-    space = list(enumerate_layouts(loaded.workload, est.n_gpus, topo.gpus_per_node))
+    # TP stays inside the NVLink domain: a node of an HGX board, a whole NVL72 rack.
+    domain = getattr(topo, "nvlink_domain_gpus", None) or topo.gpus_per_node
+    space = list(enumerate_layouts(loaded.workload, est.n_gpus, domain))
     for i, cand in enumerate(space):
         consider(cand)
         if i % 64 == 0:
