@@ -121,7 +121,9 @@ def simulate(
 
     procs = plan.procs
     step = max(p.end_s for p in procs)
-    crit = max(procs, key=lambda p: (p.end_s, -p.pid))
+    # The critical GPU finishes last; among GPUs that finish together (a collective ends the
+    # step for all), the slowest -- a straggler, whose breakdown shows why -- then the first.
+    crit = max(procs, key=lambda p: (p.end_s, p.slowdown, -p.pid))
     # The critical process's pipeline: its other stages (same replica class; in full detail
     # the same coordinates but for pp).
     pipeline = [

@@ -2,7 +2,9 @@
 
 Folded mode simulates one process per distinct behaviour and prices collectives on the real
 groups' links; full detail simulates every GPU and every algorithm step as flows in the
-max-min fair network. On symmetric layouts both must tell the same story.
+max-min fair network. Both must tell the same story: on the fixed layouts below, on seeded
+random layouts (``tests/folding_cases.py``; ``benchmarks/folding.py`` runs a larger set and
+prints the error distribution), and where traffic of different kinds shares links.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from simulator.cli import main as cli_main
 from simulator.config.load import load_workload
 from simulator.run import FULL_DETAIL_MAX_UNITS, simulate
 from tests.conftest import SMALL_MODEL, small_topology, write_case
+from tests.folding_cases import describe, random_case
 
 MODEL = {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "kv_heads": 16,
          "vocab": 32000, "seq_len": 1024, "activation": "gelu"}
@@ -78,3 +81,60 @@ def test_full_detail_refuses_what_it_cannot_finish(tmp_path, capsys):
     assert cli_main(["run", str(path), "--detail", "full", "--no-files"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and len(err.splitlines()) == 1 and "81,920" in err
+
+
+def _agree(folded: dict, full: dict, what: str, tol: float = 0.01) -> None:
+    step = full["step_time_s"]
+    assert folded["step_time_s"] == pytest.approx(step, rel=tol), what
+    for key, value in full["breakdown_s"].items():
+        assert folded["breakdown_s"][key] == pytest.approx(value, abs=tol * step), (key, what)
+
+
+#: Seeds of random_case(seed, 32) whose full-detail run is quick (a few seconds); together
+#: they cover TP 1-16 (across nodes), PP 1-4 with every schedule, ZeRO 0-3, SP, overlap on
+#: and off, recompute, 1:1 to 4:1 oversubscription, one node per leaf, one NIC per node and
+#: stragglers.
+SEEDS = [0, 1, 2, 3, 6, 8, 11, 12, 14, 15, 16, 17, 18, 19, 20, 22]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_layouts_agree(tmp_path, seed):
+    _, work, topo = random_case(seed, 32)
+    loaded = load_workload(write_case(tmp_path, work, topo))
+    folded = simulate(loaded, detail="folded").summary
+    full = simulate(loaded, detail="full").summary
+    _agree(folded, full, describe(work, topo))
+
+
+def _tp16(tmp_path, zero: int, stragglers=()) -> tuple[dict, dict]:
+    """TP 16 over two nodes beside data-parallel traffic, on one NIC per node and a 4:1
+    oversubscribed leaf per node: TP collectives and DP/ZeRO collectives share NICs and
+    uplinks."""
+    model = {**MODEL, "layers": 2}
+    work = {"name": "tp16", "model": model, "training": {"global_batch": 4},
+            "parallelism": {"tp": 16, "pp": 1, "dp": 2, "zero": zero},
+            "faults": {"stragglers": list(stragglers)}}
+    topo = {"name": "t", "gpu": "H100-SXM-80GB", "nodes": 4, "gpus_per_node": 8,
+            "nics_per_node": 1, "nodes_per_leaf": 1, "oversubscription": 4.0}
+    loaded = load_workload(write_case(tmp_path, work, topo))
+    return (simulate(loaded, detail="folded").summary, simulate(loaded, detail="full").summary)
+
+
+def test_tp_collectives_contend_with_dp_traffic(tmp_path):
+    """Issue 14 item 1: folded priced TP collectives alone, so it missed their sharing NICs
+    with the ZeRO-3 gathers and gradient reduce-scatters (folded was 19 % fast). Now they run
+    in the flow network beside them, as bundles of the 2 concurrent TP groups; the bundles
+    merge a ring's steps, which under contention leaves +1.0 % against step-by-step flows:
+    the worst case we know (README), hence 2 % here."""
+    folded, full = _tp16(tmp_path, zero=3)
+    _agree(folded, full, "tp16 zero3", tol=0.02)
+
+
+def test_straggler_breakdown_matches_full_detail(tmp_path):
+    """Issue 14 item 2: a straggling GPU slows its own compute; its TP peers wait for it in
+    their TP collectives. The straggler finishes last (its optimizer is slow too), so it is
+    the critical GPU in both modes and its breakdown agrees part by part (folded was 19 %
+    fast: its TP collectives missed the ZeRO-3 traffic on the shared NIC)."""
+    folded, full = _tp16(tmp_path, zero=3, stragglers=[{"gpu": 15, "slowdown": 1.5}])
+    assert full["critical_process"] == "g15"
+    _agree(folded, full, "tp16 zero3 straggler", tol=0.02)

@@ -24,6 +24,7 @@ import simpy
 
 from simulator.config.checks import Resolved
 from simulator.config.schema import TopologyConfig, WorkloadConfig
+from simulator.engine.contention import contention_modes
 from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_programs
 from simulator.engine.sim import CommSpec, Proc, StepPlan
 from simulator.hardware.catalog import GPUSpec
@@ -304,6 +305,8 @@ class _Builder:
                     procs.append(p)
 
     def participants(self, p: Proc, stream: str) -> tuple[int, ...]:
+        if p.coords is None and stream not in ("dp", "gather"):
+            return (p.pid,)  # a program collective: the process holds its whole group
         if p.coords is None:
             return tuple(
                 sorted({self.pid_of[(self.class_of_replica[d], p.stage)]
@@ -416,14 +419,74 @@ class _Builder:
 
     def comm_exec_folded(self, spec: CommSpec, p: Proc):
         if spec.stream == "pp":
-            yield self.env.timeout(self.comm_time(spec, p))
-            return
-        groups = self.grad_groups(p.stage)
-        yield self.env.timeout(self.comm.launch_s(spec.op, groups[0]))
-        for st in self.comm.steps(spec.op, groups, spec.nbytes):
+            dst = self.procs[spec.key[2]]
+            if spec.op != "send_flows":
+                yield self.env.timeout(self.comm_time(spec, p))
+                return
+            pairs = self.send_pairs(p, dst)
+            yield self.env.timeout(self.comm.launch_s("send", pairs[0]))
+            key = ("send_flows", p.pid, dst.pid, spec.nbytes)
+            steps = self._cost_cache.get(key)
+            if steps is None:
+                steps = self._cost_cache[key] = self.job.machine.collectives.bundles(
+                    "send", pairs, spec.nbytes
+                )
+        elif spec.stream in ("dp", "gather"):
+            groups = self.grad_groups(p.stage)
+            yield self.env.timeout(self.comm.launch_s(spec.op, groups[0]))
+            steps = self.comm.steps(spec.op, groups, spec.nbytes)
+        else:  # a program collective of every group the process stands for (contention)
+            groups = self.comm.proc_groups(spec.stream, p)
+            yield self.env.timeout(self.comm.launch_s(spec.op, groups[0]))
+            steps = self.comm.steps(spec.op, groups, spec.nbytes)
+        for st in steps:
             yield self.net.transfer(st.transfers)
             if st.latency_s:
                 yield self.env.timeout(st.latency_s)
+
+    def contention(self) -> None:
+        """Which folded program collectives and sends share links with other traffic and so
+        run in the flow network (:mod:`simulator.engine.contention`)."""
+        self.comm_mode: dict[int, str] = {}
+        self.net_sends: dict = {}
+        if self.detail == "full":
+            return
+        route = self.job.machine.topology.route
+
+        def links_of(pairs) -> set[int]:
+            return {link for a, b in pairs for link in route(a, b)}
+
+        prog_links, send_links, dp_links = {}, {}, {}
+        for p in self.procs:
+            links: set[int] = set()
+            for prog in vars(p.programs).values():
+                for part in prog:
+                    if part.kind == "comm":
+                        links.update(self.comm.part_cost(p, part).link_bytes)
+            prog_links[p.pid] = links
+            if self.pp > 1:
+                for dst_stage in {(p.stage + 1) % self.pp, (p.stage - 1) % self.pp}:
+                    dst = self.procs[self.pid_of[(p.replica_class, dst_stage)]]
+                    send_links[(p.pid, dst.pid)] = links_of(self.send_pairs(p, dst))
+        if self.shard > 1:
+            # the links of a ring over each group: every GPU's way to its successor (a tree
+            # uses the same GPU, NIC and leaf links)
+            for s in range(self.pp):
+                groups = self.lay.groups(GRAD_DIMS, {"pp": (s,)})
+                dp_links[s] = links_of(
+                    (g[i], g[(i + 1) % len(g)]) for g in groups for i in range(len(g))
+                )
+        stage_of = {p.pid: p.stage for p in self.procs}
+        self.comm_mode, self.net_sends = contention_modes(
+            prog_links, stage_of, send_links, dp_links
+        )
+
+    def pp_bytes(self) -> float:
+        t = self.t
+        return tf.pp_activation_bytes(
+            self.local_model, micro_batch=t.micro_batch, tp=self.tp, sequence_parallel=self.sp,
+            scatter_gather=self.par.pp_scatter_gather,
+        )
 
     def comm_exec(self, spec: CommSpec, p: Proc):
         if spec.stream == "pp":
@@ -478,6 +541,7 @@ class _Builder:
     # ---- the plan
 
     def plan(self) -> StepPlan:
+        self.contention()
         t, par, tp, m = self.t, self.par, self.tp, self.m
         pb, gb = weight_bytes(t, BYTES[t.param_dtype])[1], BYTES[t.grad_reduce_dtype]
         lp, emb = tf.layer_params(m), tf.embedding_params(m)
@@ -508,10 +572,7 @@ class _Builder:
             act_bytes_recompute=act_recompute,
             static_mem=self.static_mem,
             optimizer_program=self.optimizer_program,
-            pp_bytes=tf.pp_activation_bytes(
-                self.local_model, micro_batch=t.micro_batch, tp=tp, sequence_parallel=self.sp,
-                scatter_gather=par.pp_scatter_gather,
-            ),  # fmt: skip
+            pp_bytes=self.pp_bytes(),
             participants=self.participants,
             peer=self.peer,
             comm_time=None if full else self.comm_time,
@@ -529,6 +590,9 @@ class _Builder:
             comm_slowdown={op: float(v) for op, v in
                            load_fabrics()["nccl"].get("comm_slowdown_beside_compute", {}).items()},
             part_cost=self.comm.part_cost,
+            comm_mode=lambda p: self.comm_mode.get(p.pid, "never"),
+            send_in_network=lambda p, dst, dp_now: self.net_sends.get((p.pid, dst)) in (
+                "always", "with_dp" if dp_now else "always"),
         )
 
 
@@ -551,7 +615,7 @@ def folded_link_bytes(engine, coll: CollectiveModel, n_links: int):
             if part.kind == "comm":
                 engine.plan.part_cost(p, part).add_to(out, runs)
     for p, spec in engine.comm_log:
-        if spec.stream != "pp":
-            continue  # data-parallel collectives ran in the flow network, which counted them
+        if spec.stream != "pp" or spec.op == "send_flows":
+            continue  # collectives that ran in the flow network: it counted them
         engine.plan.comm_cost(spec, p).add_to(out)
     return out

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import simpy
 
@@ -121,6 +121,11 @@ class StepPlan:
     # what a recomputed layer holds again from its recompute to the end of its backward
     act_bytes_recompute: float = 0.0
     part_cost: Callable[[Proc, Part], object] | None = None  # folded: a program collective's cost
+    #: folded: when a process's program collectives run in the flow network (``never`` |
+    #: ``with_dp`` | ``always``), and whether a send (process, destination pid) does
+    #: (:mod:`simulator.engine.contention`)
+    comm_mode: Callable[[Proc], str] | None = None
+    send_in_network: Callable[[Proc, int, bool], bool] | None = None  # (.., DP traffic now?)
 
 
 class Engine:
@@ -141,6 +146,7 @@ class Engine:
         self.prog_runs: dict[tuple[int, int], int] = defaultdict(int)
         self.comm_log: list[tuple[Proc, CommSpec]] = []
         self._inflight: dict[int, int] = defaultdict(int)
+        self._dp_running = 0  # DP / ZeRO collectives on the links now, over all processes
 
     # -------------------------------------------------------------------------------- running
 
@@ -239,8 +245,21 @@ class Engine:
         self._row(p, "compute", kind, label, start, env.now, 0.0, _flops(prog), layer, mb, prog)
         p.busy.append((start, env.now, comp, tuple(comm.items()), kind))
 
+    def _in_network(self, p: Proc, segs) -> bool:
+        """Whether these segments' collectives run in the flow network, part by part: always
+        in full detail; folded, where they share links with traffic in flight."""
+        if not any(q.kind == "comm" for _, _, prog in segs for q in prog):
+            return False
+        if p.coords is not None:
+            return True
+        mode = self.plan.comm_mode(p) if self.plan.comm_mode else "never"
+        if mode == "with_dp":  # a DP / ZeRO collective of this process issued, not finished
+            last = self._last_done.get((p.pid, "dp"))
+            return last is not None and not last.triggered
+        return mode == "always"
+
     def _run_segments(self, p: Proc, segs, kind: str, mb: int, mem_after=None):
-        if p.coords is None or not any(q.kind == "comm" for _, _, prog in segs for q in prog):
+        if not self._in_network(p, segs):
             yield from self._segments_folded(p, segs, kind, mb, mem_after)
             return
         for label, layer, prog in segs:
@@ -515,6 +534,7 @@ class Engine:
         p0 = entry[0][0]
         shares_gpu = spec.stream in ("dp", "gather")
         if shares_gpu:
+            self._dp_running += 1
             for p, *_ in entry:
                 self._inflight[p.pid] += 1
         if self.plan.comm_exec is not None:
@@ -528,6 +548,7 @@ class Engine:
             if slow * beside > 1e-9:  # (below a nanosecond: a rounding tie, no extra event)
                 yield env.timeout(slow * beside)
         if shares_gpu:
+            self._dp_running -= 1
             for p, *_ in entry:
                 self._inflight[p.pid] -= 1
         end = env.now
@@ -554,6 +575,8 @@ class Engine:
         env = self.env
         if prev is not None and not prev.processed:
             yield prev
+        if self.plan.send_in_network and self.plan.send_in_network(p, dst, self._dp_running > 0):
+            spec = replace(spec, op="send_flows")  # beside other traffic: in the flow network
         start = env.now
         if self.plan.comm_exec is not None:
             yield env.process(self.plan.comm_exec(spec, p))
