@@ -44,6 +44,9 @@ from simulator.parallel.layout import Layout
 #: states: context- and data-parallel ranks hold the same weights (Megatron-LM's
 #: data-parallel group "with context parallel").
 GRAD_DIMS = ("cp", "dp")
+#: Largest job whose folded program collectives and sends may run in the flow network
+#: (contention with DP / ZeRO traffic); the same bound as ``--detail full``.
+CONTENTION_MAX_GPUS = 512
 #: Dimensions that are not folded into one process: replicas and pipeline stages.
 OUTER_DIMS = ("dp", "pp")
 
@@ -446,10 +449,16 @@ class _Builder:
 
     def contention(self) -> None:
         """Which folded program collectives and sends share links with other traffic and so
-        run in the flow network (:mod:`simulator.engine.contention`)."""
+        run in the flow network (:mod:`simulator.engine.contention`). Only on clusters that
+        full detail also takes (CONTENTION_MAX_GPUS): at 16K GPUs with context parallelism
+        across nodes it made a step 10x slower to simulate; larger jobs keep static
+        pricing (README states it)."""
         self.comm_mode: dict[int, str] = {}
         self.net_sends: dict = {}
-        if self.detail == "full":
+        n_gpus = 1
+        for d in self.lay.dims:
+            n_gpus *= self.lay.size(d)
+        if self.detail == "full" or n_gpus > CONTENTION_MAX_GPUS:
             return
         route = self.job.machine.topology.route
 

@@ -253,10 +253,15 @@ class Engine:
         if p.coords is not None:
             return True
         mode = self.plan.comm_mode(p) if self.plan.comm_mode else "never"
-        if mode == "with_dp":  # a DP / ZeRO collective of this process issued, not finished
-            last = self._last_done.get((p.pid, "dp"))
-            return last is not None and not last.triggered
-        return mode == "always"
+        if mode == "never":
+            return False
+        # while a DP / ZeRO collective of this process is issued and not finished, or (links
+        # shared with other stages' traffic) while any runs: the rest of the step prices
+        # them statically, so the cost stays that of the distinct ranks at scale
+        last = self._last_done.get((p.pid, "dp"))
+        if last is not None and not last.triggered:
+            return True
+        return mode == "always" and self._dp_running > 0
 
     def _run_segments(self, p: Proc, segs, kind: str, mb: int, mem_after=None):
         if not self._in_network(p, segs):
