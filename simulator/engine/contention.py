@@ -13,7 +13,8 @@ From the links each traffic source uses, :func:`contention_modes` decides per pr
 * program collectives: ``"never"`` (their links carry nothing else: static, coalesced),
   ``"with_dp"`` (they share links only with their own stage's DP/ZeRO collectives: in the
   network while one of those is issued and not finished) or ``"always"`` (they share links
-  with another stage's traffic, another process's collectives or pipeline sends);
+  with another stage's traffic, another process's collectives or pipeline sends: in the
+  network also while any DP/ZeRO collective runs; the engine, ``Engine._in_network``);
 * pipeline sends: in the network always where their links carry program collectives, and
   while any DP/ZeRO collective runs where they carry DP/ZeRO traffic. Sends of different
   stage pairs sharing a link stay static (a known approximation: sends are small and
