@@ -224,8 +224,9 @@ def run_collective_suite(path: Path, data: dict, progress=None) -> SuiteResult:
     rows = [json.loads(line) for line in (path.parent / data["data"]).read_text().splitlines()
             if line.strip()]
     results = []
+    splits = set(data.get("splits") or ["uniform"])  # all-to-all rows: which split patterns
     for r in rows:
-        if r.get("op") not in ops:
+        if r.get("op") not in ops or r.get("splits", "uniform") not in splits:
             continue
         g = int(r["group"])
         groups = [list(range(i, i + g)) for i in range(0, topo.n_gpus - g + 1, g)]

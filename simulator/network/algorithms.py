@@ -66,7 +66,7 @@ class AlgorithmPhases:
         topo = self.topology
         if alg == "direct":  # all-to-all: every rank sends S/n to every other at once
             tr = tuple((a, b, S / n) for a in g for b in g if a != b)
-            return [self._direct_phase(self._pxn(tr), (n - 1) * S / n)]
+            return [self._direct_phase(self._pxn(tr), (n - 1) * S / n, self.a2a_bw_fraction)]
         if alg == "chain":  # broadcast from g[0], pipelined along the ring channels
             chans = self._ring(g)
             tr, path, hops = [], 0.0, [0, 0]
@@ -108,12 +108,14 @@ class AlgorithmPhases:
             out.append((a, b, nb))
         return tuple(out)
 
-    def _direct_phase(self, tr, local: float) -> Phase:
+    def _direct_phase(self, tr, local: float, bw_fraction: float = 1.0) -> Phase:
         topo = self.topology
         net = any(topo.crosses_network(a, b) for a, b, _ in tr)
         path = max(topo.route_latency(a, b) for a, b, _ in tr)
-        # received bytes pass once more through the receiver's SMs (FIFO -> output)
-        return Phase(tr, 1, path, 0 if net else 1, 1 if net else 0, 0.0 if net else local)
+        # received bytes pass once more through the receiver's SMs (FIFO -> output);
+        # bw_fraction: the all-to-all's achieved share of the link rate (fabrics.yaml)
+        return Phase(tr, 1, path, 0 if net else 1, 1 if net else 0, 0.0 if net else local,
+                     bw_fraction=bw_fraction)
 
     def _ring_phase(self, chans: list[list[int]], S: float, steps: int, local: float) -> Phase:
         """``steps`` ring steps: every rank of every channel sends S/(n*C) to its successor.

@@ -147,6 +147,10 @@ class CollectiveModel(AlgorithmPhases):
                 {kind: float(v["efficiency"]) for kind, v in fabrics["links"].items()})
         fab = fabrics["nccl"]
         self._launch = float(fab["launch_us"]) * 1e-6
+        a2a = fab.get("all_to_all", {})
+        #: all-to-all's extra fixed cost per call and achieved fraction of the link rate
+        self.a2a_launch_extra_s = float(a2a.get("launch_extra_us", 0.0)) * 1e-6
+        self.a2a_bw_fraction = float(a2a.get("bandwidth_fraction", 1.0))
         #: what a host-synchronised measurement of one call adds to it (not paid in training)
         self.host_sync_overhead_s = float(fab.get("host_sync_overhead_us", 0.0)) * 1e-6
         self.copy_Bps = float(fab["copy_GBps"]) * 1e9
@@ -177,7 +181,10 @@ class CollectiveModel(AlgorithmPhases):
     def launch_s(self, op: str, group: Sequence[int]) -> float:
         """Fixed cost of one collective call (host + kernel launch), 0 for a 1-GPU group."""
         self._check(op, group)
-        return self._launch if len(group) > 1 else 0.0
+        return self._launch_of(op) if len(group) > 1 else 0.0
+
+    def _launch_of(self, op: str) -> float:
+        return self._launch + (self.a2a_launch_extra_s if op == "all_to_all" else 0.0)
 
     def steps(
         self, op: str, group: Sequence[int], nbytes: float, algorithm: str | None = None
@@ -276,28 +283,31 @@ class CollectiveModel(AlgorithmPhases):
         return out
 
     def all_to_all_v(
-        self, groups: Sequence[Sequence[int]], nbytes: float, split: Sequence[float]
+        self, groups: Sequence[Sequence[int]], nbytes: float, split: Sequence
     ) -> CollectiveCost:
         """Uneven all-to-alls (``all_to_all_single`` with split sizes) running at once on
         ``groups``: every rank sends ``nbytes * split[j]`` to the ``j``-th rank of its group
-        (``split`` sums to 1; uniform ``1/n`` is :meth:`cost` of ``all_to_all``). One direct
-        step (with PXN, :meth:`_pxn`), at the protocol NCCL's tuner would pick for it; the time
-        is the busiest receiver's. Cached."""
-        key = ("all_to_all_v", tuple(tuple(g) for g in groups), float(nbytes), tuple(split))
+        (``split`` sums to 1; uniform ``1/n`` is :meth:`cost` of ``all_to_all``), or, with
+        ``split`` a matrix, group rank ``i`` sends ``nbytes * split[i][j]`` to rank ``j``. One
+        direct step (with PXN, :meth:`_pxn`), at the protocol NCCL's tuner would pick for it;
+        the time is the busiest receiver's. Cached."""
+        n = len(split)
+        rows = [tuple(r) for r in split] if isinstance(split[0], Sequence) else [tuple(split)] * n
+        key = ("all_to_all_v", tuple(tuple(g) for g in groups), float(nbytes), tuple(rows))
         hit = self._cost_cache.get(key)
         if hit is not None:
             return hit
         tr = []
         for g in key[1]:
-            if len(g) != len(split):
-                raise ValueError(f"split has {len(split)} entries for a group of {len(g)}")
-            tr += [(a, b, nbytes * split[j]) for a in g for j, b in enumerate(g) if a != b]
+            if len(g) != n:
+                raise ValueError(f"split has {n} entries for a group of {len(g)}")
+            tr += [(a, b, nbytes * rows[i][j]) for i, a in enumerate(g) for j, b in enumerate(g)
+                   if a != b]  # fmt: skip
         live = [g for g in key[1] if len(g) > 1]
         if not live or not tr:
             return CollectiveCost(0.0, "none", 0, 0.0)
-        n = len(split)
-        local = max((n - 1) * nbytes * x for x in split)  # the busiest receiver's bytes
-        ph = self._direct_phase(self._pxn(tuple(tr)), local)
+        local = max(sum(nbytes * rows[i][j] for i in range(n) if i != j) for j in range(n))
+        ph = self._direct_phase(self._pxn(tuple(tr)), local, self.a2a_bw_fraction)
         fluid = self._fluid(ph)
         best = min(self.protocols, key=lambda p: fluid * self._wire(ph, p) + self._lat(ph, p))
         w = self._wire(ph, best)
@@ -306,8 +316,8 @@ class CollectiveModel(AlgorithmPhases):
         ln = np.fromiter((x for r, _ in flows for x in r), dtype=np.int64, count=sum(lens))
         dense = np.bincount(ln, np.repeat([nb for _, nb in flows], lens), self.topology.n_links)
         hit = CollectiveCost.from_dense(
-            self._launch + fluid * w + self._lat(ph, best), f"direct/{best.name}", 1,
-            self._launch, dense,
+            self._launch_of("all_to_all") + fluid * w + self._lat(ph, best),
+            f"direct/{best.name}", 1, self._launch_of("all_to_all"), dense,
         )
         self._cost_cache[key] = hit
         return hit
@@ -353,7 +363,8 @@ class CollectiveModel(AlgorithmPhases):
             link_bytes += (b - a) * lb
         names = sorted({p[0] for p in plans})
         return CollectiveCost.from_dense(
-            self._launch + total, ",".join(names), int(n_steps), self._launch, link_bytes
+            self._launch_of(op) + total, ",".join(names), int(n_steps), self._launch_of(op),
+            link_bytes,
         )
 
     def _wire(self, ph: Phase, proto: _Proto) -> float:
