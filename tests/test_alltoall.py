@@ -23,7 +23,8 @@ def test_intra_node_bytes_per_gpu():
     cm = CollectiveModel(topo)
     S = 64 * 2**20
     c = cm.cost("all_to_all", [list(range(4))], S, "direct/Simple")
-    frac = 1 / next(p.fraction for p in cm.protocols if p.name == "Simple")
+    # wire bytes: data / (protocol fraction x the all-to-all's measured share of the link rate)
+    frac = 1 / next(p.fraction for p in cm.protocols if p.name == "Simple") / cm.a2a_bw_fraction
     kinds = _by_kind(topo, c.link_bytes)
     nv = [v for k, v in kinds.items() if "nvlink" in k or "up" in k]
     assert sum(kinds.values()) == pytest.approx(2 * 4 * 3 / 4 * S * frac)  # up and down
@@ -44,7 +45,8 @@ def test_pxn_keeps_inter_node_traffic_off_the_spine():
     # with PXN every inter-node send is a same-rail send
     rails = {topo.nic_of(g) for g in range(16)}
     assert len(rails) == 8
-    s = 256 * 2**20 / 16 * 8 * 8 / next(p.fraction for p in cm.protocols if p.name == "Simple")
+    simple = next(p.fraction for p in cm.protocols if p.name == "Simple")
+    s = 256 * 2**20 / 16 * 8 * 8 / simple / cm.a2a_bw_fraction
     assert up == pytest.approx(2 * s, rel=1e-9)  # node 0 -> 1 and 1 -> 0, 64 pairs each
 
 
