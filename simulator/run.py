@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,8 @@ from simulator.errors import ConfigError
 from simulator.hardware.catalog import GPUSpec, load_gpu
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import pricing_dtype, split_dtype
+from simulator.model import comm as mc
+from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology
@@ -93,14 +95,6 @@ def simulate(
     res = resolve_loaded(loaded)
     if detail == "full":
         check_full_detail(res, work, str(loaded.workload_path))
-    if work.model.moe is not None or work.model.attention_kind == "mla":
-        # The input keys are validated; the engine prices dense MHA/GQA layers only so far.
-        raise ConfigError(
-            "mixture-of-experts and MLA layers are not simulated yet (accepted: a dense "
-            "model with mha or gqa attention)",
-            file=str(loaded.workload_path),
-            field="model.moe" if work.model.moe is not None else "model.attention",
-        )
     machine = machine or make_machine(loaded)
     gemm_dtype = split_dtype(pricing_dtype(work.training))[0]
     peaks = getattr(machine.gpu, "peak_tflops", None)  # (a test's stub GPU has none)
@@ -181,6 +175,7 @@ def simulate(
             "recompute": t.recompute,
         },
         "model_params": tf.total_params(m),
+        "active_params": tf.active_params(m),
         "model_flops_per_step": model_flops,
         "hardware_flops_per_step": hw_flops,
         "detail": detail,
@@ -189,6 +184,16 @@ def simulate(
         "busiest_links": _busiest(links),
         "warnings": warnings,
     }
+    if m.moe is not None:
+        summary["moe"] = moe_summary(job, machine, res)
+        if t.moe_expert_load is not None:
+            # what the uneven load costs: the same step with every expert equally loaded
+            even = work.model_copy(
+                update={"training": t.model_copy(update={"moe_expert_load": None})}
+            )
+            ref = simulate(replace(loaded, workload=even), detail=detail, machine=machine)
+            summary["moe"]["uniform_step_time_s"] = ref.summary["step_time_s"]
+            summary["moe"]["imbalance_cost_s"] = step - ref.summary["step_time_s"]
     # Cost and energy per million tokens; time, energy and money to train the whole run (when
     # training.tokens is given).
     summary.update(cost_summary(summary, machine.gpu, loaded.topology, t.tokens))
@@ -228,6 +233,36 @@ def _fabric_figures(topo: Topology) -> dict:
             "from": f"catalog {topo.gpu.name}.nvlink_generation",
         }
     return out
+
+
+def moe_summary(job, machine: Machine, res: Resolved) -> dict:
+    """The MoE part of the summary: the expert layout (ep, etp, edp, experts per rank),
+    whether every EP group stays inside one NVLink domain, the busiest EP rank's share
+    (``imbalance``: its routed copies over the mean rank's), the fraction of copies dropped by
+    ``capacity_factor``, and the all-to-all bytes one rank sends per MoE layer and direction."""
+    m, t = job.work.model, job.work.training
+    moe_lay = job.layout_of("ep")
+    ep, etp = moe_lay.size("ep"), job.layout_of("etp").size("etp")
+    topo = machine.topology
+    domain = int(getattr(topo.cfg, "nvlink_domain_gpus", None) or topo.gpus_per_node)
+    groups = moe_lay.groups("ep") if ep > 1 else []
+    inside = all(len({g // domain for g in grp}) == 1 for grp in groups)
+    local = mc.cp_local(m, res.size("cp"))
+    loc = moe_math.moe_local(local, t.micro_batch, res.size("tp"), 1, ep, etp,
+                             t.moe_expert_load)  # fmt: skip
+    return {
+        "ep": ep,
+        "etp": etp,
+        "edp": job.layout_of("edp").size("edp") if ep * etp > 1 else res.size("dp"),
+        "experts_per_rank": loc.local_experts,
+        "ep_inside_nvlink_domain": bool(inside),
+        "nvlink_domain_gpus": domain,
+        "imbalance": loc.imbalance,
+        "dropped_fraction": loc.dropped,
+        "alltoall_bytes_per_rank_per_layer": moe_math.alltoall_bytes_per_rank(
+            loc.tokens, m.moe.top_k, m.hidden, 2, ep  # tokens dispatched in bf16
+        ),
+    }
 
 
 def _memory_table(mem_rows, procs) -> pd.DataFrame:

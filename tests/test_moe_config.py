@@ -18,7 +18,7 @@ def moe_work(moe=None, training=None, parallelism=None, model=None) -> dict:
     w = copy.deepcopy(BASE_WORK)
     w["model"] = {**w["model"], "moe": {**MOE, **(moe or {})}, **(model or {})}
     w["training"].update(training or {})
-    w["parallelism"].update(parallelism or {})
+    w["parallelism"].update({"sequence_parallel": True, **(parallelism or {})})
     return w
 
 
@@ -92,8 +92,7 @@ def test_bad_moe_models(tmp_path, capsys, model, field, words):
     expect(fails(capsys, tmp_path, "run", str(p)), p, field, *words)
 
 
-def test_valid_moe_workload_is_refused_until_simulated(tmp_path, capsys):
-    # A valid MoE workload passes every check above and stops, on one line, where the
-    # engine would have to price it.
-    p = write(tmp_path, moe_work(parallelism={"ep": 2}))
-    expect(fails(capsys, tmp_path, "run", str(p)), p, "model.moe", "not simulated yet")
+def test_moe_with_tensor_parallelism_needs_sequence_parallelism(tmp_path, capsys):
+    # Megatron-Core refuses MoE with TP but without SP (the MoE block works on s/tp tokens)
+    p = write(tmp_path, moe_work(parallelism={"ep": 2, "sequence_parallel": False}))
+    expect(fails(capsys, tmp_path, "run", str(p)), p, "parallelism.sequence_parallel", "tp=2")

@@ -237,6 +237,12 @@ def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
             raise fail("training.moe_expert_load", "needs model.moe (the model is dense)")
         return 1, 1, 1
     moe = m.moe
+    if par.tp > 1 and not par.sequence_parallel:
+        raise fail(
+            "parallelism.sequence_parallel",
+            f"an MoE model with tp={par.tp} needs sequence_parallel: true (Megatron-Core's "
+            "rule: the MoE block routes the s/tp tokens of each rank)",
+        )
     width = par.tp * cp * dp
     if width % (ep * etp):
         raise fail(

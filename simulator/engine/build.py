@@ -32,6 +32,8 @@ from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import memory as mem
+from simulator.model import mla
+from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
@@ -237,6 +239,10 @@ class _Builder:
             self.shard *= lay.size(d)
         self.sp = self.par.sequence_parallel and self.tp > 1
         self.local_model = mc.cp_local(self.m, lay.size("cp"))
+        # MoE Parallel Folding: experts split ep x etp ways, their states sharded over edp
+        self.ep = job.layout_of("ep").size("ep")
+        self.etp = job.layout_of("etp").size("etp")
+        self.edp = job.layout_of("edp").size("edp") if self.ep * self.etp > 1 else self.shard
         self.comm = _Comm(job)
         self.net = FlowNetwork(env, job.machine.topology)
         self._progs: dict[tuple, StagePrograms] = {}
@@ -269,6 +275,7 @@ class _Builder:
                 recompute=t.recompute, dtype=pricing_dtype(t), cm=self.job.machine.compute,
                 comm_cost=comm_cost, flash_attention=t.flash_attention, kernels=t.kernels,
                 param_dtype=t.param_dtype, cp=self.lay.size("cp"), cp_comm=self.par.cp_comm,
+                moe_kw=self.moe_kw(),
             )  # fmt: skip
             if self.pp > 1 and self.tp > 1 and self.par.pp_scatter_gather and not self.sp:
                 # Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1): each TP rank
@@ -281,6 +288,15 @@ class _Builder:
                 hit = replace(hit, pp_gather=(gather,))
             self._progs[key] = hit
         return hit
+
+    def moe_kw(self) -> dict | None:
+        """The MoE block's settings for :func:`simulator.model.moe_layer.layer_ops`."""
+        if self.m.moe is None:
+            return None
+        t = self.t
+        return dict(ep=self.ep, etp=self.etp, expert_load=t.moe_expert_load,
+                    dispatcher=t.moe_dispatcher,
+                    overlap_ep=t.overlap_moe_expert_parallel_comm)  # fmt: skip
 
     def _make_procs(self) -> None:
         lay, inner = self.lay, self.job.inner_dims
@@ -326,39 +342,96 @@ class _Builder:
 
     # ---- sizes and memory
 
-    def vs_params(self, vs: int) -> float:
-        n = self.lay.stage_layers[vs] * tf.layer_params(self.m)
+    def layer_local(self, layer: int) -> tuple[float, float]:
+        """Parameters of global layer ``layer`` on one rank: (the part split over TP and
+        replicated over cp x dp, the routed experts split over ep x etp)."""
+        m = self.m
+        is_moe = m.moe is not None and layer >= m.moe.dense_layers
+        full = tf.layer_params(m, is_moe)
+        expert = moe_math.routed_expert_params(m) if is_moe else 0
+        return (full - expert) / self.tp, expert / (self.ep * self.etp)
+
+    def vs_local(self, vs: int) -> tuple[float, float]:
+        """:meth:`layer_local` summed over a virtual stage, the embedding on the first and
+        the final norm and head on the last (split over TP)."""
+        start = sum(self.lay.stage_layers[:vs])
+        dense = expert = 0.0
+        for layer in range(start, start + self.lay.stage_layers[vs]):
+            a, b = self.layer_local(layer)
+            dense, expert = dense + a, expert + b
         if vs == 0:
-            n += tf.embedding_params(self.m)
+            dense += tf.embedding_params(self.m) / self.tp
         if vs == self.pp * self.v - 1:
-            n += tf.head_params(self.m) + tf.final_norm_params(self.m)
-        return n
+            dense += (tf.head_params(self.m) + tf.final_norm_params(self.m)) / self.tp
+        return dense, expert
+
+    def stage_local(self, stage: int) -> tuple[float, float]:
+        parts = [self.vs_local(c * self.pp + stage) for c in range(self.v)]
+        return sum(a for a, _ in parts), sum(b for _, b in parts)
 
     def stage_params(self, stage: int) -> float:
-        return sum(self.vs_params(c * self.pp + stage) for c in range(self.v))
+        """Parameters one TP rank of ``stage`` holds, TP-equivalent (x tp): the dense part
+        and the experts of this rank."""
+        dense, expert = self.stage_local(stage)
+        return (dense + expert) * self.tp
 
     def static_mem(self, p: Proc) -> dict[str, float]:
         t, zero = self.t, self.par.zero
-        local = self.stage_params(p.stage) / self.tp
-        ms = mem.model_state_bytes(
-            local, zero=zero, dp=self.shard, param_dtype=t.param_dtype,
-            grad_dtype=t.grad_reduce_dtype, kernels=t.kernels,
-            weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0],
-        )  # fmt: skip
+        dense, expert = self.stage_local(p.stage)
+        kw = dict(zero=zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
+                  kernels=t.kernels,
+                  weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0])  # fmt: skip
+        ms = mem.model_state_bytes(dense, dp=self.shard, **kw)
+        mx = mem.model_state_bytes(expert, dp=self.edp, **kw)
         # PyTorch DDP's gradient buckets (eager): gradient copies, counted with the gradients
         buckets = mem.ddp_bucket_bytes(
-            local, kernels=t.kernels, zero=zero, dp=self.shard, param_dtype=t.param_dtype,
-            grad_dtype=t.grad_reduce_dtype,
+            dense + expert, kernels=t.kernels, zero=zero, dp=self.shard,
+            param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
         )  # fmt: skip
-        return {"weights": ms.weights, "gradients": ms.gradients + buckets,
-                "optimizer": ms.optimizer}  # fmt: skip
+        return {"weights": ms.weights + mx.weights,
+                "gradients": ms.gradients + mx.gradients + buckets,
+                "optimizer": ms.optimizer + mx.optimizer}  # fmt: skip
 
     def optimizer_program(self, p: Proc) -> tuple[Part, ...]:
         t = self.t
-        local = self.stage_params(p.stage) / self.tp / (self.shard if self.par.zero >= 1 else 1)
+        dense, expert = self.stage_local(p.stage)
+        z = self.par.zero >= 1
+        local = dense / (self.shard if z else 1) + expert / (self.edp if z else 1)
         ops = tf.optimizer_ops(local, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype)
         pr = Pricer(self.job.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
         return tuple(pr.part(op) for op in ops)
+
+    def layer_activation(self, layer: int) -> float:
+        """Bytes a micro-batch keeps for global layer ``layer`` of an MoE or MLA model: the
+        dense layer's attention tensors (MLA: :func:`mla.mla_activation_bytes`), its norm2
+        tensors, and the MoE block's (:func:`moe.moe_activation_bytes`) or the dense MLP's."""
+        t, m = self.t, self.local_model
+        tensors = mem.activation_tensors_per_layer(
+            m, micro_batch=t.micro_batch, tp=self.tp, sequence_parallel=self.sp,
+            recompute=t.recompute, flash_attention=t.flash_attention, kernels=t.kernels,
+            param_dtype=t.param_dtype,
+        )  # fmt: skip
+        if t.recompute == "full":
+            return sum(tensors.values())
+        mlp_keys = ("fc1", "fc2", "act", "silu", "mlp")
+        attn = sum(v for k, v in tensors.items() if not k.startswith((*mlp_keys, "norm2")))
+        norm2 = sum(v for k, v in tensors.items() if k.startswith("norm2"))
+        mlp = sum(v for k, v in tensors.items() if k.startswith(mlp_keys))
+        d = BYTES[t.precision] if t.precision != "fp8" else 2
+        if m.attention_kind == "mla":
+            attn = mla.mla_activation_bytes(m, t.micro_batch, self.tp, self.sp, d)
+        if m.moe is not None and layer >= m.moe.dense_layers:
+            loc = moe_math.moe_local(m, t.micro_batch, self.tp, 1, self.ep, self.etp,
+                                     t.moe_expert_load)  # fmt: skip
+            mlp = moe_math.moe_activation_bytes(m, loc, tp=self.tp, d=d)
+        return attn + norm2 + mlp
+
+    def layer_sizes(self, layer: int) -> tuple[float, float, float]:
+        """(activation, gradient, parameter) bytes of global layer ``layer`` on one rank."""
+        dense, expert = self.layer_local(layer)
+        n = dense + expert
+        pb, gb = BYTES[self.t.param_dtype], BYTES[self.t.grad_reduce_dtype]
+        return self.layer_activation(layer), n * gb, n * pb
 
     def activations(self) -> tuple[float, float, float, float]:
         """Bytes a micro-batch keeps per layer, for the embedding and for the head (one
@@ -574,7 +647,7 @@ class _Builder:
             param_bytes_per_layer=lp / tp * pb,
             # eager (PyTorch FSDP) gathers a unit into a new full-size buffer beside its shard
             gather_keep_fraction=1.0 if t.kernels == "eager" else (1.0 - 1.0 / self.shard),
-            stage_param_bytes=lambda vs: self.vs_params(vs) / tp * pb,
+            stage_param_bytes=lambda vs: sum(self.vs_local(vs)) * pb,
             act_bytes_layer=act_layer,
             act_bytes_embed=act_embed,
             act_bytes_head=act_head,
@@ -602,6 +675,9 @@ class _Builder:
             comm_mode=lambda p: self.comm_mode.get(p.pid, "never"),
             send_in_network=lambda p, dst, dp_now: self.net_sends.get((p.pid, dst)) in (
                 "always", "with_dp" if dp_now else "always"),
+            layer_sizes=(
+                self.layer_sizes if m.moe is not None or m.attention_kind == "mla" else None
+            ),
         )
 
 

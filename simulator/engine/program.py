@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import quantize_bytes, split_dtype
 from simulator.model import comm as mc
+from simulator.model import moe_layer as ml
+from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.transformer import Op
 
 
@@ -54,6 +56,17 @@ class StagePrograms:
     head_bwd: Program
     # the receiver's TP all-gather of a pipeline transfer sent split 1/tp (scatter/gather)
     pp_gather: Program = ()
+    #: layers ``0 .. first_layers-1`` run these programs instead (an MoE model's dense layers)
+    first_layers: int = 0
+    first_fwd: Program = ()
+    first_bwd: Program = ()
+    first_recompute: Program = ()
+
+    def layer(self, index: int) -> tuple[Program, Program, Program]:
+        """(forward, backward, recompute) programs of global layer ``index``."""
+        if index < self.first_layers:
+            return self.first_fwd, self.first_bwd, self.first_recompute
+        return self.layer_fwd, self.layer_bwd, self.layer_recompute
 
 
 def memory_access(name: str, kernels: str = "fused", param_dtype: str = "bf16") -> str:
@@ -181,6 +194,7 @@ def build_stage_programs(
     param_dtype: str = "bf16",
     cp: int = 1,
     cp_comm: str = "p2p",
+    moe_kw: dict | None = None,
 ) -> StagePrograms:
     """Price every program of one stage.
 
@@ -188,7 +202,10 @@ def build_stage_programs(
     stage's groups of ``dim`` (``None``: collectives cost nothing, e.g. one rank). ``kernels``
     and ``param_dtype`` select the op lists of :mod:`simulator.model.transformer` (fused or
     eager kernels; fp32 master weights add per-micro-batch weight casts and gradient
-    accumulation); ``cp`` and ``cp_comm`` the context-parallel attention.
+    accumulation); ``cp`` and ``cp_comm`` the context-parallel attention. For an MoE or MLA
+    model (``moe_kw``: ``ep``, ``etp``, ``expert_load``, ``dispatcher``, ``overlap_ep``) the
+    layers come from :func:`simulator.model.moe_layer.layer_ops`: ``layer_*`` are the MoE
+    layers' programs and ``first_*`` those of the leading dense layers.
     """
     pr = Pricer(cm, dtype, kernels, param_dtype)
     kw = dict(
@@ -196,10 +213,25 @@ def build_stage_programs(
         param_dtype=param_dtype, cp=cp,
     )  # fmt: skip
     lkw = dict(kw, flash_attention=flash_attention, cp_comm=cp_comm)
-    fwd_ops = mc.layer_ops(model, backward=False, **lkw)
-    layer_fwd = price(fwd_ops, pr, comm_cost)
-    layer_bwd = price(mc.layer_ops(model, backward=True, **lkw), pr, comm_cost)
-    layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr)
+    first: tuple = ()
+    if model.moe is not None or model.attention_kind == "mla":
+        mkw = dict(lkw, precision_bytes=BYTES[dtype], **(moe_kw or {}))
+
+        def programs(moe_layer: bool) -> tuple[Program, Program, Program]:
+            f = ml.layer_ops(model, backward=False, moe_layer=moe_layer, **mkw)
+            fp = price(f, pr, comm_cost)
+            b = ml.layer_ops(model, backward=True, moe_layer=moe_layer, **mkw)
+            return fp, price(b, pr, comm_cost), _recompute(f, fp, recompute, pr)
+
+        dense_first = model.moe.dense_layers if model.moe is not None else 0
+        layer_fwd, layer_bwd, layer_re = programs(model.moe is not None)
+        if dense_first:
+            first = (dense_first, *programs(False))
+    else:
+        fwd_ops = mc.layer_ops(model, backward=False, **lkw)
+        layer_fwd = price(fwd_ops, pr, comm_cost)
+        layer_bwd = price(mc.layer_ops(model, backward=True, **lkw), pr, comm_cost)
+        layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr)
     return StagePrograms(
         layer_fwd,
         layer_bwd,
@@ -208,6 +240,7 @@ def build_stage_programs(
         price(mc.embedding_ops(model, backward=True, **kw), pr, comm_cost),
         price(mc.head_ops(model, backward=False, **kw), pr, comm_cost),
         price(mc.head_ops(model, backward=True, **kw), pr, comm_cost),
+        *first,
     )
 
 

@@ -59,6 +59,8 @@ LINK_COLUMNS = ("link", "kind", "src", "dst", "capacity_GBps", "bytes", "busy_s"
 COMM_DIMS = {
     "tp": ("TP", "TP communication", "#E69F00"),
     "cp": ("CP", "CP communication", "#882255"),
+    "ep": ("EP", "EP all-to-all", "#44AA99"),
+    "etp": ("ETP", "expert TP communication", "#117733"),
     "dp": ("DP", "DP communication", "#D55E00"),
     "pp": ("PP", "PP send/recv", "#F0E442"),
 }

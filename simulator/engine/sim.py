@@ -126,6 +126,15 @@ class StepPlan:
     #: (:mod:`simulator.engine.contention`)
     comm_mode: Callable[[Proc], str] | None = None
     send_in_network: Callable[[Proc, int, bool], bool] | None = None  # (.., DP traffic now?)
+    #: per-layer (activation, gradient, parameter) bytes where layers differ (an MoE model's
+    #: dense and MoE layers); None: every layer has the ``*_layer`` sizes above
+    layer_sizes: Callable[[int], tuple[float, float, float]] | None = None
+
+    def layer_bytes(self, layer: int) -> tuple[float, float, float]:
+        """(activation, gradient, parameter) bytes of global layer ``layer`` on one rank."""
+        if self.layer_sizes is None:
+            return self.act_bytes_layer, self.grad_bytes_per_layer, self.param_bytes_per_layer
+        return self.layer_sizes(layer)
 
 
 class Engine:
@@ -300,9 +309,10 @@ class Engine:
                     return sign * plan.act_bytes_head
                 if "recompute" in label:  # the layer's activations exist again ...
                     return plan.act_bytes_recompute
+                act = plan.layer_bytes(layer)[0]
                 if sign < 0:  # ... until its backward frees them with the stored ones
-                    return -plan.act_bytes_layer - plan.act_bytes_recompute
-                return plan.act_bytes_layer
+                    return -act - plan.act_bytes_recompute
+                return act
             return f
 
         for w in order:
@@ -317,7 +327,7 @@ class Engine:
                 segs = []
                 if vs == 0:
                     segs.append(("embed", -1, progs.embed_fwd))
-                segs += [(f"L{layer} fwd", layer, progs.layer_fwd) for layer in layers]
+                segs += [(f"L{layer} fwd", layer, progs.layer(layer)[0]) for layer in layers]
                 if vs == last_vs:
                     segs.append(("head", -1, progs.head_fwd))
                 if plan.zero == 3:
@@ -334,9 +344,10 @@ class Engine:
                 if vs == last_vs:
                     segs.append(("head", -1, progs.head_bwd))
                 for layer in reversed(layers):
-                    if progs.layer_recompute:
-                        segs.append((f"L{layer} recompute", layer, progs.layer_recompute))
-                    segs.append((f"L{layer} bwd", layer, progs.layer_bwd))
+                    _, bwd, rec = progs.layer(layer)
+                    if rec:
+                        segs.append((f"L{layer} recompute", layer, rec))
+                    segs.append((f"L{layer} bwd", layer, bwd))
                 if vs == 0:
                     segs.append(("embed", -1, progs.embed_bwd))
                 last_mb = w.microbatch == m - 1
@@ -415,7 +426,7 @@ class Engine:
         label = seg[0]
         if label in ("embed", "head"):
             return self.plan.unit_bytes(label)[1]
-        return self.plan.grad_bytes_per_layer
+        return self.plan.layer_bytes(seg[1])[1]
 
     # -------------------------------------------------------------------------------- ZeRO-3
 
@@ -431,7 +442,8 @@ class Engine:
 
         def sizes(u: object) -> tuple[float, float]:
             if isinstance(u, int):
-                return plan.param_bytes_per_layer, plan.grad_bytes_per_layer
+                _, grad, param = plan.layer_bytes(u)
+                return param, grad
             return plan.unit_bytes(u) if plan.unit_bytes else (0.0, 0.0)
 
         def name(u: object) -> str:

@@ -1,0 +1,138 @@
+"""One layer of an MoE and/or MLA model on one rank: kernels and every dimension's collectives.
+
+The counterpart of :func:`simulator.model.comm.layer_ops` for models with ``model.moe`` or
+``attention: mla``. A layer is its attention block (MHA/GQA from
+:mod:`simulator.model.transformer`, or MLA from :mod:`simulator.model.mla`) with Megatron's TP
+collectives, then its MLP: dense (the first ``moe.dense_layers`` layers) or the MoE block of
+:mod:`simulator.model.moe`, whose collectives run over the ``ep`` and ``etp`` groups of the MoE
+layout (MoE Parallel Folding) and, for shared experts, over ``tp``.
+
+Megatron-Core requires sequence parallelism with TP in MoE models, so the MoE block sees the
+``s/tp`` tokens of its rank and needs no TP collective around it (the attention's reduce-
+scatter leaves the tokens scattered, the next layer's all-gather gathers them).
+
+Where the expert load is uneven the dispatch and combine are priced as the busiest receiver
+sees them: a uniform all-to-all of ``nbytes * ep * share`` moves, into the busiest rank, what
+it receives in the uneven one (:class:`~simulator.model.moe.MoELocal`).
+
+``overlap_ep``: Megatron-Core's ``overlap_moe_expert_parallel_comm`` (and DeepSeek's DualPipe)
+run one micro-batch's dispatch and combine beside another's compute; here each all-to-all
+overlaps the compute part that follows it (the engine charges only what sticks out).
+"""
+
+from __future__ import annotations
+
+from simulator.config.schema import ModelConfig
+from simulator.model import comm as mc
+from simulator.model import mla, moe
+from simulator.model import transformer as tf
+from simulator.model.ops import FP32, Op, accumulate_op, cast_op
+
+
+def _split(ops: list[Op], start: str) -> int:
+    """Index of the first op whose name starts with ``start``."""
+    return next(i for i, op in enumerate(ops) if op.name.startswith(start))
+
+
+def _mla_tp(ops: list[Op], nbytes: float, sp: bool, backward: bool) -> list[Op]:
+    """Megatron's TP collectives around an MLA block: the input gathered before the
+    (duplicated) down-projections with SP, ``out_proj`` reduced (or reduce-scattered) after;
+    backward the conjugates, the input-gradient reduction overlapping the last weight GEMM."""
+    red = "reduce_scatter" if sp else "all_reduce"
+    gemms = [i for i, op in enumerate(ops) if op.kind == "gemm"]
+    out: list[Op] = []
+    for i, op in enumerate(ops):
+        if not backward:
+            if sp and i == gemms[0]:
+                out.append(mc.comm_op("tp_all_gather", "all_gather", "tp", nbytes))
+            out.append(op)
+            if op.name == "out_proj":
+                out.append(mc.comm_op(f"tp_{red}", red, "tp", nbytes))
+            continue
+        if sp and op.name == "out_proj_dgrad":
+            out.append(mc.comm_op("tp_all_gather", "all_gather", "tp", nbytes))
+        out.append(op)
+        if i == gemms[-2]:  # the last dgrad: its reduction runs beside the last wgrad
+            out.append(mc.comm_op(f"tp_{red}", red, "tp", nbytes, overlap=True))
+    return out
+
+
+def _expert_weight_casts(model: ModelConfig, loc: moe.MoELocal, d: int, backward: bool):
+    """fp32 parameters under autocast: every micro-batch casts the local experts' weights to
+    ``d`` (forward) and casts their gradients back and adds them into ``.grad`` (backward),
+    as :func:`simulator.model.transformer._master_weights` does for the dense GEMMs."""
+    n = loc.local_experts * moe.expert_params(model, loc.ffn)
+    if backward:
+        return [cast_op("expert_gcast", "moe", n, d, FP32, True),
+                accumulate_op("expert_gacc", "moe", n)]  # fmt: skip
+    return [cast_op("expert_wcast", "moe", n, FP32, d)]
+
+
+def layer_ops(
+    model: ModelConfig,
+    *,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    backward: bool,
+    moe_layer: bool,
+    cp: int = 1,
+    cp_comm: str = "p2p",
+    flash_attention: bool = True,
+    kernels: str = "fused",
+    param_dtype: str = "bf16",
+    precision_bytes: int = 2,
+    ep: int = 1,
+    etp: int = 1,
+    expert_load: tuple[float, ...] | None = None,
+    dispatcher: str = "alltoall",
+    overlap_ep: bool = False,
+) -> list[Op]:
+    """One layer's forward (or backward) on one rank of an MoE and/or MLA model: kernels and
+    collectives over ``tp``, ``cp``, ``ep`` and ``etp`` (module docstring)."""
+    b, sp, d = micro_batch, sequence_parallel, precision_bytes
+    local = mc.cp_local(model, cp)
+    # the dense layer with its TP/CP collectives: its attention and MLP halves are reused
+    dense = mc.layer_ops(
+        model, micro_batch=b, tp=tp, sequence_parallel=sp, backward=backward, cp=cp,
+        cp_comm=cp_comm, flash_attention=flash_attention, kernels=kernels,
+        param_dtype=param_dtype,
+    )  # fmt: skip
+    if not moe_layer and model.attention_kind != "mla":
+        return dense
+    cut = _split(dense, "residual1") if backward else _split(dense, "norm2")
+    att, mlp = (dense[cut:], dense[:cut]) if backward else (dense[:cut], dense[cut:])
+    if model.attention_kind == "mla":
+        fn = mla.mla_backward_ops if backward else mla.mla_forward_ops
+        att = fn(local, b, tp, sp, d)
+        if tp > 1:
+            att = _mla_tp(att, tf.tp_comm_bytes(local, micro_batch=b), sp, backward)
+    if moe_layer:
+        # the layer's own norm2 and residual2 kernels (fused or eager), then the MoE block
+        norm2 = [op for op in mlp if op.name.startswith("norm2")]
+        res2 = [op for op in mlp if op.name.startswith("residual2")]
+        body = _moe_body(local, b, tp, d, backward, kernels, param_dtype, ep, etp,
+                         expert_load, dispatcher, overlap_ep)  # fmt: skip
+        mlp = [*res2, *body, *norm2] if backward else [*norm2, *body, *res2]
+    return [*mlp, *att] if backward else [*att, *mlp]
+
+
+def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, dispatcher,
+              overlap_ep) -> list[Op]:  # fmt: skip
+    """The MoE block between norm2 and residual2, its collectives as comm ops."""
+    loc = moe.moe_local(model, b, tp, 1, ep, etp, load)
+    kw = dict(tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=kernels == "fused")
+    block = (moe.moe_backward_ops if backward else moe.moe_forward_ops)(model, loc, **kw)
+    body: list[Op] = []
+    for op in block:
+        if isinstance(op, moe.Comm):
+            nbytes = op.nbytes * (op.share * ep if op.share is not None else 1.0)
+            big = op.collective == "all_to_all" and op.name != "moe_counts"
+            body.append(mc.comm_op(op.name, op.collective, op.dim, nbytes,
+                                   overlap=overlap_ep and big))  # fmt: skip
+        elif op.name not in ("norm2", "residual2"):
+            body.append(op)
+    if param_dtype == "fp32":
+        casts = _expert_weight_casts(model, loc, d, backward)
+        body = [*body, *casts] if backward else [*casts, *body]
+    return body
