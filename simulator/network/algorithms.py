@@ -114,8 +114,9 @@ class AlgorithmPhases:
         path = max(topo.route_latency(a, b) for a, b, _ in tr)
         # received bytes pass once more through the receiver's SMs (FIFO -> output);
         # bw_fraction: the all-to-all's achieved share of the link rate (fabrics.yaml)
+        # (measured on NVLink only: a step that crosses the network is not scaled)
         return Phase(tr, 1, path, 0 if net else 1, 1 if net else 0, 0.0 if net else local,
-                     bw_fraction=bw_fraction)
+                     bw_fraction=1.0 if net else bw_fraction)
 
     def _ring_phase(self, chans: list[list[int]], S: float, steps: int, local: float) -> Phase:
         """``steps`` ring steps: every rank of every channel sends S/(n*C) to its successor.
