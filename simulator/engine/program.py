@@ -213,7 +213,7 @@ def build_stage_programs(
         param_dtype=param_dtype, cp=cp,
     )  # fmt: skip
     lkw = dict(kw, flash_attention=flash_attention, cp_comm=cp_comm)
-    first: tuple = ()
+    first: dict = {}
     if model.moe is not None or model.attention_kind == "mla":
         mkw = dict(lkw, precision_bytes=BYTES[dtype], **(moe_kw or {}))
 
@@ -226,7 +226,8 @@ def build_stage_programs(
         dense_first = model.moe.dense_layers if model.moe is not None else 0
         layer_fwd, layer_bwd, layer_re = programs(model.moe is not None)
         if dense_first:
-            first = (dense_first, *programs(False))
+            f, b, r = programs(False)
+            first = dict(first_layers=dense_first, first_fwd=f, first_bwd=b, first_recompute=r)
     else:
         fwd_ops = mc.layer_ops(model, backward=False, **lkw)
         layer_fwd = price(fwd_ops, pr, comm_cost)
@@ -240,7 +241,7 @@ def build_stage_programs(
         price(mc.embedding_ops(model, backward=True, **kw), pr, comm_cost),
         price(mc.head_ops(model, backward=False, **kw), pr, comm_cost),
         price(mc.head_ops(model, backward=True, **kw), pr, comm_cost),
-        *first,
+        **first,
     )
 
 

@@ -149,8 +149,8 @@ SOURCES = {
             "recomputation, sequence parallelism with TP, the all-to-all dispatcher, capacity "
             "factor 1.0 as the rows state (uniform routing: nothing dropped).",
             "Without folding (MCore rows) expert TP = attention TP (etp = tp), as MCore ties them.",
-            "The paper counts TFLOP/s with Megatron's formula; the simulator counts attention "
-            "non-causal (4 s h per token per layer), which can differ by a few percent.",
+            "The paper counts TFLOP/s with Megatron's formula; the simulator's model FLOPs count "
+            "causal attention and active experts, which can differ from it by a few percent.",
         ],
         "recompute": lambda p: "none",
         "measured": _tflops,
