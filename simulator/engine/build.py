@@ -542,6 +542,8 @@ class _Builder:
         for p in self.procs:
             links: set[int] = set()
             for prog in vars(p.programs).values():
+                if not isinstance(prog, tuple):  # first_layers: a count, not a program
+                    continue
                 for part in prog:
                     if part.kind == "comm":
                         links.update(self.comm.part_cost(p, part).link_bytes)
