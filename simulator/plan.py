@@ -44,6 +44,7 @@ from typing import Any
 from simulator.config.checks import Resolved, resolve
 from simulator.config.load import LoadedWorkload
 from simulator.config.schema import (
+    MAX_GPUS,
     ParallelismConfig,
     TopologyConfig,
     TrainingConfig,
@@ -251,8 +252,8 @@ def plan_topology(topo: TopologyConfig, n_gpus: int, *, file: str = "--gpus") ->
     """The topology resized to ``n_gpus``: ``n_gpus / gpus_per_node`` nodes (or one node of
     ``n_gpus`` GPUs when fewer than a node)."""
     gpn = topo.gpus_per_node
-    if n_gpus < 1:
-        raise ConfigError(f"must be >= 1, got {n_gpus}", file=file)
+    if n_gpus < 1 or n_gpus > MAX_GPUS:
+        raise ConfigError(f"must be in 1..{MAX_GPUS:,}, got {n_gpus:,}", file=file)
     if n_gpus < gpn:
         return topo.model_copy(update={"nodes": 1, "gpus_per_node": n_gpus})
     if n_gpus % gpn:

@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.errors import ConfigError
 
+#: Most (micro-batch, layer) forward passes one replica's step may hold: the engine's events,
+#: time and memory grow with it (1,024 micro-batches of an 80-layer model, 81,920 passes:
+#: ~10 s and ~600 MB).
+MAX_LAYER_PASSES = 131_072
+
 
 @dataclass(frozen=True)
 class Resolved:
@@ -164,6 +169,13 @@ def resolve(
             f"{t.micro_batch} = {per_step}",
         )
     mbs = t.global_batch // per_step
+    if mbs * m.layers > MAX_LAYER_PASSES:
+        raise fail(
+            "training.global_batch",
+            f"{mbs:,} micro-batches per replica x {m.layers} layers = {mbs * m.layers:,} layer "
+            f"passes per step; the simulator takes up to {MAX_LAYER_PASSES:,} (raise "
+            "micro_batch or dp, or lower global_batch)",
+        )
     if par.pp_schedule == "interleaved" and mbs % pp:
         raise fail(
             "training.global_batch",

@@ -12,6 +12,7 @@ under ``topology.`` go to the topology file in use. Values are parsed as YAML.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from simulator.config.hf import resolve_model
 from simulator.config.schema import SweepConfig, TopologyConfig, WorkloadConfig
+from simulator.config.yaml_safe import parse_yaml
 from simulator.errors import ConfigError
 
 
@@ -81,7 +83,9 @@ def read_yaml(path: str | Path, *, what: str = "file") -> dict[str, Any]:
     """Parse a YAML mapping, turning every failure into a one-line ConfigError."""
     text = read_text_bounded(path, what=what)
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
+    except ConfigError as e:
+        raise ConfigError(e.detail, file=str(path)) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -198,9 +202,11 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"bad key {key!r} (expected dotted.key=value)", file="--set")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except ConfigError as e:
+        raise ConfigError(e.detail, file="--set", field=key) from None
     return key, value
 
 
@@ -347,13 +353,30 @@ def load_sweep(path: str | Path) -> SweepConfig:
     for key, values in sweep.grid.items():
         if len(values) == 0:
             raise ConfigError("no values to sweep", file=str(path), field=f"grid.{key}")
+        for j, value in enumerate(values):
+            _check_finite(value, file=str(path), field=f"grid.{key}[{j}]")
         try:
             split_overrides({key: values[0]})
         except ConfigError as e:
             raise ConfigError(e.detail, file=str(path), field=f"grid.{key}") from None
     for i, point in enumerate(sweep.points):
+        for key, value in point.items():
+            _check_finite(value, file=str(path), field=f"points[{i}].{key}")
         try:
             split_overrides(point)
         except ConfigError as e:
             raise ConfigError(e.detail, file=str(path), field=f"points[{i}].{e.field}") from None
     return sweep
+
+
+def _check_finite(value: Any, *, file: str, field: str) -> None:
+    """Refuse NaN and infinities anywhere in a swept value (no input key accepts them)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{v} is not a finite number", file=file, field=field)
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)

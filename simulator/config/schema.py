@@ -17,12 +17,48 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
-    PositiveFloat,
-    PositiveInt,
+    Strict,
+    StrictBool,
     model_validator,
 )
+
+# Strict scalar types: YAML gives ints, floats, booleans and strings, and a value of the wrong
+# kind is refused instead of coerced into a different meaning (``zero: true`` is not ZeRO-1,
+# ``tp: 2.0`` and ``tp: "2"`` are not 2). A float field takes an int (``hbm_GiB: 80``) but
+# never a boolean or a string; infinities and NaN are refused everywhere (``allow_inf_nan``).
+Int = Annotated[int, Strict()]
+PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
+Float = Annotated[float, Strict()]
+PositiveFloat = Annotated[float, Strict(), Field(gt=0)]
+Bool = StrictBool
+
+
+def _integer_choice(value: Any) -> Any:
+    """Before-validator of an integer ``Literal``: refuse booleans and floats (pydantic's
+    Literal would take ``True`` for 1 and ``2.0`` for 2)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"a {type(value).__name__} is not an integer choice")
+    return value
+
+
+# Bounds checked at load time (README "Limits"): beyond them a step would take minutes or
+# gigabytes to simulate, or the value is no real model or cluster.
+MAX_LAYERS = 1024  # the largest published dense models have 96-126 layers
+MAX_HIDDEN = 131_072  # model width; GPT-3 / PaLM: 12,288 / 18,432
+MAX_HEADS = 4096
+MAX_VOCAB = 4_194_304
+MAX_SEQ_LEN = 4_194_304  # tokens per sequence (4 Mi)
+MAX_GLOBAL_BATCH = 16_777_216  # sequences per step
+MAX_GPUS = 65_536  # nodes * gpus_per_node (the engine's cost grows ~0.15 ms per GPU)
+MAX_GPUS_PER_NODE = 1024  # an NVL576 rack is 576
+MAX_SLOWDOWN = 1000.0  # a straggler's compute slowdown factor
+MIN_BANDWIDTH_FACTOR = 1e-3  # a degraded link keeps at least 0.1 % (0 = failed)
+MAX_LATENCY_US = 1e6  # one second per hop
+MAX_BUCKET_MB = 1e6
 
 #: A workload's or sweep's ``name`` is a label that also names its output folder
 #: (``results/<name>/``): one path component of safe characters, so no name can point outside
@@ -45,9 +81,9 @@ SafeName = Annotated[str, AfterValidator(_safe_name)]
 
 
 class Frozen(BaseModel):
-    """Base: immutable, unknown keys rejected."""
+    """Base: immutable, unknown keys rejected, infinities and NaN refused."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -75,12 +111,12 @@ class MoEConfig(Frozen):
     experts: PositiveInt = Field(description="routed experts per MoE layer")
     top_k: PositiveInt = Field(description="routed experts each token goes to")
     ffn_hidden: PositiveInt = Field(description="inner width of each routed expert")
-    shared_experts: int = Field(0, ge=0, description="always-active experts")
+    shared_experts: NonNegativeInt = Field(0, description="always-active experts")
     shared_ffn_hidden: PositiveInt | None = Field(
         None, description="inner width of each shared expert; default ffn_hidden"
     )
-    dense_layers: int = Field(
-        0, ge=0, description="the first layers keep a dense MLP of model.ffn_hidden"
+    dense_layers: NonNegativeInt = Field(
+        0, description="the first layers keep a dense MLP of model.ffn_hidden"
     )
     capacity_factor: PositiveFloat | None = Field(
         None, description="null: dropless; a number: tokens above that capacity are dropped"
@@ -120,20 +156,22 @@ class ModelConfig(Frozen):
     """A decoder-only transformer (GPT: GELU MLP and MHA; Llama: SwiGLU MLP and GQA), dense or
     mixture-of-experts (``moe``), with MHA/GQA or DeepSeek's MLA attention."""
 
-    layers: PositiveInt = Field(description="number of transformer layers")
-    hidden: PositiveInt = Field(description="model width h")
+    layers: PositiveInt = Field(description="number of transformer layers", le=MAX_LAYERS)
+    hidden: PositiveInt = Field(description="model width h", le=MAX_HIDDEN)
     ffn_hidden: PositiveInt | None = Field(
-        None, description="MLP inner width; default 4*hidden (gelu) or the Llama rule (swiglu)"
+        None,
+        description="MLP inner width; default 4*hidden (gelu) or the Llama rule (swiglu)",
+        le=8 * MAX_HIDDEN,
     )
-    heads: PositiveInt = Field(description="attention (query) heads")
+    heads: PositiveInt = Field(description="attention (query) heads", le=MAX_HEADS)
     kv_heads: PositiveInt | None = Field(None, description="key/value heads (GQA); default heads")
-    vocab: PositiveInt = Field(description="vocabulary size")
-    seq_len: PositiveInt = Field(description="tokens per sequence")
+    vocab: PositiveInt = Field(description="vocabulary size", le=MAX_VOCAB)
+    seq_len: PositiveInt = Field(description="tokens per sequence", le=MAX_SEQ_LEN)
     activation: Literal["swiglu", "gelu"] = "swiglu"
     norm: Literal["rmsnorm", "layernorm"] | None = Field(
         None, description="default: rmsnorm for swiglu models, layernorm for gelu models"
     )
-    tied_embeddings: bool = Field(False, description="LM head shares the embedding matrix")
+    tied_embeddings: Bool = Field(False, description="LM head shares the embedding matrix")
     kv_channels: PositiveInt | None = Field(
         None,
         description="width of one attention head (Megatron's --kv-channels); default "
@@ -206,8 +244,12 @@ class ModelConfig(Frozen):
 class TrainingConfig(Frozen):
     """What one optimizer step does."""
 
-    global_batch: PositiveInt = Field(description="sequences per optimizer step")
-    micro_batch: PositiveInt = Field(1, description="sequences per micro-batch per DP rank")
+    global_batch: PositiveInt = Field(
+        description="sequences per optimizer step", le=MAX_GLOBAL_BATCH
+    )
+    micro_batch: PositiveInt = Field(
+        1, description="sequences per micro-batch per DP rank", le=MAX_GLOBAL_BATCH
+    )
     precision: Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4"] = Field(
         "bf16",
         description="GEMM format of the linear layers: bf16, fp16, fp8 (per-tensor or blockwise "
@@ -219,7 +261,7 @@ class TrainingConfig(Frozen):
         description="precision fp8: per-tensor delayed scaling (Transformer Engine's default), "
         "per-tensor current scaling (NeMo on Blackwell) or blockwise 1x128/128x128 (DeepSeek-V3)",
     )
-    fp8_param_gather: bool = Field(
+    fp8_param_gather: Bool = Field(
         False,
         description="low-precision working weights (Megatron --fp8-param-gather): no bf16 copy, "
         "and the ZeRO parameter all-gather moves the low-precision bytes",
@@ -229,15 +271,15 @@ class TrainingConfig(Frozen):
     )
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     recompute: Literal["none", "selective", "full"] = "none"
-    overlap_grad_reduce: bool = Field(
+    overlap_grad_reduce: Bool = Field(
         True,
         description="reduce gradients in grad_bucket_MB buckets during the last backward; "
         "off: one bucket per model chunk after backward (Megatron-LM's behaviour)",
     )
-    overlap_param_gather: bool = Field(
+    overlap_param_gather: Bool = Field(
         False, description="ZeRO-1/2: overlap the post-step parameter all-gather with compute"
     )
-    grad_bucket_MB: PositiveFloat = 25.0
+    grad_bucket_MB: PositiveFloat = Field(25.0, le=MAX_BUCKET_MB)
     optimizer: Literal["adam"] = "adam"
     kernels: Literal["fused", "eager"] = Field(
         "fused",
@@ -245,21 +287,21 @@ class TrainingConfig(Frozen):
         "activations, bf16 residual stream); eager: plain PyTorch modules in eager mode (norm "
         "math in fp32, unfused RoPE and activations, fp32 residual stream)",
     )
-    flash_attention: bool = Field(
+    flash_attention: Bool = Field(
         True, description="fused flash attention (False: Megatron's older unfused softmax path)"
     )
     tokens: PositiveFloat | None = Field(
-        None, description="tokens of the whole training run, for time/cost to train"
+        None, description="tokens of the whole training run, for time/cost to train", le=1e18
     )
     moe_dispatcher: Literal["alltoall", "allgather"] = Field(
         "alltoall",
         description="token dispatch of an MoE layer (Megatron's --moe-token-dispatcher-type): "
         "all-to-all over the EP group, or all-gather of every token and reduce-scatter back",
     )
-    moe_expert_load: tuple[float, ...] | None = Field(
+    moe_expert_load: tuple[Float, ...] | None = Field(
         None, description="share of routed tokens per expert (sums to 1); default uniform"
     )
-    overlap_moe_expert_parallel_comm: bool = Field(
+    overlap_moe_expert_parallel_comm: Bool = Field(
         False,
         description="Megatron-Core's switch: the EP all-to-all of one micro-batch overlaps "
         "the compute of another (combined 1F1B)",
@@ -269,27 +311,33 @@ class TrainingConfig(Frozen):
 class ParallelismConfig(Frozen):
     """How the job is split over GPUs."""
 
-    tp: PositiveInt = 1
+    tp: PositiveInt = Field(1, le=MAX_GPUS)
     cp: PositiveInt = Field(
-        1, description="context parallel degree: each sequence split over cp GPUs in 2*cp chunks"
+        1,
+        description="context parallel degree: each sequence split over cp GPUs in 2*cp chunks",
+        le=MAX_GPUS,
     )
     cp_comm: Literal["p2p", "all_gather"] = Field(
         "p2p",
         description="p2p: ring attention, K/V blocks passed around the CP ring beside the "
         "blockwise attention kernels; all_gather: K/V all-gathered before attention (Llama 3)",
     )
-    pp: PositiveInt = 1
-    dp: PositiveInt | None = Field(None, description="default: GPUs / (tp * cp * pp)")
-    zero: Literal[0, 1, 2, 3] = 0
-    sequence_parallel: bool = False
+    pp: PositiveInt = Field(1, le=MAX_GPUS)
+    dp: PositiveInt | None = Field(
+        None, description="default: GPUs / (tp * cp * pp)", le=MAX_GPUS
+    )
+    zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_integer_choice)] = 0
+    sequence_parallel: Bool = False
     pp_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
-    virtual_stages: PositiveInt = 1
+    virtual_stages: PositiveInt = Field(1, le=MAX_LAYERS)
     stage_layers: tuple[PositiveInt, ...] | None = Field(
         None, description="layers per pipeline stage (pp * virtual_stages entries)"
     )
-    ep: PositiveInt = Field(1, description="expert-parallel degree (MoE layers)")
-    etp: PositiveInt = Field(1, description="tensor-parallel degree inside each expert")
-    pp_scatter_gather: bool = Field(
+    ep: PositiveInt = Field(1, description="expert-parallel degree (MoE layers)", le=MAX_GPUS)
+    etp: PositiveInt = Field(
+        1, description="tensor-parallel degree inside each expert", le=MAX_GPUS
+    )
+    pp_scatter_gather: Bool = Field(
         True,
         description="send 1/tp of a stage boundary activation per TP rank and all-gather it over "
         "NVLink at the receiver (Narayanan et al. SC21, Sec. 4.1)",
@@ -324,9 +372,9 @@ class ClusterConfig(Frozen):
 class Straggler(Frozen):
     """One GPU (or every GPU of a node) whose compute runs ``slowdown`` times longer."""
 
-    gpu: int | None = Field(None, ge=0)
-    node: int | None = Field(None, ge=0)
-    slowdown: float = Field(gt=0)
+    gpu: NonNegativeInt | None = None
+    node: NonNegativeInt | None = None
+    slowdown: Float = Field(gt=0, le=MAX_SLOWDOWN)
 
     @model_validator(mode="after")
     def _one_target(self) -> Straggler:
@@ -343,21 +391,37 @@ class LinkFault(Frozen):
     """
 
     kind: Literal["nvlink", "nic"]
-    gpu: int | None = Field(None, ge=0)
-    node: int | None = Field(None, ge=0)
-    nic: int | None = Field(None, ge=0)
-    bandwidth_factor: float = Field(1.0, ge=0, le=1, description="0 = failed")
+    gpu: NonNegativeInt | None = None
+    node: NonNegativeInt | None = None
+    nic: NonNegativeInt | None = None
+    bandwidth_factor: Float = Field(1.0, ge=0, le=1, description="0 = failed")
+
+    @model_validator(mode="after")
+    def _fields_of_kind(self) -> LinkFault:
+        if 0 < self.bandwidth_factor < MIN_BANDWIDTH_FACTOR:
+            raise ValueError(
+                f"bandwidth_factor={self.bandwidth_factor:g} is neither failed (0) nor in "
+                f"[{MIN_BANDWIDTH_FACTOR:g}, 1]"
+            )
+        if self.kind == "nic" and self.gpu is not None:
+            raise ValueError("gpu=... names an nvlink fault; a nic fault is named by node and nic")
+        if self.kind == "nvlink" and (self.node is not None or self.nic is not None):
+            field = "node" if self.node is not None else "nic"
+            raise ValueError(f"{field}=... names a nic fault; an nvlink fault is named by gpu")
+        return self
 
 
 class Reliability(Frozen):
     """Failures over a whole run (for goodput and the best checkpoint interval)."""
 
-    gpu_mtbf_hours: PositiveFloat = Field(description="mean time between failures of one GPU")
-    checkpoint_interval_min: PositiveFloat | None = Field(
-        None, description="default: the optimum (Young/Daly)"
+    gpu_mtbf_hours: PositiveFloat = Field(
+        description="mean time between failures of one GPU", le=1e9
     )
-    checkpoint_write_s: float = Field(60.0, ge=0)
-    restart_s: float = Field(600.0, ge=0)
+    checkpoint_interval_min: PositiveFloat | None = Field(
+        None, description="default: the optimum (Young/Daly)", le=1e9
+    )
+    checkpoint_write_s: Float = Field(60.0, ge=0, le=1e9)
+    restart_s: Float = Field(600.0, ge=0, le=1e9)
 
 
 class FaultsConfig(Frozen):
@@ -375,7 +439,7 @@ class WorkloadConfig(Frozen):
     parallelism: ParallelismConfig = ParallelismConfig()
     cluster: ClusterConfig
     faults: FaultsConfig = FaultsConfig()
-    seed: int = 0
+    seed: Int = 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,11 +451,11 @@ class CostConfig(Frozen):
     rental price or a purchase (capital cost amortised over the hardware's life plus the
     electricity bill). Used for energy and cost per million tokens and for a whole run."""
 
-    pue: float = Field(
+    pue: Float = Field(
         1.0, ge=1.0, description="power usage effectiveness: facility power / IT power (1.0: "
         "IT only; air-cooled halls ~1.4-1.6, liquid-cooled ~1.1-1.2)"
     )
-    node_overhead_W: float = Field(
+    node_overhead_W: Float = Field(
         0.0, ge=0, description="power of a node beyond its GPU boards (CPUs, memory, NICs, "
         "fans, its share of switches); e.g. a DGX H100 draws up to 10.2 kW for 8 x 700 W GPUs"
     )
@@ -403,7 +467,7 @@ class CostConfig(Frozen):
         "given, a GPU-hour costs capex / (amortisation_years * 8766 h) plus electricity"
     )
     amortisation_years: PositiveFloat = Field(4.0, description="life of purchased hardware")
-    electricity_usd_per_kWh: float = Field(
+    electricity_usd_per_kWh: Float = Field(
         0.0, ge=0, description="price of energy (with capex_per_gpu_usd)"
     )
 
@@ -426,8 +490,8 @@ class TopologyConfig(Frozen):
 
     name: str = Field(min_length=1)
     gpu: str | dict[str, Any]
-    nodes: PositiveInt
-    gpus_per_node: PositiveInt = 8
+    nodes: PositiveInt = Field(le=MAX_GPUS)
+    gpus_per_node: PositiveInt = Field(8, le=MAX_GPUS_PER_NODE)
     # intra-node
     intra_node: Literal["nvswitch", "mesh", "pcie"] = Field(
         "nvswitch", description="nvswitch: every GPU to a switch; mesh: direct NVLink pairs"
@@ -442,44 +506,64 @@ class TopologyConfig(Frozen):
         None,
         description="per GPU per direction; default: the GPU catalog's NVLink line rate "
         "(nvlink_line_GBps: NVLink 4 478.125, NVLink 5 956.25)",
+        ge=0.1,
+        le=1e6,
     )
-    nvlink_latency_us: float = Field(0.8, ge=0)
+    nvlink_latency_us: Float = Field(0.8, ge=0, le=MAX_LATENCY_US)
     # inter-node
-    nics_per_node: int = Field(8, ge=0)
+    nics_per_node: NonNegativeInt = Field(8, le=MAX_GPUS_PER_NODE)
     nic_bandwidth_Gbps: PositiveFloat | None = Field(
-        None, description="per NIC; default: the GPU catalog's nic_Gbps (its reference system)"
+        None,
+        description="per NIC; default: the GPU catalog's nic_Gbps (its reference system)",
+        ge=1.0,
+        le=1e6,
     )
     network: Literal["fat_tree", "leaf_spine", "rail_only"] = Field(
         "fat_tree",
         description="fat_tree / leaf_spine: a folded Clos; rail_only: one switch fabric per "
         "rail and no spine, traffic between rails forwarded over NVLink (PXN)",
     )
-    rail_optimized: bool = True
+    rail_optimized: Bool = True
     nodes_per_leaf: PositiveInt = Field(
-        32, description="nodes a leaf switch (per rail, when rail-optimised) serves"
+        32, description="nodes a leaf switch (per rail, when rail-optimised) serves", le=MAX_GPUS
     )
-    oversubscription: float = Field(
-        1.0, ge=1.0, description="leaf downlink:uplink bandwidth ratio (2.0 = 2:1)"
+    oversubscription: Float = Field(
+        1.0, ge=1.0, le=1000.0, description="leaf downlink:uplink bandwidth ratio (2.0 = 2:1)"
     )
-    tiers: Literal[2, 3] = Field(
+    tiers: Annotated[Literal[2, 3], BeforeValidator(_integer_choice)] = Field(
         2, description="switch tiers of the Clos: 2 (leaf, spine) or 3 (leaf, spine, core)"
     )
     nodes_per_pod: PositiveInt | None = Field(
         None,
         description="tiers: 3: nodes under one spine block (a multiple of nodes_per_leaf); "
         "default 16 leaf groups",
+        le=MAX_GPUS,
     )
-    spine_oversubscription: float = Field(
-        1.0, ge=1.0, description="tiers: 3: a pod's spine-to-leaf:spine-to-core bandwidth ratio"
+    spine_oversubscription: Float = Field(
+        1.0,
+        ge=1.0,
+        le=1000.0,
+        description="tiers: 3: a pod's spine-to-leaf:spine-to-core bandwidth ratio",
     )
-    switch_latency_us: float = Field(0.6, ge=0, description="per switch hop")
-    nic_latency_us: float = Field(2.0, ge=0, description="NIC + PCIe, each end")
+    switch_latency_us: Float = Field(0.6, ge=0, le=MAX_LATENCY_US, description="per switch hop")
+    nic_latency_us: Float = Field(2.0, ge=0, le=MAX_LATENCY_US, description="NIC + PCIe, each end")
     pcie_bandwidth_GBps: PositiveFloat | None = Field(
         None,
         description="GPU<->NIC per direction; default: the GPU catalog's pcie_GBps "
         "(Gen5 x16 ~ 64 GB/s, Gen6 x16 ~ 128 GB/s)",
+        ge=0.1,
+        le=1e6,
     )
     cost: CostConfig = CostConfig()
+
+    @model_validator(mode="after")
+    def _cluster_size(self) -> TopologyConfig:
+        if self.nodes * self.gpus_per_node > MAX_GPUS:
+            raise ValueError(
+                f"nodes={self.nodes} x gpus_per_node={self.gpus_per_node} = "
+                f"{self.nodes * self.gpus_per_node} GPUs; the simulator takes up to {MAX_GPUS:,}"
+            )
+        return self
 
 
 # --------------------------------------------------------------------------------------------
