@@ -44,7 +44,6 @@ Paths are relative to the suite file.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -60,11 +59,18 @@ from simulator.config.load import (
     validate_topology,
     validate_workload,
 )
+from simulator.config.suite import (
+    CollectiveRow,
+    CollectiveSuite,
+    WorkloadSuite,
+    collective_rows,
+    load_suite,
+)
 from simulator.errors import ConfigError
 from simulator.hardware.catalog import load_gpu
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology
-from simulator.run import simulate
+from simulator.run import resolve_loaded, simulate
 
 
 @dataclass
@@ -80,9 +86,6 @@ class CaseResult:
     @property
     def error(self) -> float:
         return (self.predicted - self.measured) / self.measured
-
-
-ROLES = ("fit", "development", "held_out")
 
 
 @dataclass
@@ -158,7 +161,10 @@ def load_case(suite_path: Path, defaults: Mapping, case: Mapping, idx: int) -> L
     if not isinstance(overrides, Mapping):
         raise ConfigError("expected a mapping of dotted keys", file=str(suite_path),
                           field=f"{where}.set")
-    work_over, topo_over = split_overrides(dict(overrides))
+    try:
+        work_over, topo_over = split_overrides(dict(overrides))
+    except ConfigError as e:
+        raise ConfigError(e.detail, file=str(suite_path), field=f"{where}.set.{e.field}") from None
     for key, value in work_over:
         set_dotted(raw, key.split("."), value)
     work = validate_workload(raw, file=f"{suite_path} ({where})")
@@ -172,117 +178,114 @@ def load_case(suite_path: Path, defaults: Mapping, case: Mapping, idx: int) -> L
     return LoadedWorkload(work, topo, wpath, tpath)
 
 
-def run_workload_suite(path: Path, data: dict, progress=None) -> SuiteResult:
-    metric = data.get("metric", "step_time_s")
-    defaults = data.get("defaults") or {}
-    cases = data.get("cases") or []
-    if not cases:
-        raise ConfigError("the suite has no cases", file=str(path), field="cases")
+@dataclass
+class PreparedSuite:
+    """A suite checked whole, ready to run: its workload cases (loaded and resolved) or its
+    measured collective rows. Preparing every suite before running any means a bad suite is
+    reported (one ``error:`` line) before anything is printed."""
+
+    path: Path
+    suite: WorkloadSuite | CollectiveSuite
+    cases: list[LoadedWorkload] = field(default_factory=list)
+    rows: list[CollectiveRow] = field(default_factory=list)
+    collectives: CollectiveModel | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.cases) or len(self.rows)
+
+
+def prepare_suite(path: str | Path) -> PreparedSuite:
+    """Read, validate and load a suite file (see :mod:`simulator.config.suite`)."""
+    p = Path(path)
+    suite = load_suite(p)
+    if isinstance(suite, WorkloadSuite):
+        cases = []
+        for i, case in enumerate(suite.cases):
+            loaded = load_case(p, suite.defaults, case.model_dump(), i)
+            resolve_loaded(loaded)  # a layout that does not fit the cluster fails here
+            cases.append(loaded)
+        return PreparedSuite(p, suite, cases=cases)
+    tpath = p.parent / suite.topology
+    topo_cfg = load_topology(tpath)
+    gpu = load_gpu(topo_cfg.gpu, file=str(tpath), field="gpu")
+    topo = Topology(topo_cfg, gpu)
+    rows = collective_rows(p, suite, topo.n_gpus)
+    return PreparedSuite(p, suite, rows=rows, collectives=CollectiveModel(topo))
+
+
+def run_workload_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
+    suite, path = prep.suite, prep.path
+    metric = suite.metric
     results = []
-    for i, case in enumerate(cases):
-        loaded = load_case(path, defaults, case, i)
-        measured = (case.get("measured") or {}).get(metric)
-        if measured is None:
-            raise ConfigError(f"no measured {metric}", file=str(path), field=f"cases[{i}].measured")
-        res = simulate(loaded)
-        s = res.summary
+    for i, (case, loaded) in enumerate(zip(suite.cases, prep.cases, strict=True)):
+        measured = case.measured[metric]
+        s = simulate(loaded).summary
         predicted = summary_value(s, metric)
         if not isinstance(predicted, (int, float)):
             raise ConfigError(f"the summary has no number at {metric!r}", file=str(path),
                               field="metric")
         extra = {"mfu": s["mfu"], "tflops_per_gpu": s["tflops_per_gpu"], "fits": s["fits"],
                  "memory_gib": s["memory_gib"]["total"]}
-        for k, v in (case.get("measured") or {}).items():
+        for k, v in case.measured.items():
             if k != metric and isinstance(summary_value(s, k), (int, float)):
                 extra[f"{k} measured"] = v
-        results.append(CaseResult(data.get("name", path.stem), case.get("name", f"case{i}"),
-                                  metric, float(predicted), float(measured),
-                                  str(case.get("source", "")), extra))
+        results.append(CaseResult(suite.name, case.name or f"case{i}", metric, float(predicted),
+                                  float(measured), case.source, extra))
         if progress:
             progress()
-    checks = [("MAPE", mape(results), float(data.get("tolerance_mape", 0.10)))]
-    if "tolerance_max" in data:
-        checks.append(("max |error|", max(abs(r.error) for r in results),
-                       float(data["tolerance_max"])))
-    return SuiteResult(data.get("name", path.stem), results, checks)
+    checks = [("MAPE", mape(results), suite.tolerance_mape)]
+    if suite.tolerance_max is not None:
+        checks.append(("max |error|", max(abs(r.error) for r in results), suite.tolerance_max))
+    return SuiteResult(suite.name, results, checks)
 
 
-def run_collective_suite(path: Path, data: dict, progress=None) -> SuiteResult:
-    topo_cfg = load_topology(path.parent / data["topology"])
-    gpu = load_gpu(topo_cfg.gpu, file=str(path.parent / data["topology"]), field="gpu")
-    topo = Topology(topo_cfg, gpu)
-    coll = CollectiveModel(topo)
-    ops = set(data.get("ops") or ["all_reduce", "all_gather", "reduce_scatter"])
+def run_collective_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
+    suite, coll = prep.suite, prep.collectives
     # How the data was timed: "device" (CUDA events, as nccl-tests and a training step see a
     # collective) or "host_sync" (a barrier and a device synchronisation around each call,
     # which adds the host overhead of fabrics.yaml's host_sync_overhead_us).
-    timing = data.get("timing", "device")
-    if timing not in ("device", "host_sync"):
-        raise ConfigError(f"unknown timing {timing!r} (accepted: device, host_sync)",
-                          file=str(path), field="timing")
-    host = coll.host_sync_overhead_s if timing == "host_sync" else 0.0
-    rows = [json.loads(line) for line in (path.parent / data["data"]).read_text().splitlines()
-            if line.strip()]
+    host = coll.host_sync_overhead_s if suite.timing == "host_sync" else 0.0
+    n_gpus = coll.topology.n_gpus
     results = []
-    splits = set(data.get("splits") or ["uniform"])  # all-to-all rows: which split patterns
-    for r in rows:
-        if r.get("op") not in ops or r.get("splits", "uniform") not in splits:
-            continue
-        g = int(r["group"])
-        groups = [list(range(i, i + g)) for i in range(0, topo.n_gpus - g + 1, g)]
-        cost = coll.cost(r["op"], groups, float(r["bytes"]))
+    for r in prep.rows:
+        g = r.group
+        groups = [list(range(i, i + g)) for i in range(0, n_gpus - g + 1, g)]
+        cost = coll.cost(r.op, groups, r.bytes)
         predicted = cost.time_s + host
-        results.append(CaseResult(data.get("name", path.stem), f"{r['op']} g{g} {r['bytes']}B",
-                                  "time_s", predicted, float(r["time_s"]), "",
-                                  {"op": r["op"], "group": g, "bytes": r["bytes"]}))
+        nbytes = int(r.bytes) if float(r.bytes).is_integer() else r.bytes
+        results.append(CaseResult(suite.name, f"{r.op} g{g} {nbytes}B", "time_s", predicted,
+                                  r.time_s, "", {"op": r.op, "group": g, "bytes": nbytes}))
         if progress:
             progress()
     checks, bands = [], []
-    for band in data.get("bands") or [{"name": "all", "tolerance_mape": 0.10}]:
-        lo, hi = band.get("min_bytes", 0), band.get("max_bytes", float("inf"))
+    ops = set(suite.ops)
+    for band in suite.bands:
+        lo = band.min_bytes
+        hi = band.max_bytes if band.max_bytes is not None else float("inf")
         in_band = [c for c in results if lo <= c.extra["bytes"] <= hi]
         if in_band:
-            bands.append((band["name"], mape(in_band), bias(in_band), len(in_band)))
+            bands.append((band.name, mape(in_band), bias(in_band), len(in_band)))
         for op in sorted(ops):
             for g in sorted({c.extra["group"] for c in results}):
                 sel = [c for c in results if c.extra["op"] == op and c.extra["group"] == g
                        and lo <= c.extra["bytes"] <= hi]
                 if sel:
-                    checks.append((f"{op} group {g} {band['name']} MAPE", mape(sel),
-                                   float(band["tolerance_mape"])))
-    return SuiteResult(data.get("name", path.stem), results, checks, bands=bands)
+                    checks.append((f"{op} group {g} {band.name} MAPE", mape(sel),
+                                   band.tolerance_mape))
+    return SuiteResult(suite.name, results, checks, bands=bands)
+
+
+def run_prepared(prep: PreparedSuite, progress=None) -> SuiteResult:
+    """Run a prepared suite."""
+    if isinstance(prep.suite, WorkloadSuite):
+        res = run_workload_suite(prep, progress)
+    else:
+        res = run_collective_suite(prep, progress)
+    res.role, res.role_note = prep.suite.role, prep.suite.role_note.strip()
+    return res
 
 
 def run_suite(path: str | Path, progress=None) -> SuiteResult:
     """Run one suite file."""
-    p = Path(path)
-    data: dict[str, Any] = read_yaml(p, what="validation suite")
-    kind = data.get("kind", "workloads")
-    role = check_role(p, data)
-    if kind == "workloads":
-        res = run_workload_suite(p, data, progress)
-    elif kind == "collectives":
-        res = run_collective_suite(p, data, progress)
-    else:
-        raise ConfigError(f"unknown suite kind {kind!r} (accepted: workloads, collectives)",
-                          file=str(p), field="kind")
-    res.role, res.role_note = role, str(data.get("role_note", "")).strip()
-    return res
-
-
-def check_role(path: Path, data: Mapping) -> str:
-    """The suite's ``role`` (how it was used); a ConfigError when missing or unknown."""
-    role = data.get("role")
-    if role not in ROLES:
-        raise ConfigError(f"{'missing' if role is None else repr(role)}: say how the suite was "
-                          f"used (accepted: {', '.join(ROLES)})", file=str(path), field="role")
-    return role
-
-
-def suite_size(path: str | Path) -> int:
-    """Cases in a suite (for a progress bar); checks its ``role`` first, so that a bad suite
-    is reported before anything is drawn."""
-    p = Path(path)
-    data = read_yaml(p, what="validation suite") or {}
-    check_role(p, data)
-    return len(data.get("cases") or []) or 1
+    return run_prepared(prepare_suite(path), progress)

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from simulator.errors import ConfigError
-from simulator.validate import SuiteResult, run_suite, suite_size
+from simulator.validate import SuiteResult, prepare_suite, run_prepared
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,12 +80,12 @@ def main(args) -> int:
         raise ConfigError("no suites given and no validation/ folder found", file="validate")
     console = Console(width=max(100, Console().width), highlight=False)
     failed, results = [], []
-    sizes = [suite_size(path) for path in suites]  # bad suites fail before any output
-    for path, size in zip(suites, sizes, strict=True):
+    prepared = [prepare_suite(path) for path in suites]  # bad suites fail before any output
+    for path, prep in zip(suites, prepared, strict=True):
         with Progress(TextColumn(f"validating {path.name}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True) as bar:
-            task = bar.add_task("", total=size)
-            res = run_suite(path, progress=lambda task=task: bar.advance(task))
+            task = bar.add_task("", total=prep.size)
+            res = run_prepared(prep, progress=lambda task=task: bar.advance(task))
         render(res, console, args.quiet)
         results.append(res)
         if not res.passed:

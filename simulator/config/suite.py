@@ -1,0 +1,171 @@
+"""Typed schemas of validation suites (``simulator validate``), like workloads have.
+
+A suite file is checked whole before anything runs: unknown keys are refused with a
+did-you-mean (``tolerance_mapee``), numbers are strict and finite, a measured figure must be
+a positive number, and the measured NCCL rows of a collectives suite are read line by line
+(:func:`collective_rows`), each naming its line when it is malformed. See
+:mod:`simulator.validate` for what the keys mean.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from simulator.config.load import pydantic_to_config_error, read_yaml
+from simulator.config.schema import Float, Frozen, PositiveFloat, PositiveInt
+from simulator.config.yaml_safe import read_bounded
+from simulator.errors import ConfigError
+
+ROLES = ("fit", "development", "held_out")
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+#: Largest measured-data file a collectives suite reads.
+MAX_DATA_BYTES = 64 * 2**20
+
+
+class _Suite(Frozen):
+    name: str = Field(min_length=1)
+    role: Literal["fit", "development", "held_out"] = Field(
+        description="how the suite was used: fit / development / held out"
+    )
+    role_note: str = ""
+    about: str = ""
+    assumptions: tuple[str, ...] = ()
+
+
+class SuiteCase(Frozen):
+    """One workload case: a workload (path or mapping), overrides and measured figures."""
+
+    name: str = Field(min_length=1)
+    workload: str | dict[str, Any]
+    set: dict[str, Any] = Field(default_factory=dict)
+    measured: dict[str, PositiveFloat] = Field(min_length=1)
+    source: str = ""
+
+
+class WorkloadSuite(_Suite):
+    """``kind: workloads``: simulated steps against measured or published figures."""
+
+    kind: Literal["workloads"] = "workloads"
+    metric: str = Field("step_time_s", min_length=1)
+    tolerance_mape: PositiveFloat = Field(0.10, le=10.0)
+    tolerance_max: PositiveFloat | None = Field(None, le=10.0)
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    cases: tuple[SuiteCase, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _measured_metric(self) -> WorkloadSuite:
+        for i, case in enumerate(self.cases):
+            if self.metric not in case.measured:
+                raise ValueError(
+                    f"metric={self.metric!r} is not among cases[{i}].measured "
+                    f"({', '.join(case.measured)})"
+                )
+        return self
+
+
+class Band(Frozen):
+    """Message sizes checked together against one tolerance."""
+
+    name: str = Field(min_length=1)
+    min_bytes: Float = Field(0, ge=0)
+    max_bytes: Float | None = Field(None, gt=0)
+    tolerance_mape: PositiveFloat = Field(le=10.0)
+
+
+class CollectiveSuite(_Suite):
+    """``kind: collectives``: measured NCCL collectives on a topology."""
+
+    kind: Literal["collectives"]
+    data: str = Field(min_length=1, description="JSON lines of measured collectives")
+    topology: str = Field(min_length=1)
+    ops: tuple[Literal[COLLECTIVE_OPS], ...] = Field(  # type: ignore[valid-type]
+        ("all_reduce", "all_gather", "reduce_scatter"), min_length=1
+    )
+    timing: Literal["device", "host_sync"] = "device"
+    splits: tuple[str, ...] = Field(
+        ("uniform",), min_length=1, description="all-to-all rows: which split patterns to check"
+    )
+    bands: tuple[Band, ...] = Field(
+        (Band(name="all", tolerance_mape=0.10),), min_length=1
+    )
+
+
+class CollectiveRow(Frozen):
+    """One measured collective (other keys of the line are kept in the file, not read)."""
+
+    model_config = {**Frozen.model_config, "extra": "ignore"}
+
+    op: str
+    splits: str = "uniform"
+    group: PositiveInt
+    bytes: PositiveFloat
+    time_s: PositiveFloat
+
+
+def load_suite(path: str | Path) -> WorkloadSuite | CollectiveSuite:
+    """Read and validate a suite file; every problem is one ConfigError naming the field."""
+    p = Path(path)
+    data = read_yaml(p, what="validation suite")
+    kind = data.get("kind", "workloads")
+    model = {"workloads": WorkloadSuite, "collectives": CollectiveSuite}.get(kind)
+    if model is None:
+        raise ConfigError(
+            f"unknown suite kind {kind!r} (accepted: workloads, collectives)",
+            file=str(p),
+            field="kind",
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise pydantic_to_config_error(e, model, file=str(p)) from None
+
+
+def collective_rows(
+    suite_path: Path, suite: CollectiveSuite, n_gpus: int
+) -> list[CollectiveRow]:
+    """The measured rows of ``suite.ops`` (JSON lines), each checked; a group larger than the
+    topology, a malformed line or no matching row at all is a ConfigError."""
+    data_path = suite_path.parent / suite.data
+    text = read_bounded(data_path, what="measured data", limit=MAX_DATA_BYTES)
+    rows = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"line {n}"
+        try:
+            raw = json.loads(line, parse_constant=_no_constant)
+        except (json.JSONDecodeError, ValueError) as e:
+            raise ConfigError(f"not a JSON object: {e}", file=str(data_path), field=where) from None
+        if not isinstance(raw, dict):
+            raise ConfigError("not a JSON object", file=str(data_path), field=where)
+        try:
+            row = CollectiveRow.model_validate(raw)
+        except ValidationError as e:
+            err = pydantic_to_config_error(e, CollectiveRow, file=str(data_path), prefix=where)
+            raise err from None
+        if row.op not in suite.ops or row.splits not in suite.splits:
+            continue
+        if row.group > n_gpus:
+            raise ConfigError(
+                f"a group of {row.group} GPUs, but the topology {suite.topology!r} has "
+                f"{n_gpus} (accepted: 1..{n_gpus})",
+                file=str(data_path),
+                field=f"{where}.group",
+            )
+        rows.append(row)
+    if not rows:
+        raise ConfigError(
+            f"no measured row of {', '.join(suite.ops)} in {suite.data!r}: nothing to check",
+            file=str(suite_path),
+            field="data",
+        )
+    return rows
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
