@@ -38,6 +38,10 @@ import math
 from typing import Any
 
 from simulator.config.schema import Reliability, TrainingConfig
+from simulator.errors import ConfigError
+
+#: Largest (restart + step + checkpoint) / job MTBF accepted (goodput ~ e^-40 there).
+MAX_COST_OVER_MTBF = 40.0
 
 SECONDS_PER_DAY = 86400.0
 
@@ -153,6 +157,16 @@ def reliability_summary(
     tps = float(summary["tokens_per_s"])
     m = job_mtbf_s(rel.gpu_mtbf_hours, n)
     delta, r = float(rel.checkpoint_write_s), float(rel.restart_s)
+    # Daly's wall time grows as exp((R + tau + delta) / M): once one restart, one step and
+    # one checkpoint take many job MTBFs the run never finishes (goodput under e^-40).
+    if (r + step + delta) / m > MAX_COST_OVER_MTBF:
+        raise ConfigError(
+            f"the job of {n:,} GPUs fails every {m:.3g} s on average, far shorter than a "
+            f"restart ({r:g} s) plus a step ({step:.3g} s) plus a checkpoint ({delta:g} s): it "
+            f"would never finish (accepted: gpu_mtbf_hours above "
+            f"{(r + step + delta) * n / MAX_COST_OVER_MTBF / 3600:.3g})",
+            field="faults.reliability.gpu_mtbf_hours",
+        )
 
     if rel.checkpoint_interval_min is not None:
         tau_raw = rel.checkpoint_interval_min * 60.0

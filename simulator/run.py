@@ -28,6 +28,7 @@ from simulator.model import transformer as tf
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology
 from simulator.reliability import reliability_summary
+from simulator.report.io import first_non_finite
 from simulator.report.summary import GiB, breakdown, memory_peak
 
 
@@ -198,12 +199,18 @@ def simulate(
     # training.tokens is given).
     summary.update(cost_summary(summary, machine.gpu, loaded.topology, t.tokens))
     # Failures over the whole run (when faults.reliability is given).
-    rel = reliability_summary(summary, work.faults.reliability, t)
+    try:
+        rel = reliability_summary(summary, work.faults.reliability, t)
+    except ConfigError as e:
+        raise ConfigError(e.detail, file=str(loaded.workload_path), field=e.field) from None
     if rel:
         summary["reliability"] = rel
     summary["events"] = int(env.n_events)
     summary["trace_rows"] = len(events)
     summary["sim_wall_s"] = time.perf_counter() - t0
+    bad = first_non_finite(summary)
+    if bad:  # inputs are bounded and finite, so this is a defect, never a result to print
+        raise FloatingPointError(f"the summary's {bad} is not a finite number")
     return SimResult(summary, events, memory, links, {"link_series": _link_series(net, links)})
 
 

@@ -55,6 +55,7 @@ from simulator.config.load import (
     load_topology,
     read_yaml,
     set_dotted,
+    set_topology_key,
     split_overrides,
     validate_topology,
     validate_workload,
@@ -173,7 +174,7 @@ def load_case(suite_path: Path, defaults: Mapping, case: Mapping, idx: int) -> L
         tpath = wpath.parent / tpath
     traw = read_yaml(tpath, what="topology file")
     for key, value in topo_over:
-        set_dotted(traw, key.split("."), value)
+        set_topology_key(traw, key, value)
     topo = validate_topology(traw, file=str(tpath))
     return LoadedWorkload(work, topo, wpath, tpath)
 

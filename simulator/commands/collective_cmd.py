@@ -20,6 +20,10 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+#: Largest message accepted (1 PiB).
+MAX_BYTES = float(2**50)
+
+
 def parse_bytes(text: str) -> float:
     """``1073741824``, ``1GiB``, ``64MB`` -> bytes."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
@@ -27,8 +31,8 @@ def parse_bytes(text: str) -> float:
         raise ConfigError(f"cannot read {text!r} as a size (e.g. 1048576, 64MiB, 1GB)",
                           file="--bytes")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value <= 0:
-        raise ConfigError(f"size must be positive, got {text!r}", file="--bytes")
+    if not 0 < value <= MAX_BYTES:
+        raise ConfigError(f"size must be in (0, 1 PiB], got {text!r}", file="--bytes")
     return value
 
 
@@ -60,12 +64,18 @@ def main(args) -> int:
     cfg = load_topology(args.topology, args.overrides)
     gpu = load_gpu(cfg.gpu, file=args.topology, field="gpu")
     topo = Topology(cfg, gpu)
+    if topo.n_gpus < 2:
+        raise ConfigError(
+            f"a collective needs at least 2 GPUs; this topology has {topo.n_gpus}",
+            file=args.topology,
+            field="nodes",
+        )
     if args.gpus is not None and not (2 <= args.gpus <= topo.n_gpus):
         raise ConfigError(f"--gpus must be in 2..{topo.n_gpus} for this topology, got {args.gpus}",
                           file="--gpus")
     res = collective_summary(topo, args.op, nbytes, args.gpus)
     if args.json:
-        sys.stdout.write(json.dumps(res) + "\n")
+        sys.stdout.write(json.dumps(res, allow_nan=False) + "\n")
         return 0
     console = Console(width=max(100, Console().width))
     console.print(

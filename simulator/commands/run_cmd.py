@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -69,54 +70,71 @@ def simulate_full_with_progress(loaded: LoadedWorkload) -> SimResult:
             watcher.join()
 
 
+#: The files of a run, by role.
+OUTPUT_FILES = {
+    "summary": "summary.json",
+    "events": "events.parquet",
+    "links": "links.parquet",
+    "trace": "trace.json",
+    "timeline": "timeline.png",
+    "report": "report.html",
+}
+
+
 def write_outputs(
     result: SimResult, out: Path, loaded: LoadedWorkload | None = None
 ) -> list[Path]:
-    """Write a run's files atomically; returns their paths. ``report.html`` (one
-    self-contained page) shows the inputs too when ``loaded`` is given."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "summary": out / "summary.json",
-        "events": out / "events.parquet",
-        "links": out / "links.parquet",
-        "trace": out / "trace.json",
-        "timeline": out / "timeline.png",
-        "report": out / "report.html",
-    }
-    io.write_parquet_atomic(paths["events"], result.events)
-    io.write_parquet_atomic(paths["links"], result.links)
-    trace.write_trace(
-        paths["trace"], result.events, result.memory, result.links,
-        result.extras.get("link_series"),
-    )
-    plots.plot_timeline(result.events, result.summary, paths["timeline"])
-    inputs = None
-    if loaded is not None:
-        gpu = load_gpu(loaded.topology.gpu, file=str(loaded.topology_path))
-        inputs = html.inputs_of(loaded, gpu)
-    page = html.run_report(
-        result.summary,
-        timeline_png=paths["timeline"].read_bytes(),
-        memory=result.memory,
-        link_series=result.extras.get("link_series"),
-        links=result.links,
-        inputs=inputs,
-    )
-    html.write_html(paths["report"], page)
-    io.write_json_atomic(paths["summary"], result.summary)
-    return list(paths.values())
+    """Write a run's files as one set: into a hidden folder beside ``out``, which then takes
+    the place of ``out`` (:func:`~simulator.report.io.publish_folder`), so a killed or failed
+    run never leaves files of two runs together, nor files without their summary.
+    ``summary.json`` holds no wall-clock figure (``sim_wall_s`` is on stdout with ``--json``
+    and in the table), so the same input gives the same bytes. ``report.html`` (one
+    self-contained page) shows the inputs too when ``loaded`` is given. Returns the final
+    paths."""
+    stage = io.stage_folder(out)
+    try:
+        paths = {k: stage / name for k, name in OUTPUT_FILES.items()}
+        io.write_parquet_atomic(paths["events"], result.events)
+        io.write_parquet_atomic(paths["links"], result.links)
+        trace.write_trace(
+            paths["trace"], result.events, result.memory, result.links,
+            result.extras.get("link_series"),
+        )
+        plots.plot_timeline(result.events, result.summary, paths["timeline"])
+        inputs = None
+        if loaded is not None:
+            gpu = load_gpu(loaded.topology.gpu, file=str(loaded.topology_path))
+            inputs = html.inputs_of(loaded, gpu)
+        page = html.run_report(
+            result.summary,
+            timeline_png=paths["timeline"].read_bytes(),
+            memory=result.memory,
+            link_series=result.extras.get("link_series"),
+            links=result.links,
+            inputs=inputs,
+        )
+        html.write_html(paths["report"], page)
+        summary = {k: v for k, v in result.summary.items() if k != "sim_wall_s"}
+        io.write_json_atomic(paths["summary"], summary)
+        io.publish_folder(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return [out / name for name in OUTPUT_FILES.values()]
 
 
 def main(args) -> int:
     loaded = load_workload(args.workload, args.overrides, topology=args.topology)
+    out = io.output_dir(args.out, loaded.workload.name)
+    if not args.no_files:
+        out = io.check_out_dir(out, known=frozenset(OUTPUT_FILES.values()))
     if args.detail == "full" and not args.no_progress:
         result = simulate_full_with_progress(loaded)
     else:
         result = simulate(loaded, detail=args.detail)
-    out = io.output_dir(args.out, loaded.workload.name)
     written = [] if args.no_files else write_outputs(result, out, loaded)
     if args.json:
-        sys.stdout.write(json.dumps(result.summary) + "\n")
+        sys.stdout.write(json.dumps(result.summary, allow_nan=False) + "\n")
     else:
         table.print_renderable(table.run_table(result.summary))
         if written:

@@ -242,6 +242,16 @@ def set_dotted(data: dict[str, Any], parts: Sequence[str], value: Any) -> None:
     cur[parts[-1]] = value
 
 
+def set_topology_key(traw: dict[str, Any], key: str, value: Any) -> None:
+    """Apply one topology override. A key under ``gpu.`` on a GPU named by the catalog
+    overrides that field of the named GPU (``gpu: H100`` becomes ``{base: H100, ...}``),
+    rather than replacing it with an empty custom GPU."""
+    parts = key.split(".")
+    if len(parts) > 1 and parts[0] == "gpu" and isinstance(traw.get("gpu"), str):
+        traw["gpu"] = {"base": traw["gpu"]}
+    set_dotted(traw, parts, value)
+
+
 def split_overrides(
     overrides: Sequence[str] | Mapping[str, Any],
 ) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
@@ -327,7 +337,7 @@ def load_workload(
         )
     traw = read_yaml(tpath, what="topology file")
     for key, value in topo_over:
-        set_dotted(traw, key.split("."), value)
+        set_topology_key(traw, key, value)
     topo = validate_topology(traw, file=str(tpath))
     return LoadedWorkload(workload, topo, wpath, tpath)
 
@@ -335,9 +345,14 @@ def load_workload(
 def load_topology(path: str | Path, overrides: Sequence[str] = ()) -> TopologyConfig:
     """Load a topology file on its own (for ``collective`` and ``compare``)."""
     raw = read_yaml(path, what="topology file")
-    _, topo_over = split_overrides([o if o.startswith("topology.") else o for o in overrides])
+    work_over, topo_over = split_overrides(overrides)
+    if work_over:
+        key = work_over[0][0]
+        raise ConfigError(
+            "only topology keys can be set here (e.g. topology.nodes=4)", file="--set", field=key
+        )
     for key, value in topo_over:
-        set_dotted(raw, key.split("."), value)
+        set_topology_key(raw, key, value)
     return validate_topology(raw, file=str(path))
 
 

@@ -346,7 +346,16 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
                 file=file,
                 field=f"{field}.attention.{key}",
             )
-    access = _merge(defaults.get("memory_access") or {}, entry.get("memory_access") or {})
+    known = defaults.get("memory_access") or {}
+    given = entry.get("memory_access") or {}
+    if not isinstance(given, Mapping):
+        raise ConfigError(
+            "expected a mapping of access class -> relative bandwidth",
+            file=file,
+            field=f"{field}.memory_access",
+        )
+    _no_unknown(given, list(known), file=file, field=f"{field}.memory_access")
+    access = _merge(known, given)
     for key, val in access.items():
         if not isinstance(val, (int, float)) or not 0 < val <= 1.5:
             raise ConfigError(
@@ -375,7 +384,16 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
                 field=f"{field}.nvlink_generation",
             )
         values["nvlink_generation"] = gen
-    values["calibration"] = tuple(MappingProxyType(dict(c)) for c in entry.get("calibration", ()))
+    calibration = entry.get("calibration", ())
+    if not isinstance(calibration, (list, tuple)) or not all(
+        isinstance(c, Mapping) for c in calibration
+    ):
+        raise ConfigError(
+            "expected a list of mappings (one per calibration record)",
+            file=file,
+            field=f"{field}.calibration",
+        )
+    values["calibration"] = tuple(MappingProxyType(dict(c)) for c in calibration)
     return GPUSpec(**values)
 
 
@@ -399,6 +417,10 @@ def _gemm_params(raw: Mapping[str, Any], *, file: str | None, field: str) -> Gem
         for n in names
         if n != "tiles"
     }
+    if not 0 < kw["eta"] <= 1:
+        raise ConfigError(
+            f"eta is a fraction of peak in (0, 1], got {kw['eta']:g}", file=file, field=f"{field}.eta"
+        )
     if kw["overlap_p"] < 1:
         raise ConfigError("overlap_p must be >= 1", file=file, field=f"{field}.overlap_p")
     return GemmParams(tiles=tuple((int(a), int(b)) for a, b in tiles), **kw)
@@ -408,6 +430,10 @@ def _attn_params(raw: Mapping[str, Any], *, file: str | None, field: str) -> Att
     names = [f.name for f in fields(AttentionPassParams)]
     _no_unknown(raw, names, file=file, field=field)
     kw = {n: _positive(raw.get(n), file=file, field=f"{field}.{n}", zero_ok=True) for n in names}
+    if not 0 < kw["eta"] <= 1:
+        raise ConfigError(
+            f"eta is a fraction of peak in (0, 1], got {kw['eta']:g}", file=file, field=f"{field}.eta"
+        )
     kw["block"] = int(kw["block"])
     if kw["block"] <= 0:
         raise ConfigError("block must be a positive integer", file=file, field=f"{field}.block")

@@ -17,6 +17,8 @@ import io
 import json
 import math
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -122,6 +124,23 @@ def to_jsonable(obj: Any) -> Any:
     raise TypeError(f"cannot write {type(obj).__name__} as JSON: {obj!r}")
 
 
+def first_non_finite(obj: Any, where: str = "") -> str | None:
+    """The dotted path of the first NaN or infinity in a summary-like object, or None."""
+    if isinstance(obj, (float, np.floating)):
+        return None if math.isfinite(float(obj)) else (where or "value")
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            found = first_non_finite(v, f"{where}.{k}" if where else str(k))
+            if found:
+                return found
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            found = first_non_finite(v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
 def dumps_json(obj: Any, *, indent: int | None = 2, convert: bool = True) -> str:
     """Deterministic JSON text of ``obj`` (see :func:`to_jsonable`); ends with a newline.
 
@@ -183,3 +202,117 @@ def write_png_atomic(path: str | os.PathLike, fig: Any, *, dpi: float | None = N
     of ``fig`` (it is not closed here).
     """
     write_atomic(path, png_bytes(fig, dpi=dpi))
+
+
+# --------------------------------------------------------------------------------------------
+# Result folders written as a set
+
+_STAGE_PREFIX = "."
+_RENAME_EXCHANGE = 2  # renameat2(2) flag: swap two paths atomically (Linux >= 3.15)
+
+
+#: Written last into a result folder: marks it as the simulator's, so a later run may
+#: replace it as a whole.
+MARKER = ".simulator-result"
+
+
+def check_out_dir(
+    out: str | os.PathLike, *, option: str = "--out", known: frozenset[str] = frozenset()
+) -> Path:
+    """Refuse an output folder that cannot be one, before anything is simulated: an empty
+    name, an existing file or device (``/dev/null``), a path under a file, a parent that
+    cannot be written, or an existing folder that holds other things than a previous result
+    (no :data:`MARKER` and files not in ``known``): it is replaced as a whole. Returns the
+    folder as a :class:`Path`."""
+    text = os.fspath(out)
+    if not text.strip():
+        raise ConfigError("an empty folder name (give a folder, or leave --out out)", file=option)
+    p = Path(text)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{text!r} exists and is not a folder", file=option)
+    parent = p
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{str(parent)!r} is a file, so {text!r} cannot be a folder", file=option)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write into {str(parent)!r} (permission denied)", file=option)
+    if p.is_dir() and not (p / MARKER).exists():
+        other = sorted(e.name for e in p.iterdir() if e.name not in known)
+        if other:
+            raise ConfigError(
+                f"{text!r} holds other files ({', '.join(other[:3])}{', ...' if other[3:] else ''}"
+                "); a result folder is replaced as a whole: give a new or empty folder",
+                file=option,
+            )
+    return p
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` atomically with ``renameat2(RENAME_EXCHANGE)``; False where the
+    system cannot (not Linux, old kernel, some file systems)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    return rc == 0
+
+
+def clean_stale_stages(out: Path) -> None:
+    """Remove staging folders beside ``out`` left by runs that were killed (their process
+    is gone)."""
+    parent = out.parent if out.parent.exists() else None
+    if parent is None:
+        return
+    prefix = f"{_STAGE_PREFIX}{out.name}.stage-"
+    for p in parent.glob(f"{prefix}*"):
+        pid = p.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def publish_folder(stage: Path, out: Path) -> None:
+    """Put the fully written folder ``stage`` in the place of ``out`` as one step: a reader
+    (or a crash) sees the old set of files or the new one, never a mix. An existing ``out``
+    is swapped out atomically (``renameat2``), or renamed aside first where the system cannot
+    swap, then deleted."""
+    (stage / MARKER).write_text("")
+    if not out.exists():
+        os.rename(stage, out)
+        return
+    if _rename_exchange(stage, out):
+        shutil.rmtree(stage, ignore_errors=True)  # it now holds the old files
+        return
+    old = stage.with_name(stage.name + "-old")
+    os.rename(out, old)
+    os.rename(stage, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def stage_folder(out: Path) -> Path:
+    """A new, empty hidden folder beside ``out`` to write a result set into (see
+    :func:`publish_folder`); stale ones of killed runs are removed first."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_stages(out)
+    stage = Path(
+        tempfile.mkdtemp(dir=out.parent, prefix=f"{_STAGE_PREFIX}{out.name}.stage-{os.getpid()}-")
+    )
+    os.chmod(stage, 0o755)  # mkdtemp makes it private; a result folder is an ordinary one
+    return stage
