@@ -95,7 +95,7 @@ def test_absurd_sizes_are_refused_quickly(case_dir):
             "variant_slowdown": (
                 [
                     "compare", "work.yaml", "--topology", "topo.yaml",
-                    "--variant", "slow:faults.stragglers=[{gpu: 1, slowdown: 1e7}]",
+                    "--variant", "slow:faults.stragglers=[{gpu: 1, slowdown: 1e12}]",
                 ],
                 "slowdown",
             ),
