@@ -52,6 +52,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
+from simulator import sweep_guard
 from simulator.config.load import LoadedWorkload, load_sweep, load_workload
 from simulator.config.schema import SweepConfig
 from simulator.cost import COST_KEYS, PER_MTOKEN_KEYS, with_training_cost
@@ -522,14 +523,33 @@ def run_sweep(
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}", file="--workers")
     base = base_path(sweep_path, sweep)
-    if not base.exists():
-        raise ConfigError(
-            f"base workload {str(base)!r} does not exist", file=str(sweep_path), field="base"
-        )
+    sweep_guard.check_base(sweep_path, base)
+    if engine == "ray":
+        sweep_guard.check_ray(address)
     points = expand(sweep)
     keys = swept_keys(points)
     out_dir = io.output_dir(out, sweep.name)
     table_path = out_dir / "sweep.parquet"
+    sweep_guard.claim_folder(out_dir, sweep.name, table_path, fresh=fresh)
+    try:
+        return _run_claimed(
+            sweep, points, keys, base, out_dir, table_path, engine=engine, workers=workers,
+            address=address, fresh=fresh, limit=limit, on_start=on_start, on_row=on_row, t0=t0,
+        )
+    finally:
+        sweep_guard.release_folder(out_dir)
+
+
+#: Seconds between rewrites of the sweep table while points finish (a kill loses at most the
+#: rows of this interval; every row is written when the sweep ends or stops).
+FLUSH_S = 1.0
+
+
+def _run_claimed(
+    sweep, points, keys, base, out_dir, table_path, *, engine, workers, address, fresh, limit,
+    on_start, on_row, t0,
+) -> SweepOutcome:
+    """:func:`run_sweep` once the output folder is this process's."""
     # Every point is loaded (cheap next to simulating it) so that its resolved inputs can be
     # compared with the ones a recorded row was computed from.
     hardware = _hardware_digest()
@@ -555,14 +575,21 @@ def run_sweep(
     n_workers = workers or os.cpu_count() or 1
 
     n_recorded = [0]
+    last_flush = [time.monotonic()]
+
+    def flush() -> None:
+        io.write_parquet_atomic(table_path, build_table(points, rows, keys))
+        last_flush[0] = time.monotonic()
 
     def record(i: int, row: dict) -> None:
         rows[i] = {"inputs": inputs[i], **row}
-        io.write_parquet_atomic(table_path, build_table(points, rows, keys))
+        n_recorded[0] += 1
+        crash = crash_after and n_recorded[0] >= crash_after
+        if crash or time.monotonic() - last_flush[0] >= FLUSH_S:
+            flush()
         if on_row:
             on_row(i, row)
-        n_recorded[0] += 1
-        if crash_after and n_recorded[0] >= crash_after:
+        if crash:
             os._exit(70)
 
     if fresh or todo or not table_path.exists():
@@ -584,6 +611,10 @@ def run_sweep(
             close = getattr(stream, "close", None)
             if close:
                 close()
+            if n_recorded[0]:
+                flush()  # every finished row, also when interrupted
+    elif n_recorded[0]:
+        flush()
     table = build_table(points, rows, keys)
     return SweepOutcome(
         name=sweep.name,

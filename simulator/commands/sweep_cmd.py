@@ -85,17 +85,23 @@ def main(args) -> int:
     # Validate the sweep file before anything is drawn, so bad input gets one error line.
     check_metric(load_sweep(args.sweep), str(args.sweep))
     show = not args.no_progress and not args.json
-    with _progress(show) as progress:
-        task = progress.add_task("sweep", total=None, ok=0, failed=0)
-        counts = {"ok": 0, "failed": 0}
+    # The bar is drawn only once the sweep has passed its checks (base, engine, output
+    # folder), so that an error is one line with nothing before it.
+    progress = _progress(show)
+    task = progress.add_task("sweep", total=None, ok=0, failed=0)
+    counts = {"ok": 0, "failed": 0}
+    started = []
 
-        def on_start(n_todo: int, n_done: int) -> None:
-            progress.update(task, total=n_todo, completed=0)
+    def on_start(n_todo: int, n_done: int) -> None:
+        progress.start()
+        started.append(True)
+        progress.update(task, total=n_todo, completed=0)
 
-        def on_row(index: int, row: dict) -> None:
-            counts["ok" if row.get("status") == OK else "failed"] += 1
-            progress.update(task, advance=1, **counts)
+    def on_row(index: int, row: dict) -> None:
+        counts["ok" if row.get("status") == OK else "failed"] += 1
+        progress.update(task, advance=1, **counts)
 
+    try:
         outcome = run_sweep(
             args.sweep,
             engine=args.engine,
@@ -107,6 +113,9 @@ def main(args) -> int:
             on_start=on_start,
             on_row=on_row,
         )
+    finally:
+        if started:  # stopping a bar never drawn would print an empty line
+            progress.stop()
     written = write_plots(outcome)
     if args.json:
         records = outcome.table.astype(object).where(outcome.table.notna(), None)

@@ -1,0 +1,109 @@
+"""Issue 17 items 3 and 7: one sweep at a time per output folder, another sweep's table is
+never silently replaced, a bad base or an unreachable Ray cluster is refused before anything
+is written, and ``kill -9`` at random moments never loses or corrupts recorded rows."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import signal
+import sys
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from simulator.cli import main
+from simulator.errors import ConfigError
+from simulator.sweep import comparable, run_sweep
+from simulator.sweep_guard import LOCK_FILE
+from tests.test_sweep import write_sweep
+
+GRID = {"topology.nic_bandwidth_Gbps": [100, 200, 400], "training.micro_batch": [1, 2]}
+
+
+def test_a_second_sweep_into_a_busy_folder_is_refused(tmp_path):
+    path = write_sweep(tmp_path, grid=GRID)
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT)  # another process's sweep
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(ConfigError, match="another sweep is writing into"):
+            run_sweep(path, workers=1, out=out)
+    finally:
+        os.close(fd)
+    assert not (out / "sweep.parquet").exists()
+    run_sweep(path, workers=1, out=out, limit=1)  # free again
+    assert len(pd.read_parquet(out / "sweep.parquet")) == 1
+
+
+def test_another_sweeps_folder_is_not_overwritten(tmp_path, capsys):
+    a = write_sweep(tmp_path, grid=GRID, name="first")
+    run_sweep(a, workers=1, out=tmp_path / "out", limit=2)
+    before = (tmp_path / "out" / "sweep.parquet").read_bytes()
+    b = write_sweep(tmp_path, grid={"training.micro_batch": [1]}, name="second")
+    rc = main(["sweep", str(b), "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "holds the results of sweep 'first'" in err and err.count("\n") == 1
+    assert (tmp_path / "out" / "sweep.parquet").read_bytes() == before
+
+
+def test_bad_base_and_unreachable_ray_write_nothing(tmp_path, capsys, monkeypatch):
+    path = write_sweep(tmp_path, grid=GRID)
+    spec = yaml.safe_load(path.read_text())
+    (tmp_path / "folder").mkdir()
+    cases = {"folder": {**spec, "base": "folder"}, "itself": {**spec, "base": "sweep2.yaml"}}
+    for name, sweep in cases.items():
+        (tmp_path / "sweep2.yaml").write_text(yaml.safe_dump(sweep))
+        out = tmp_path / f"out-{name}"
+        rc = main(["sweep", str(tmp_path / "sweep2.yaml"), "--out", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2 and "base" in err and err.count("\n") == 1, (name, err)
+        assert not out.exists()
+    # a closed port answers at once; Ray alone would retry for minutes
+    rc = main(["sweep", str(path), "--engine", "ray", "--address", "127.0.0.1:9",
+               "--out", str(tmp_path / "ray")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: --address: cannot reach") and err.count("\n") == 1
+    assert not (tmp_path / "ray").exists()
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    rc = main(["sweep", str(path), "--engine", "ray", "--out", str(tmp_path / "noray")])
+    assert rc == 2 and "needs the ray package" in capsys.readouterr().err
+    assert not (tmp_path / "noray").exists()
+
+
+def test_kill_9_at_random_moments_loses_nothing(tmp_path):
+    """Fork a sweep, kill it at a random moment, read the table; repeat, then finish: the
+    table always reads, and the finished one equals an uninterrupted sweep's."""
+    path = write_sweep(tmp_path, grid=GRID)
+    clean = run_sweep(path, workers=1, out=tmp_path / "clean")
+    rng = random.Random(3)
+    out = tmp_path / "killed"
+    t0 = time.perf_counter()
+    run_sweep(path, workers=1, out=tmp_path / "timing", limit=1)
+    one = time.perf_counter() - t0
+    for _ in range(8):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 1)
+                os.dup2(devnull, 2)
+                run_sweep(path, workers=1, out=out)
+            finally:
+                os._exit(0)
+        time.sleep(rng.uniform(0.0, 3.0 * one))
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        if (out / "sweep.parquet").exists():
+            table = pd.read_parquet(out / "sweep.parquet")
+            assert table["point_index"].is_unique
+    done = run_sweep(path, workers=1, out=out)
+    assert done.n_points == len(done.table)
+    pd.testing.assert_frame_equal(comparable(done.table), comparable(clean.table))
