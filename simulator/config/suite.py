@@ -43,6 +43,11 @@ class SuiteCase(Frozen):
     workload: str | dict[str, Any]
     set: dict[str, Any] = Field(default_factory=dict)
     measured: dict[str, PositiveFloat] = Field(min_length=1)
+    predicted_at_freeze: dict[str, Float] = Field(
+        default_factory=dict,
+        description="a pre-registered suite's predictions made when the model was frozen "
+        "(kept as a record; validate predicts again with the current model)",
+    )
     source: str = ""
 
 
