@@ -31,6 +31,7 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from simulator.config.checks import resolve
 from simulator.config.load import LoadedWorkload, load_workload, parse_override
 from simulator.cost import with_training_cost
 from simulator.errors import ConfigError
@@ -206,6 +207,14 @@ def run_compare(
     for c in configs:
         try:
             loaded.append(load_workload(workload, c.overrides, topology=c.topology))
+        except ConfigError as e:
+            if c.label:
+                raise ConfigError(f"variant {c.label!r}: {e}") from None
+            raise
+    for c, lw in zip(configs, loaded, strict=True):
+        try:  # a layout that does not fit the cluster fails here, naming its variant
+            resolve(lw.workload, lw.topology, file=str(lw.workload_path),
+                    topo_file=str(lw.topology_path))
         except ConfigError as e:
             if c.label:
                 raise ConfigError(f"variant {c.label!r}: {e}") from None

@@ -191,6 +191,12 @@ def main(args) -> int:
             loaded, args.gpus, top=args.top, n_simulate=args.simulate, workers=args.workers,
             headroom_gib=args.headroom_gib, progress=progress,
         )  # fmt: skip
+    if not result.simulated:
+        raise ConfigError(
+            f"no parallel layout of {result.name} fits {args.gpus:,} GPUs (tp, cp, pp and dp "
+            "must divide the GPUs, the heads, the layers and the global batch)",
+            file="--gpus",
+        )
     for p in result.simulated:
         if "error" not in p.summary:
             p.summary = with_training_cost(p.summary, loaded)
