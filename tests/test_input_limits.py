@@ -92,7 +92,7 @@ def test_absurd_sizes_are_refused_quickly(case_dir):
                 "GPUs; the simulator takes up to 65,536",
             ),
             "plan_gpus": (["plan", "work.yaml", "--gpus", "1000000000"], "--gpus: must be in"),
-            "plan_no_layout": (["plan", "work.yaml", "--gpus", "12"], "no parallel layout"),
+            "plan_no_layout": (["plan", "work.yaml", "--gpus", "44"], "no parallel layout"),
             "variant_layout": (
                 ["compare", "work.yaml", "--topology", "topo.yaml", "--variant",
                  "deep:parallelism.pp=3"],

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from simulator.config.load import load_workload
+from simulator.config.schema import MAX_GPUS
 from simulator.cost import with_training_cost
 from simulator.engine.records import BREAKDOWN_KEYS
 from simulator.errors import ConfigError
@@ -176,6 +177,8 @@ def main(args) -> int:
         raise ConfigError(f"must be >= 1, got {args.workers}", file="--workers")
     if args.simulate is not None and args.simulate < 0:
         raise ConfigError(f"must be >= 0, got {args.simulate}", file="--simulate")
+    if not 1 <= args.gpus <= MAX_GPUS:  # before the bar is drawn: one error line
+        raise ConfigError(f"must be in 1..{MAX_GPUS:,}, got {args.gpus:,}", file="--gpus")
     loaded = load_workload(args.workload, args.overrides, topology=args.topology)
     bar = Progress(
         TextColumn("[bold]plan: {task.description}"), BarColumn(), MofNCompleteColumn(),
