@@ -257,7 +257,8 @@ def main(args) -> int:
         raise ConfigError(f"must be >= 1, got {args.workers}", file="--workers")
     progress = Progress(
         TextColumn("[bold]compare"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=Console(stderr=True), transient=True, disable=args.json,
+        console=Console(stderr=True), transient=True,
+        disable=args.json or not sys.stderr.isatty(),  # a pipe gets no bar (nor its newline)
     )  # fmt: skip
     with progress:
         task = progress.add_task("compare", total=None)

@@ -182,7 +182,8 @@ def main(args) -> int:
     loaded = load_workload(args.workload, args.overrides, topology=args.topology)
     bar = Progress(
         TextColumn("[bold]plan: {task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=Console(stderr=True), transient=True, disable=args.json,
+        TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+        disable=args.json or not sys.stderr.isatty(),  # a pipe gets no bar (nor its newline)
     )  # fmt: skip
     with bar:
         task = bar.add_task("enumerating layouts", total=None)
