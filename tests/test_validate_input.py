@@ -93,3 +93,19 @@ def test_malformed_suites_exit_2_with_one_line(tmp_path):
     for (name, (_, words)), o in zip(cases.items(), outcomes, strict=True):
         line = assert_refused(o)
         assert words in line, (name, line)
+
+
+def test_every_shipped_suite_is_found_and_loads():
+    """`validate` with no argument (what CI runs) finds every suite in validation/ -- nested
+    ones too, such as the MoE suites -- and each one passes the suite schema and loads all of
+    its cases (the simulation itself is left to `validate` in CI)."""
+    from simulator.commands.validate_cmd import default_suites
+    from simulator.validate import prepare_suite
+
+    found = {p.relative_to(p.parents[1]).as_posix() if p.parent.name != "validation"
+             else p.name for p in default_suites()}
+    assert {"moe/parallel-folding.yaml", "moe/qwen3-zoo-h100.yaml", "heldout/suite.yaml",
+            "published.yaml"} <= found
+    assert not any(name.startswith("node8/") for name in found)  # cases without measurements
+    for path in default_suites():
+        prepare_suite(path)

@@ -16,18 +16,31 @@ from simulator.validate import SuiteResult, prepare_suite, run_prepared
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _is_suite(path: Path) -> bool:
+    """A YAML file in a validation/ subfolder is a suite (not a case's workload) when it says
+    how it was used: a top-level ``role:`` key."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return any(line.startswith("role:") for line in head.splitlines())
+
+
 def default_suites() -> list[Path]:
     """Every suite shipped in validation/ (the repository's, else the current directory's)."""
     for base in (REPO / "validation", Path("validation")):
         if base.is_dir():
-            return sorted([*base.glob("*.yaml"), *base.glob("*/suite.yaml")])
+            nested = [p for p in base.glob("*/*.yaml") if p.name == "suite.yaml" or _is_suite(p)]
+            return sorted({*base.glob("*.yaml"), *nested})
     return []
 
 
 def register(sub) -> None:
     p = sub.add_parser("validate", help="run validation suites: predicted vs measured")
-    p.add_argument("suites", nargs="*", help="suite YAML files (default: validation/*.yaml and "
-                                             "validation/*/suite.yaml)")
+    p.add_argument("suites", nargs="*", help="suite YAML files (default: validation/*.yaml, "
+                                             "validation/*/suite.yaml and every other "
+                                             "validation/*/*.yaml with a top-level role)")
     p.add_argument("--quiet", action="store_true", help="only the per-suite verdicts")
     p.set_defaults(func=main)
 

@@ -34,6 +34,9 @@ class _Suite(Frozen):
     role_note: str = ""
     about: str = ""
     assumptions: tuple[str, ...] = ()
+    skipped: tuple[Any, ...] = Field(
+        (), description="rows of the source left out of the suite, each with the reason"
+    )
 
 
 class SuiteCase(Frozen):
@@ -49,6 +52,7 @@ class SuiteCase(Frozen):
         "(kept as a record; validate predicts again with the current model)",
     )
     source: str = ""
+    not_modelled: str = Field("", description="what the source used that is not modelled")
 
 
 class WorkloadSuite(_Suite):
