@@ -41,7 +41,7 @@ clock between two ``torch.cuda.synchronize()`` calls at the step boundaries.
 
 NVLink SHARP / multicast stays off (``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
 ``NVSHMEM_DISABLE_NVLS=1``): the device machines require it, and the shared calibration set
-(``/work/shared/calibration``) was measured the same way.
+(``../shared/calibration`` beside the checkout) was measured the same way.
 """
 
 from __future__ import annotations

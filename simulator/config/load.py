@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import math
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from simulator.config.hf import resolve_model
 from simulator.config.schema import SweepConfig, TopologyConfig, WorkloadConfig
-from simulator.config.yaml_safe import parse_yaml
+from simulator.config.yaml_safe import parse_yaml, read_bounded
 from simulator.errors import ConfigError
 
 
@@ -43,45 +42,9 @@ class LoadedWorkload:
 # YAML
 
 
-#: Largest input file read (a workload, topology or sweep is a few KiB; a suite a few hundred).
-MAX_INPUT_BYTES = 4 * 1024 * 1024
-
-
-def read_text_bounded(path: str | Path, *, what: str = "file") -> str:
-    """The text of a regular file of at most :data:`MAX_INPUT_BYTES`, else a ConfigError.
-
-    Devices (``/dev/zero``), FIFOs and directories are refused before anything is read, so a
-    path can neither block the simulator nor make it read gigabytes.
-    """
-    p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise ConfigError(f"{what} does not exist", file=str(path)) from None
-    except OSError as e:
-        raise ConfigError(f"cannot read {what}: {e.strerror}", file=str(path)) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{what} is a directory, expected a YAML file", file=str(path))
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{what} is not a regular file (a device, FIFO or socket)",
-                          file=str(path))
-    try:
-        with open(p, "rb") as fh:
-            raw = fh.read(MAX_INPUT_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"cannot read {what}: {e.strerror}", file=str(path)) from None
-    if len(raw) > MAX_INPUT_BYTES:
-        raise ConfigError(f"{what} is larger than {MAX_INPUT_BYTES // 2**20} MiB; inputs are "
-                          "small YAML files", file=str(path))
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{what} is not UTF-8 text", file=str(path)) from None
-
-
 def read_yaml(path: str | Path, *, what: str = "file") -> dict[str, Any]:
     """Parse a YAML mapping, turning every failure into a one-line ConfigError."""
-    text = read_text_bounded(path, what=what)
+    text = read_bounded(path, what=what)
     try:
         data = parse_yaml(text)
     except ConfigError as e:

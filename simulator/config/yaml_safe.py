@@ -134,10 +134,12 @@ def read_bounded(path: str | Path, *, what: str = "file", limit: int = MAX_FILE_
     if stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"{what} is a directory, expected a YAML file", file=str(path))
     if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{what} is not a regular file (a FIFO or a device?)", file=str(path))
+        raise ConfigError(f"{what} is not a regular file (a device, FIFO or socket)",
+                          file=str(path))
     if st.st_size > limit:
         raise ConfigError(
-            f"{what} is {st.st_size:,} bytes; input files are limited to {limit:,}",
+            f"{what} is larger than {limit:,} bytes ({st.st_size:,} bytes; inputs are small "
+            "YAML files)",
             file=str(path),
         )
     try:
