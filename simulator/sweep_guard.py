@@ -5,7 +5,9 @@
   within :data:`RAY_CONNECT_TIMEOUT_S` (Ray itself retries an unreachable address for many
   minutes);
 * :func:`claim_folder` -- one sweep at a time writes into an output folder (an exclusive,
-  non-blocking ``flock`` held until the process ends, so a ``kill -9`` releases it), and a
+  non-blocking POSIX record lock, ``lockf``, held until the process ends, so a ``kill -9``
+  releases it; unlike ``flock`` it belongs to the process alone, so pool workers forked by the
+  sweep do not keep it after the sweep died), and a
   folder that holds another sweep's table is refused instead of silently overwritten.
 """
 
@@ -84,7 +86,7 @@ def claim_folder(out_dir: Path, sweep_name: str, table: Path, *, fresh: bool) ->
     if key not in _held:
         fd = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
             raise ConfigError(

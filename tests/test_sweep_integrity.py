@@ -4,12 +4,13 @@ is written, and ``kill -9`` at random moments never loses or corrupts recorded r
 
 from __future__ import annotations
 
-import fcntl
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -24,17 +25,57 @@ from tests.test_sweep import write_sweep
 GRID = {"topology.nic_bandwidth_Gbps": [100, 200, 400], "training.micro_batch": [1, 2]}
 
 
+def _hold_lock_in_another_process(lock: Path) -> subprocess.Popen:
+    """A process that holds ``lock`` the way a running sweep does, until killed."""
+    code = (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.lockf(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_forked_children_do_not_keep_the_folder_lock(tmp_path):
+    """Pool workers forked by a sweep outlive it for a moment after ``kill -9``; the lock must
+    die with the sweep itself, or the resumed sweep is refused (seen in CI)."""
+    from simulator.sweep_guard import claim_folder, release_folder
+
+    out = tmp_path / "out"
+    claim_folder(out, "s", out / "sweep.parquet", fresh=False)
+    pid = os.fork()
+    if pid == 0:  # a forked worker that lives on after its parent released the lock
+        time.sleep(5)
+        os._exit(0)
+    try:
+        release_folder(out)
+        probe = subprocess.run(  # the resumed sweep, in a process of its own
+            [sys.executable, "-c",
+             "from pathlib import Path; from simulator.sweep_guard import claim_folder; "
+             f"out = Path({str(out)!r}); claim_folder(out, 's', out / 'sweep.parquet', "
+             "fresh=False)"],
+            capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+        )
+        assert probe.returncode == 0, probe.stderr
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 def test_a_second_sweep_into_a_busy_folder_is_refused(tmp_path):
     path = write_sweep(tmp_path, grid=GRID)
     out = tmp_path / "out"
     out.mkdir()
-    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT)  # another process's sweep
+    holder = _hold_lock_in_another_process(out / LOCK_FILE)  # another process's sweep
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         with pytest.raises(ConfigError, match="another sweep is writing into"):
             run_sweep(path, workers=1, out=out)
     finally:
-        os.close(fd)
+        holder.kill()
+        holder.wait()
     assert not (out / "sweep.parquet").exists()
     run_sweep(path, workers=1, out=out, limit=1)  # free again
     assert len(pd.read_parquet(out / "sweep.parquet")) == 1
