@@ -49,6 +49,13 @@ SHAPES = {
     "B": dict(layers=12, hidden=3072, ffn=8192, heads=24, kv_heads=8, vocab=128256, seq=8192),
     # Llama-2-7B's layer shape (MHA, ffn 11008), 16 layers, 4K sequences.
     "C": dict(layers=16, hidden=4096, ffn=11008, heads=32, kv_heads=32, vocab=32000, seq=4096),
+    # Second held-out batch (heldout-freeze-2): 20 layers, hidden 2560, GQA 20/4, ffn 6912,
+    # Qwen-2.5's 151,936-token vocabulary, 4K sequences.
+    "D": dict(layers=20, hidden=2560, ffn=6912, heads=20, kv_heads=4, vocab=151936, seq=4096),
+    # Second held-out MoE shape: 6 layers, hidden 2560, GQA 20/4, 8 experts (ffn 3072), top-2,
+    # 2K sequences.
+    "N": dict(layers=6, hidden=2560, ffn=3072, heads=20, kv_heads=4, vocab=32000, seq=2048,
+              experts=8, top_k=2),
     # MoE: 4 layers, every FFN a mixture of 8 SwiGLU experts (ffn 4096), top-2.
     "M": dict(layers=4, hidden=2048, ffn=4096, heads=16, kv_heads=8, vocab=32000, seq=4096,
               experts=8, top_k=2),
@@ -71,6 +78,15 @@ CASES = {
                         n_mb=8),
     "ho_pp2dp2_C": dict(shape="C", world=4, pp=2, dp=2, scheme="pp", schedule="1f1b", mb=1,
                         n_mb=8),
+    # Second held-out batch (issue 12): written before heldout-freeze-2, measured after it.
+    "h2_moe_ep4_N": dict(shape="N", world=4, ep=4, scheme="moe", mb=2, n_mb=4),
+    "h2_tp4sp_D": dict(shape="D", world=4, tp=4, scheme="tp", sp=True, mb=2, n_mb=1),
+    "h2_pp4_1f1b_D": dict(shape="D", world=4, pp=4, scheme="pp", schedule="1f1b", mb=1,
+                          n_mb=12),
+    "h2_fsdp4_D": dict(shape="D", world=4, dp=4, scheme="fsdp", mb=1, n_mb=4),
+    "h2_tp2dp2_D": dict(shape="D", world=4, tp=2, dp=2, scheme="tp", mb=1, n_mb=2),
+    "h2_ddp4_D": dict(shape="D", world=4, dp=4, scheme="ddp", mb=1, n_mb=2),
+    "h2_moe_ep2dp2_N": dict(shape="N", world=4, ep=2, scheme="moe", mb=2, n_mb=4),
     # MoE (issue 10): uniform and skewed routing measured in one process each.
     "moe_ep1": dict(shape="M", world=1, ep=1, scheme="moe", mb=1, n_mb=4),
     "moe_ep2": dict(shape="M", world=2, ep=2, scheme="moe", mb=1, n_mb=4),
@@ -90,6 +106,7 @@ CASES = {
     "x8_moe_ep4dp2": dict(shape="M", world=8, ep=4, scheme="moe", mb=1, n_mb=4),
 }
 HELDOUT_4 = [k for k in CASES if k.startswith("ho_")]
+HELDOUT_2 = [k for k in CASES if k.startswith("h2_")]
 MOE = [k for k in CASES if k.startswith("moe_")]
 NODE_8 = [k for k in CASES if k.startswith("x8_")]
 
