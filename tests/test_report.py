@@ -713,6 +713,23 @@ def test_run_table_shows_headline_breakdown_memory_and_warnings(step):
     assert "12.5 days" in text and "$1,500,000" in text
 
 
+def test_breakdown_hides_only_the_dimensions_the_layout_does_not_use(step):
+    summary = copy.deepcopy(step[3])
+    summary["layout"] = dict(summary["layout"], tp=8, cp=1, ep=1, etp=1, dp=4, pp=2)
+    summary["breakdown_s"] = dict(summary["breakdown_s"], cp_comm=0.0, ep_comm=0.0, etp_comm=0.0,
+                                  tp_comm=0.0)
+    summary["training"] = dict(summary.get("training") or {}, tokens=2e12)
+    summary["time_to_train_days"] = 25.0
+    text = _render(table.run_table(summary))
+    assert "TP communication" in text  # used by the layout, shown even at 0 s
+    for label in ("CP communication", "EP all-to-all", "expert TP communication"):
+        assert label not in text
+    assert "time to train 2T tokens" in text
+    summary["layout"]["ep"] = 8
+    summary["breakdown_s"]["ep_comm"] = 0.25
+    assert "EP all-to-all" in _render(table.run_table(summary))
+
+
 def test_compare_and_sweep_tables(step):
     base = step[3]
     slow = copy.deepcopy(base)

@@ -196,8 +196,12 @@ def _breakdown(summary: dict) -> Table:
     t.add_column("% of step", justify="right")
     t.add_column("", no_wrap=True)
     keys = [k for k in BREAKDOWN_KEYS if k in bd] + [k for k in bd if k not in BREAKDOWN_KEYS]
+    layout = summary.get("layout") or {}
     for key in keys:
         v = bd[key]
+        dim = key[: -len("_comm")] if key.endswith("_comm") else None
+        if dim and not v and (layout.get(dim) or 1) <= 1:
+            continue  # a dimension this layout does not use (the JSON keeps the key, at 0)
         share = v / step if step and _finite(v) else 0.0
         colour = KIND_COLOURS.get(key, KIND_COLOURS["other"])
         t.add_row(
@@ -294,6 +298,14 @@ def _links(summary: dict) -> Table | None:
     return t
 
 
+def _tokens(n: float) -> str:
+    """``2e12`` -> ``"2T tokens"`` (the training budget the time-to-train rows assume)."""
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if n >= div:
+            return f"{n / div:,.3g}{unit} tokens"
+    return f"{n:,.0f} tokens"
+
+
 def _training_cost(summary: dict) -> Table | None:
     rows = []
     if _finite(summary.get("cost_per_Mtoken_usd")):
@@ -304,7 +316,9 @@ def _training_cost(summary: dict) -> Table | None:
             rows.append(("per GPU", f"{basis['power_per_gpu_W']:,.0f} W, "
                          f"${basis['usd_per_gpu_hour']:,.2f}/h ({basis['price_basis']})"))
     if _finite(summary.get("time_to_train_days")):
-        rows.append(("time to train", f"{summary['time_to_train_days']:,.1f} days"))
+        tokens = (summary.get("training") or {}).get("tokens")
+        label = f"time to train {_tokens(tokens)}" if _finite(tokens) else "time to train"
+        rows.append((label, f"{summary['time_to_train_days']:,.1f} days"))
     if _finite(summary.get("gpu_hours")):
         rows.append(("GPU-hours", f"{summary['gpu_hours']:,.0f}"))
     if _finite(summary.get("energy_MWh")):
