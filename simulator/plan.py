@@ -1,4 +1,5 @@
-"""Layout search: the best (tp, cp, pp, dp, micro-batch, ZeRO, recompute, schedule, SP) for N GPUs.
+"""Layout search: the best (tp, cp, pp, dp, ep, etp, micro-batch, ZeRO, recompute, schedule, SP)
+for N GPUs.
 
 :func:`plan` works in three passes, each cheaper than the next is accurate:
 
@@ -10,7 +11,9 @@
    the per-replica batch), ZeRO 0-3 (ZeRO > 0 only with dp > 1; ZeRO-3 only without pipeline
    parallelism, as in DeepSpeed and PyTorch FSDP), recompute none / selective / full, schedule
    1F1B or interleaved 1F1B with 2..8 virtual stages (pp > 1), sequence parallelism on or off
-   (tp > 1). A pipeline whose stages cannot hold the same number of layers gets the most even
+   (tp > 1). For a mixture-of-experts model also ep and etp (:func:`expert_layouts`: MoE
+   Parallel Folding's rules, ``etp`` 1 or ``tp``), with sequence parallelism wherever tp > 1
+   and ZeRO up to 2, as Megatron-Core runs MoE models. A pipeline whose stages cannot hold the same number of layers gets the most even
    uneven split, the lighter stages at the ends where the embedding and the LM head sit
    (:func:`uneven_split`: Llama 3 405B's 126 layers over 16 stages are ``[7, 8 x 14, 7]``, as
    Meta trained it). Everything else (global batch, dtypes, rank order) is the workload's. Divisibility is checked by :func:`simulator.config.checks.resolve`, the same
@@ -89,6 +92,8 @@ class Candidate:
     stage_layers: tuple[int, ...] | None = None  # None: an even split
     overlap_param_gather: bool | None = None  # None: the workload's
     grad_reduce_dtype: str | None = None  # None: the workload's
+    ep: int | None = None  # expert parallelism (None: a dense model)
+    etp: int | None = None  # tensor parallelism inside the experts (None: a dense model)
 
     def overrides(self) -> dict[str, Any]:
         """The ``--set`` overrides that give this layout (``stage_layers`` always: a
@@ -98,9 +103,11 @@ class Candidate:
             for k, _ in KNOBS
             if getattr(self, k) is not None
         }
+        moe = {} if self.ep is None else {"parallelism.ep": self.ep, "parallelism.etp": self.etp}
         return {
             "parallelism.tp": self.tp,
             "parallelism.cp": self.cp,
+            **moe,
             "parallelism.pp": self.pp,
             "parallelism.dp": self.dp,
             "parallelism.zero": self.zero,
@@ -128,8 +135,9 @@ class Candidate:
         split = f" layers {_runs(self.stage_layers)}" if self.stage_layers else ""
         knobs = " overlap-gather" if self.overlap_param_gather else ""
         knobs += f" grad:{self.grad_reduce_dtype}" if self.grad_reduce_dtype else ""
+        moe = "" if self.ep is None else f" EP{self.ep}" + (f" ETP{self.etp}" if self.etp > 1 else "")
         return (
-            f"TP{self.tp}{f' CP{self.cp}' if self.cp > 1 else ''} PP{self.pp} DP{self.dp} mb{self.micro_batch} ZeRO-{self.zero} "
+            f"TP{self.tp}{f' CP{self.cp}' if self.cp > 1 else ''} PP{self.pp} DP{self.dp}{moe} mb{self.micro_batch} ZeRO-{self.zero} "
             f"rc:{self.recompute}{sched}{' SP' if self.sequence_parallel else ''}{split}{knobs}"
         )
 
@@ -141,6 +149,8 @@ class Candidate:
             sequence_parallel=self.sequence_parallel, pp_schedule=self.pp_schedule,
             virtual_stages=self.virtual_stages, stage_layers=self.stage_layers,
         )  # fmt: skip
+        if self.ep is not None:
+            par.update(ep=self.ep, etp=self.etp)
         tr = work.training.model_dump()
         tr.update(micro_batch=self.micro_batch, recompute=self.recompute)
         tr.update({k: getattr(self, k) for k, _ in KNOBS if getattr(self, k) is not None})
@@ -197,6 +207,8 @@ def candidate_of(work: WorkloadConfig, res: Resolved) -> Candidate:
         res.size("tp"), res.size("pp"), res.size("dp"), t.micro_batch, p.zero, t.recompute,
         p.pp_schedule, res.virtual_stages, bool(p.sequence_parallel and res.size("tp") > 1),
         res.size("cp"), None if p.stage_layers is None else tuple(p.stage_layers),
+        ep=res.ep if work.model.moe is not None else None,
+        etp=res.etp if work.model.moe is not None else None,
     )  # fmt: skip
 
 
@@ -240,12 +252,33 @@ def _layouts_of(work: WorkloadConfig, n_gpus: int, tp: int, cp: int) -> Iterator
             split = uneven_split(m.layers, pp) if pp > 1 else None
             zeros = [0] if dp * cp == 1 else ([0, 1, 2, 3] if pp == 1 else [0, 1, 2])
             sps = [False, True] if tp > 1 else [False]
+            experts: list[tuple[int | None, int | None]] = [(None, None)]
+            if m.moe is not None:
+                zeros = [z for z in zeros if z < 3]  # Megatron-Core MoE: no ZeRO-3
+                sps = [tp > 1]  # Megatron-Core's rule: SP with TP in an MoE model
+                experts = list(expert_layouts(m, tp, tp * cp * dp))
             for zero in zeros:
                 for rc in RECOMPUTE:
                     for sched, v in scheds:
                         for sp in sps:
-                            yield Candidate(tp, pp, dp, mb, zero, rc, sched, v, sp, cp,
-                                            split if v == 1 else None)
+                            for ep, etp in experts:
+                                yield Candidate(tp, pp, dp, mb, zero, rc, sched, v, sp, cp,
+                                                split if v == 1 else None, ep=ep, etp=etp)
+
+
+def expert_layouts(model, tp: int, width: int) -> Iterator[tuple[int, int]]:
+    """The (ep, etp) pairs of an MoE model on a pipeline stage of ``width = tp*cp*dp`` GPUs
+    (MoE Parallel Folding, Liu et al. 2025, arXiv:2504.14960, Section 3: the MoE layers regroup
+    the same GPUs as ``etp x ep x edp``): ``etp`` is 1 (the folded choice) or the attention's
+    ``tp`` (Megatron-Core's default without folding); ``ep`` any divisor of the expert count
+    with ``ep * etp`` dividing ``width``; ``etp`` divides the expert width."""
+    moe = model.moe
+    for etp in sorted({1, tp}):
+        if moe.ffn_hidden % etp or width % etp:
+            continue
+        for ep in divisors(moe.experts):
+            if (width // etp) % ep == 0:
+                yield ep, etp
 
 
 def plan_topology(topo: TopologyConfig, n_gpus: int, *, file: str = "--gpus") -> TopologyConfig:

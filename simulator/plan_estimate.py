@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from simulator.config.checks import Resolved, resolve
 from simulator.config.schema import TopologyConfig, WorkloadConfig
-from simulator.engine.build import GRAD_DIMS, Machine, make_layout
+from simulator.engine.build import GRAD_DIMS, MOE_DIMS, Machine, make_layout
 from simulator.engine.program import (
     Pricer,
     StagePrograms,
@@ -48,6 +48,7 @@ from simulator.engine.program import (
 from simulator.hardware.precision import pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import memory as mem
+from simulator.model import moe_sizes
 from simulator.model import transformer as tf
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.parallel.layout import Layout
@@ -146,6 +147,7 @@ class Estimator:
         self._progs: dict[tuple, StagePrograms] = {}
         self._coll: dict[tuple, float] = {}
         self._opt: dict[float, float] = {}
+        self._acts: dict[tuple, tuple[float, float]] = {}
 
     # ---- helpers
 
@@ -155,16 +157,51 @@ class Estimator:
         return work, resolve(work, self.topo, file="plan", topo_file=self.topo.name)
 
     def _vs_params(self, res: Resolved, vs: int) -> float:
-        n = res.stage_layers[vs] * self.lp
+        """Parameters of virtual stage ``vs`` on one rank, TP-equivalent (x tp): the dense
+        part and, in an MoE model, the routed experts of its EP x ETP rank."""
+        dense, expert = self._vs_local(res, vs)
+        return (dense + expert) * res.size("tp")
+
+    def _vs_local(self, res: Resolved, vs: int) -> tuple[float, float]:
+        """(dense part split over TP, routed experts split over ep x etp) of virtual stage
+        ``vs`` on one rank, as the engine counts them (``_Builder.vs_local``)."""
+        tp, pp = res.size("tp"), res.size("pp")
+        if self.work.model.moe is None:
+            dense, expert = res.stage_layers[vs] * self.lp / tp, 0.0
+        else:
+            start = sum(res.stage_layers[:vs])
+            dense = expert = 0.0
+            for layer in range(start, start + res.stage_layers[vs]):
+                a, b = moe_sizes.layer_local_params(self.work.model, layer, tp=tp,
+                                                    ep=res.ep, etp=res.etp)  # fmt: skip
+                dense, expert = dense + a, expert + b
         if vs == 0:
-            n += self.emb
-        if vs == res.size("pp") * res.virtual_stages - 1:
-            n += self.head
-        return n
+            dense += self.emb / tp
+        if vs == pp * res.virtual_stages - 1:
+            dense += self.head / tp
+        return dense, expert
 
     def _stage_params(self, res: Resolved, stage: int) -> float:
         pp = res.size("pp")
         return sum(self._vs_params(res, c * pp + stage) for c in range(res.virtual_stages))
+
+    def _layer_grad_bytes(self, res: Resolved, gb: float) -> float:
+        """Gradient bytes of one (last, so MoE where the model has experts) layer on a rank."""
+        if self.work.model.moe is None:
+            return self.lp / res.size("tp") * gb
+        a, b = moe_sizes.layer_local_params(self.work.model, self.work.model.layers - 1,
+                                            tp=res.size("tp"), ep=res.ep, etp=res.etp)  # fmt: skip
+        return (a + b) * gb
+
+    def _stage_local(self, res: Resolved, stage: int) -> tuple[float, float]:
+        pp = res.size("pp")
+        parts = [self._vs_local(res, c * pp + stage) for c in range(res.virtual_stages)]
+        return sum(a for a, _ in parts), sum(b for _, b in parts)
+
+    def _edp(self, res: Resolved) -> int:
+        """Ranks the routed experts' states are sharded over (ZeRO): edp where experts are
+        split, else the dense part's ``cp x dp``."""
+        return res.edp if res.ep * res.etp > 1 else _shard(res)
 
     def _layout(self, res: Resolved) -> Layout:
         return make_layout(self.work, res)
@@ -176,7 +213,7 @@ class Estimator:
         exact costs at ``LINEAR_FROM`` and ``LINEAR_TO`` (bandwidth-bound collectives take
         a fixed latency plus bytes over bandwidth), so a layout needs two costings per
         operation instead of one per message size."""
-        if kind in ("tp", "cp") or nbytes <= LINEAR_FROM:
+        if kind in ("tp", "cp", "ep", "etp") or nbytes <= LINEAR_FROM:
             return self._exact(op, kind, res, nbytes)
         a = self._exact(op, kind, res, LINEAR_FROM)
         b = self._exact(op, kind, res, LINEAR_TO)
@@ -189,11 +226,17 @@ class Estimator:
         gradient-reduction (cp x dp) groups of stage 0, or the sends of every rank of stage 0
         to stage 1. Cached."""
         key = (op, kind, res.size("tp"), nbytes) if kind == "tp" else (op, kind, res.sizes, nbytes)
+        if kind in ("ep", "etp"):
+            key = (op, kind, res.sizes, res.ep, res.etp, nbytes)
         hit = self._coll.get(key)
         if hit is None:
             lay, coll = self._layout(res), self.machine.collectives
             gpn = self.topo.gpus_per_node
-            if kind == "tp":
+            if kind in ("ep", "etp"):
+                sizes = {"etp": res.etp, "ep": res.ep, "edp": res.edp, "pp": res.size("pp")}
+                moe_lay = Layout.of(sizes, MOE_DIMS)
+                hit = coll.cost(op, tuple(moe_lay.groups(kind, {"pp": (0,)})), nbytes).time_s
+            elif kind == "tp":
                 groups = lay.groups("tp", {"pp": (0,)})
                 local = [g for g in groups if max(g) < gpn]
                 hit = coll.cost(op, tuple(local or groups), nbytes).time_s
@@ -213,10 +256,16 @@ class Estimator:
         return hit
 
     def programs(self, cand: Candidate, res: Resolved) -> StagePrograms:
-        key = (cand.tp, cand.cp, cand.sequence_parallel, cand.micro_batch, cand.recompute)
+        key = (cand.tp, cand.cp, cand.sequence_parallel, cand.micro_batch, cand.recompute,
+               cand.ep, cand.etp, res.sizes if cand.ep is not None else None)  # fmt: skip
         hit = self._progs.get(key)
         if hit is None:
             t = self.work.training
+            moe_kw = None
+            if self.work.model.moe is not None:
+                moe_kw = dict(ep=res.ep, etp=res.etp, expert_load=t.moe_expert_load,
+                              dispatcher=t.moe_dispatcher,
+                              overlap_ep=t.overlap_moe_expert_parallel_comm)  # fmt: skip
 
             def comm_cost(dim: str, op: str, nbytes: float) -> float:
                 return self._cost(op, dim, res, nbytes)
@@ -226,7 +275,7 @@ class Estimator:
                 sp=cand.sequence_parallel, recompute=cand.recompute, dtype=pricing_dtype(t),
                 cm=self.machine.compute, comm_cost=comm_cost, flash_attention=t.flash_attention,
                 kernels=t.kernels, param_dtype=t.param_dtype, cp=cand.cp,
-                cp_comm=self.work.parallelism.cp_comm,
+                cp_comm=self.work.parallelism.cp_comm, moe_kw=moe_kw,
             )  # fmt: skip
             self._progs[key] = hit
         return hit
@@ -264,16 +313,17 @@ class Estimator:
         pp, v = res.size("pp"), res.virtual_stages
         last = pp * v - 1
         worst = 0.0
+        skw = dict(zero=cand.zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
+                   kernels=t.kernels, weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0])
         for s in range(pp):
-            states = mem.model_state_bytes(
-                self._stage_params(res, s) / cand.tp, zero=cand.zero, dp=_shard(res),
-                param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype, kernels=t.kernels,
-                weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0],
-            ).total  # fmt: skip
+            dense, expert = self._stage_local(res, s)
+            states = mem.model_state_bytes(dense, dp=_shard(res), **skw).total
+            if expert:
+                states += mem.model_state_bytes(expert, dp=self._edp(res), **skw).total
             chunk = []
             for c in range(v):
                 vs = c * pp + s
-                b = res.stage_layers[vs] * act_layer
+                b = self._vs_activation(cand, res, vs, act_layer)
                 b += act_embed if vs == 0 else 0.0
                 b += act_head if vs == last else 0.0
                 chunk.append(b)
@@ -283,6 +333,41 @@ class Estimator:
             freed = act_head if s == pp - 1 else 0.0
             worst = max(worst, states + acts + max(0.0, act_rc - freed))
         return worst
+
+    def _first_layers(self, res: Resolved, vs: int) -> tuple[int, int]:
+        """(leading dense layers, other layers) of virtual stage ``vs`` (an MoE model's first
+        ``moe.dense_layers`` layers are dense)."""
+        moe, n = self.work.model.moe, res.stage_layers[vs]
+        if moe is None:
+            return 0, n
+        start = sum(res.stage_layers[:vs])
+        first = max(0, min(start + n, moe.dense_layers) - start)
+        return first, n - first
+
+    def _vs_activation(self, cand: Candidate, res: Resolved, vs: int, act_layer: float) -> float:
+        """Activation bytes a micro-batch keeps for the layers of virtual stage ``vs``: the
+        dense ``act_layer`` each, or (MoE / MLA) each layer's own, as the engine counts them
+        (:func:`simulator.model.moe_sizes.layer_activation_bytes`)."""
+        m = self.work.model
+        if m.moe is None and m.attention_kind != "mla":
+            return res.stage_layers[vs] * act_layer
+        key = (cand.tp, cand.cp, cand.micro_batch, cand.recompute, res.ep, res.etp)
+        hit = self._acts.get(key)
+        if hit is None:
+            t = self.work.training.model_copy(
+                update={"micro_batch": cand.micro_batch, "recompute": cand.recompute}
+            )
+            local = mc.cp_local(m, cand.cp)
+            first = m.moe.dense_layers if m.moe is not None else 0
+            hit = tuple(
+                moe_sizes.layer_activation_bytes(local, t, layer, tp=cand.tp,
+                                                 sp=cand.sequence_parallel, ep=res.ep,
+                                                 etp=res.etp)
+                for layer in (0, first)
+            )  # fmt: skip
+            self._acts[key] = hit
+        n_first, n_rest = self._first_layers(res, vs)
+        return n_first * hit[0] + n_rest * hit[1]
 
     # ---- time
 
@@ -301,6 +386,11 @@ class Estimator:
         lf = program_time(progs.layer_fwd)
         lb = program_time(progs.layer_bwd)
         lr = program_time(progs.layer_recompute)
+        # an MoE model's leading dense layers run their own programs
+        rest = first = (lf, lb, lr)
+        if progs.first_layers:
+            first = tuple(program_time(x) for x in
+                          (progs.first_fwd, progs.first_bwd, progs.first_recompute))  # fmt: skip
         ef, eb = program_time(progs.embed_fwd), program_time(progs.embed_bwd)
         hf, hb = program_time(progs.head_fwd), program_time(progs.head_bwd)
 
@@ -318,16 +408,17 @@ class Estimator:
             x: dict[str, float] = {}
             for ch in range(v):
                 vs = ch * pp + s
-                n = res.stage_layers[vs]
-                lf_t, lb_t = lf[0], lb[0] + lr[0]
-                if cand.zero == 3:
-                    g_ += n * (max(lf_t, z3_gather) - lf_t + max(lb_t, z3_gather) - lb_t)
-                    lf_t = max(lf_t, z3_gather)
-                    lb_t = max(lb_t, z3_gather)
-                f += n * lf_t
-                b += n * lb_t
-                c_ += n * (lf[1] + lb[1] + lr[1])
-                _add(x, n, lf, lb, lr)
+                for n, (lf, lb, lr) in zip(self._first_layers(res, vs), (first, rest),
+                                           strict=True):  # fmt: skip
+                    lf_t, lb_t = lf[0], lb[0] + lr[0]
+                    if cand.zero == 3:
+                        g_ += n * (max(lf_t, z3_gather) - lf_t + max(lb_t, z3_gather) - lb_t)
+                        lf_t = max(lf_t, z3_gather)
+                        lb_t = max(lb_t, z3_gather)
+                    f += n * lf_t
+                    b += n * lb_t
+                    c_ += n * (lf[1] + lb[1] + lr[1])
+                    _add(x, n, lf, lb, lr)
                 if vs == 0:
                     f, b = f + ef[0], b + eb[0]
                     c_ = c_ + ef[1] + eb[1]
@@ -390,7 +481,7 @@ class Estimator:
                 if t.overlap_grad_reduce:
                     # Buckets fill layer by layer during the last backward and go out once
                     # they reach grad_bucket_MB: whole layers per bucket (as the engine does).
-                    per_layer = self.lp / tp * gb
+                    per_layer = self._layer_grad_bytes(res, gb)
                     k = max(1, math.ceil(bucket / per_layer))
                     size = min(k * per_layer, grads)
                 else:
@@ -400,7 +491,9 @@ class Estimator:
                 total = n_b * each
                 window = B[s] / v * (1 - 1 / n_b) if t.overlap_grad_reduce else 0.0
                 dp_exposed = max(each if t.overlap_grad_reduce else total, total - window)
-            opt = self._optimizer_s(params / (dp if cand.zero >= 1 else 1))
+            dense, expert = self._stage_local(res, s)
+            z = cand.zero >= 1
+            opt = self._optimizer_s(dense / (dp if z else 1) + expert / (self._edp(res) if z else 1))
             gather = 0.0
             if cand.zero in (1, 2) and dp > 1:
                 gather = sum(

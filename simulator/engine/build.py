@@ -32,8 +32,7 @@ from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import memory as mem
-from simulator.model import mla
-from simulator.model import moe as moe_math
+from simulator.model import moe_sizes
 from simulator.model import transformer as tf
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
@@ -345,11 +344,7 @@ class _Builder:
     def layer_local(self, layer: int) -> tuple[float, float]:
         """Parameters of global layer ``layer`` on one rank: (the part split over TP and
         replicated over cp x dp, the routed experts split over ep x etp)."""
-        m = self.m
-        is_moe = m.moe is not None and layer >= m.moe.dense_layers
-        full = tf.layer_params(m, is_moe)
-        expert = moe_math.routed_expert_params(m) if is_moe else 0
-        return (full - expert) / self.tp, expert / (self.ep * self.etp)
+        return moe_sizes.layer_local_params(self.m, layer, tp=self.tp, ep=self.ep, etp=self.etp)
 
     def vs_local(self, vs: int) -> tuple[float, float]:
         """:meth:`layer_local` summed over a virtual stage, the embedding on the first and
@@ -402,29 +397,11 @@ class _Builder:
         return tuple(pr.part(op) for op in ops)
 
     def layer_activation(self, layer: int) -> float:
-        """Bytes a micro-batch keeps for global layer ``layer`` of an MoE or MLA model: the
-        dense layer's attention tensors (MLA: :func:`mla.mla_activation_bytes`), its norm2
-        tensors, and the MoE block's (:func:`moe.moe_activation_bytes`) or the dense MLP's."""
-        t, m = self.t, self.local_model
-        tensors = mem.activation_tensors_per_layer(
-            m, micro_batch=t.micro_batch, tp=self.tp, sequence_parallel=self.sp,
-            recompute=t.recompute, flash_attention=t.flash_attention, kernels=t.kernels,
-            param_dtype=t.param_dtype,
-        )  # fmt: skip
-        if t.recompute == "full":
-            return sum(tensors.values())
-        mlp_keys = ("fc1", "fc2", "act", "silu", "mlp")
-        attn = sum(v for k, v in tensors.items() if not k.startswith((*mlp_keys, "norm2")))
-        norm2 = sum(v for k, v in tensors.items() if k.startswith("norm2"))
-        mlp = sum(v for k, v in tensors.items() if k.startswith(mlp_keys))
-        d = BYTES[t.precision] if t.precision != "fp8" else 2
-        if m.attention_kind == "mla":
-            attn = mla.mla_activation_bytes(m, t.micro_batch, self.tp, self.sp, d)
-        if m.moe is not None and layer >= m.moe.dense_layers:
-            loc = moe_math.moe_local(m, t.micro_batch, self.tp, 1, self.ep, self.etp,
-                                     t.moe_expert_load)  # fmt: skip
-            mlp = moe_math.moe_activation_bytes(m, loc, tp=self.tp, d=d)
-        return attn + norm2 + mlp
+        """Bytes a micro-batch keeps for global layer ``layer`` of an MoE or MLA model
+        (:func:`simulator.model.moe_sizes.layer_activation_bytes`)."""
+        return moe_sizes.layer_activation_bytes(
+            self.local_model, self.t, layer, tp=self.tp, sp=self.sp, ep=self.ep, etp=self.etp
+        )
 
     def layer_sizes(self, layer: int) -> tuple[float, float, float]:
         """(activation, gradient, parameter) bytes of global layer ``layer`` on one rank."""

@@ -1,0 +1,69 @@
+"""Per-rank parameter and activation bytes of one layer of an MoE / MLA model.
+
+Pure functions shared by the engine's memory accounting (:mod:`simulator.engine.build`) and
+the layout search's pre-screen (:mod:`simulator.plan_estimate`), so that both count the same
+bytes. A layer's parameters split in two parts (MoE Parallel Folding, Liu et al. 2025,
+arXiv:2504.14960): the attention, norms, router and shared experts, split over ``tp`` and
+replicated over ``cp x dp``; the routed experts, split over ``ep x etp`` and replicated over
+``edp``.
+"""
+
+from __future__ import annotations
+
+from simulator.config.schema import ModelConfig, TrainingConfig
+from simulator.model import memory as mem
+from simulator.model import mla
+from simulator.model import moe as moe_math
+from simulator.model import transformer as tf
+from simulator.model.ops import DTYPE_BYTES as BYTES
+
+
+def is_moe_layer(model: ModelConfig, layer: int) -> bool:
+    """Whether global layer ``layer`` has an MoE block (the first ``dense_layers`` do not)."""
+    return model.moe is not None and layer >= model.moe.dense_layers
+
+
+def layer_local_params(
+    model: ModelConfig, layer: int, *, tp: int, ep: int, etp: int
+) -> tuple[float, float]:
+    """Parameters of global layer ``layer`` on one rank: (the part split over TP and
+    replicated over cp x dp, the routed experts split over ep x etp)."""
+    moe = is_moe_layer(model, layer)
+    full = tf.layer_params(model, moe)
+    expert = moe_math.routed_expert_params(model) if moe else 0
+    return (full - expert) / tp, expert / (ep * etp)
+
+
+def layer_activation_bytes(
+    local: ModelConfig,
+    t: TrainingConfig,
+    layer: int,
+    *,
+    tp: int,
+    sp: bool,
+    ep: int,
+    etp: int,
+) -> float:
+    """Bytes a micro-batch keeps for global layer ``layer`` of an MoE or MLA model (``local``:
+    the model one context-parallel rank sees): the dense layer's attention tensors (MLA:
+    :func:`mla.mla_activation_bytes`), its norm2 tensors, and the MoE block's
+    (:func:`moe.moe_activation_bytes`) or the dense MLP's. Full recomputation keeps only what
+    the dense accounting keeps (the layer input)."""
+    tensors = mem.activation_tensors_per_layer(
+        local, micro_batch=t.micro_batch, tp=tp, sequence_parallel=sp,
+        recompute=t.recompute, flash_attention=t.flash_attention, kernels=t.kernels,
+        param_dtype=t.param_dtype,
+    )  # fmt: skip
+    if t.recompute == "full":
+        return sum(tensors.values())
+    mlp_keys = ("fc1", "fc2", "act", "silu", "mlp")
+    attn = sum(v for k, v in tensors.items() if not k.startswith((*mlp_keys, "norm2")))
+    norm2 = sum(v for k, v in tensors.items() if k.startswith("norm2"))
+    mlp = sum(v for k, v in tensors.items() if k.startswith(mlp_keys))
+    d = BYTES[t.precision] if t.precision != "fp8" else 2
+    if local.attention_kind == "mla":
+        attn = mla.mla_activation_bytes(local, t.micro_batch, tp, sp, d)
+    if is_moe_layer(local, layer):
+        loc = moe_math.moe_local(local, t.micro_batch, tp, 1, ep, etp, t.moe_expert_load)
+        mlp = moe_math.moe_activation_bytes(local, loc, tp=tp, d=d)
+    return attn + norm2 + mlp
