@@ -226,13 +226,13 @@ class Estimator:
         gradient-reduction (cp x dp) groups of stage 0, or the sends of every rank of stage 0
         to stage 1. Cached."""
         key = (op, kind, res.size("tp"), nbytes) if kind == "tp" else (op, kind, res.sizes, nbytes)
-        if kind in ("ep", "etp"):
+        if kind in ("ep", "etp", "edp"):
             key = (op, kind, res.sizes, res.ep, res.etp, nbytes)
         hit = self._coll.get(key)
         if hit is None:
             lay, coll = self._layout(res), self.machine.collectives
             gpn = self.topo.gpus_per_node
-            if kind in ("ep", "etp"):
+            if kind in ("ep", "etp", "edp"):
                 sizes = {"etp": res.etp, "ep": res.ep, "edp": res.edp, "pp": res.size("pp")}
                 moe_lay = Layout.of(sizes, MOE_DIMS)
                 hit = coll.cost(op, tuple(moe_lay.groups(kind, {"pp": (0,)})), nbytes).time_s
@@ -371,6 +371,61 @@ class Estimator:
 
     # ---- time
 
+    def _split_experts(self, res: Resolved) -> bool:
+        """Whether the routed experts' gradients have their own (edp) communicator, as the
+        engine does where experts are split over ep x etp."""
+        return self.work.model.moe is not None and res.ep * res.etp > 1
+
+    def _reduction_s(self, cand: Candidate, res: Resolved, s: int, b_s: float, gb: int) -> float:
+        """Exposed gradient reduction of stage ``s`` (ZeRO 0-2; ``b_s``: its backward time
+        per micro-batch). Buckets fill layer by layer during the last backward and go out once
+        they reach grad_bucket_MB, whole layers per bucket (as the engine does); without
+        overlap, one bucket per model chunk (Megatron). The routed experts' buckets go over
+        edp beside the dense ones over cp x dp (separate communicators): the longer counts."""
+        t, v = self.work.training, res.virtual_stages
+        op = "all_reduce" if cand.zero == 0 else "reduce_scatter"
+        dense, expert = self._stage_local(res, s)
+        per_layer = self._layer_grad_bytes(res, gb)
+        if not self._split_experts(res):
+            streams = [("dp", (dense + expert) * gb, per_layer, _shard(res))]
+        else:
+            e_layer = moe_sizes.layer_local_params(self.work.model, self.work.model.layers - 1,
+                                                   tp=res.size("tp"), ep=res.ep,
+                                                   etp=res.etp)[1] * gb  # fmt: skip
+            streams = [("dp", dense * gb, per_layer - e_layer, _shard(res)),
+                       ("edp", expert * gb, e_layer, res.edp)]  # fmt: skip
+        exposed = 0.0
+        for kind, grads, layer_b, group in streams:
+            if group <= 1 or grads <= 0:
+                continue
+            if t.overlap_grad_reduce:
+                k = max(1, math.ceil(t.grad_bucket_MB * 1e6 / layer_b))
+                size = min(k * layer_b, grads)
+            else:
+                size = grads / v
+            n_b = max(1, math.ceil(grads / size))
+            each = self._cost(op, kind, res, size)
+            total = n_b * each
+            window = b_s / v * (1 - 1 / n_b) if t.overlap_grad_reduce else 0.0
+            exposed = max(exposed, each if t.overlap_grad_reduce else total, total - window)
+        return exposed
+
+    def _param_gather_s(self, res: Resolved, s: int, pb: float) -> float:
+        """ZeRO-1/2's all-gather of stage ``s``'s updated parameters after the optimizer: the
+        dense part over cp x dp, the routed experts (where split) over edp, side by side;
+        with ``overlap_param_gather`` only the first chunk's gather delays the step."""
+        pp, v = res.size("pp"), res.virtual_stages
+        total = 0.0
+        for c in range(v):
+            dense, expert = self._vs_local(res, c * pp + s)
+            if self._split_experts(res):
+                parts = [("dp", dense, _shard(res)), ("edp", expert, res.edp)]
+            else:
+                parts = [("dp", dense + expert, _shard(res))]
+            total += max((self._cost("all_gather", k, res, n * pb) for k, n, g in parts
+                          if g > 1 and n > 0), default=0.0)  # fmt: skip
+        return total / v if self.work.training.overlap_param_gather else total
+
     def estimate(self, cand: Candidate, res: Resolved) -> Estimate:
         """Memory and the analytic step time / tokens per second of ``cand``."""
         # Tensors plus the runtime's own reserve, as the simulator's fit verdict counts them.
@@ -395,7 +450,6 @@ class Estimator:
         hf, hb = program_time(progs.head_fwd), program_time(progs.head_bwd)
 
         pb, gb = weight_bytes(t, BYTES[t.param_dtype])[1], BYTES[t.grad_reduce_dtype]
-        bucket = t.grad_bucket_MB * 1e6
         p_layer = self.lp / tp
         # ZeRO-3: every layer's parameters gathered before its forward and its backward, and
         # its gradients reduce-scattered, per micro-batch (prefetch one layer ahead).
@@ -463,8 +517,6 @@ class Estimator:
         # finishes its last backward about s backward passes before stage 0 (1F1B drain).
         tail, parts = 0.0, (0.0, 0.0, 0.0)
         for s in range(pp):
-            params = self._stage_params(res, s) / tp
-            grads = params * gb
             slack = s * (B[s] / v if pp > 1 else 0.0)
             if cand.zero == 3:
                 # One reduce-scatter per layer and micro-batch, queued on the DP stream as
@@ -477,31 +529,13 @@ class Estimator:
                 whole = m * n_l * z3_rs - m * B[s]
                 dp_exposed = max(z3_rs, drain, whole)
             else:
-                op = "all_reduce" if cand.zero == 0 else "reduce_scatter"
-                if t.overlap_grad_reduce:
-                    # Buckets fill layer by layer during the last backward and go out once
-                    # they reach grad_bucket_MB: whole layers per bucket (as the engine does).
-                    per_layer = self._layer_grad_bytes(res, gb)
-                    k = max(1, math.ceil(bucket / per_layer))
-                    size = min(k * per_layer, grads)
-                else:
-                    size = grads / v  # one bucket per model chunk (Megatron, overlap off)
-                n_b = max(1, math.ceil(grads / size))
-                each = self._cost(op, "dp", res, size) if dp > 1 else 0.0
-                total = n_b * each
-                window = B[s] / v * (1 - 1 / n_b) if t.overlap_grad_reduce else 0.0
-                dp_exposed = max(each if t.overlap_grad_reduce else total, total - window)
+                dp_exposed = self._reduction_s(cand, res, s, B[s], gb)
             dense, expert = self._stage_local(res, s)
             z = cand.zero >= 1
             opt = self._optimizer_s(dense / (dp if z else 1) + expert / (self._edp(res) if z else 1))
             gather = 0.0
-            if cand.zero in (1, 2) and dp > 1:
-                gather = sum(
-                    self._cost("all_gather", "dp", res, self._vs_params(res, c * pp + s) / tp * pb)
-                    for c in range(v)
-                )
-                if t.overlap_param_gather:
-                    gather = gather / v  # only the first chunk's gather delays the step
+            if cand.zero in (1, 2):
+                gather = self._param_gather_s(res, s, pb)
             end = dp_exposed + opt + gather - slack
             if end > tail or s == 0:
                 tail, parts = max(end, 0.0), (dp_exposed + gather, opt, slack)

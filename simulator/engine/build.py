@@ -26,7 +26,7 @@ from simulator.config.checks import Resolved
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.contention import contention_modes
 from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_programs
-from simulator.engine.sim import CommSpec, Proc, StepPlan
+from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import pricing_dtype, weight_bytes
@@ -155,6 +155,17 @@ def replica_classes(
         sig_of[key].append(d)
     classes = sorted(sig_of.items(), key=lambda kv: kv[1][0])
     return [(tuple(ds), key[0]) for key, ds in classes]
+
+
+#: Streams whose collectives run on the routed experts' expert-data-parallel groups.
+EXPERT_STREAMS = ("edp", "egather")
+
+
+def _stream_dims(stream: str) -> str | tuple[str, ...]:
+    """The dimension(s) whose groups a stream's collectives run on."""
+    if stream in ("dp", "gather"):
+        return GRAD_DIMS
+    return "edp" if stream in EXPERT_STREAMS else stream
 
 
 def ring_pairs(group: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -323,15 +334,14 @@ class _Builder:
                     procs.append(p)
 
     def participants(self, p: Proc, stream: str) -> tuple[int, ...]:
-        if p.coords is None and stream not in ("dp", "gather"):
+        if p.coords is None and stream not in DP_STREAMS:
             return (p.pid,)  # a program collective: the process holds its whole group
         if p.coords is None:
             return tuple(
                 sorted({self.pid_of[(self.class_of_replica[d], p.stage)]
                         for d in range(self.lay.size("dp"))})
             )  # fmt: skip
-        dims = GRAD_DIMS if stream in ("dp", "gather") else stream
-        return tuple(self.pid_of[g] for g in self.comm.group_of(dims, p.gpu))
+        return tuple(self.pid_of[g] for g in self.comm.group_of(_stream_dims(stream), p.gpu))
 
     def peer(self, p: Proc, phase: str, dst_vs: int) -> int:
         dst_stage = dst_vs % self.pp
@@ -410,6 +420,12 @@ class _Builder:
         pb, gb = BYTES[self.t.param_dtype], BYTES[self.t.grad_reduce_dtype]
         return self.layer_activation(layer), n * gb, n * pb
 
+    def expert_bytes(self, layer: int) -> tuple[float, float]:
+        """(gradient, parameter) bytes of global layer ``layer``'s routed experts on one rank
+        (their share of :meth:`layer_sizes`), reduced over edp in buckets of their own."""
+        expert = self.layer_local(layer)[1]
+        return expert * BYTES[self.t.grad_reduce_dtype], expert * BYTES[self.t.param_dtype]
+
     def activations(self) -> tuple[float, float, float, float]:
         """Bytes a micro-batch keeps per layer, for the embedding and for the head (one
         context-parallel rank keeps its ``s/cp`` tokens' share), and what a recomputed layer
@@ -455,13 +471,25 @@ class _Builder:
                     self.send_pairs(p, dst), spec.nbytes
                 )
             return cache[key]
-        key = (spec.op, p.stage, spec.nbytes)
+        key = (spec.op, p.stage, spec.nbytes, spec.stream in EXPERT_STREAMS)
         if key not in cache:
-            cache[key] = self.comm.cost(spec.op, self.grad_groups(p.stage), spec.nbytes)
+            cache[key] = self.comm.cost(spec.op, self.stream_groups(spec.stream, p.stage),
+                                        spec.nbytes)  # fmt: skip
         return cache[key]
 
     def comm_time(self, spec: CommSpec, p: Proc) -> float:
         return self.comm_cost(spec, p).time_s
+
+    def stream_groups(self, stream: str, stage: int) -> list[tuple[int, ...]]:
+        """Every group of a stage that a data-parallel stream's collectives run on: the
+        routed experts' edp groups (``edp``, ``egather``) or the cp x dp groups."""
+        if stream not in EXPERT_STREAMS:
+            return self.grad_groups(stage)
+        hit = self._grad_groups.get(("edp", stage))
+        if hit is None:
+            lay = self.job.layout_of("edp")
+            hit = self._grad_groups[("edp", stage)] = lay.groups("edp", {"pp": (stage,)})
+        return hit
 
     def grad_groups(self, stage: int) -> list[tuple[int, ...]]:
         """Every gradient-reduction (cp x dp) group of a stage."""
@@ -484,8 +512,8 @@ class _Builder:
                 steps = self._cost_cache[key] = self.job.machine.collectives.bundles(
                     "send", pairs, spec.nbytes
                 )
-        elif spec.stream in ("dp", "gather"):
-            groups = self.grad_groups(p.stage)
+        elif spec.stream in DP_STREAMS:
+            groups = self.stream_groups(spec.stream, p.stage)
             yield self.env.timeout(self.comm.launch_s(spec.op, groups[0]))
             steps = self.comm.steps(spec.op, groups, spec.nbytes)
         else:  # a program collective of every group the process stands for (contention)
@@ -553,8 +581,7 @@ class _Builder:
         if spec.stream == "pp":
             groups, op = [(p.gpu, self.procs[spec.key[2]].gpu)], "send"
         else:
-            dims = GRAD_DIMS if spec.stream in ("dp", "gather") else spec.stream
-            groups, op = [self.comm.group_of(dims, p.gpu)], spec.op
+            groups, op = [self.comm.group_of(_stream_dims(spec.stream), p.gpu)], spec.op
         yield self.env.timeout(self.comm.launch_s(op, groups[0]))
         if op == "send_recv":
             steps = self.comm.steps(op, groups, spec.nbytes)
@@ -640,7 +667,8 @@ class _Builder:
             comm_cost=None if full else self.comm_cost,
             comm_exec=self.comm_exec if full else self.comm_exec_folded,
             detail=self.detail,
-            group_size={**sizes, "dp": self.shard, "gather": self.shard},
+            group_size={**sizes, "dp": self.shard, "gather": self.shard,
+                        "edp": self.edp, "egather": self.edp},
             grad_prep=grad_prep,
             unit_bytes=lambda u: (
                 (emb if u == "embed" else head) / tp * pb,
@@ -656,6 +684,10 @@ class _Builder:
                 "always", "with_dp" if dp_now else "always"),
             layer_sizes=(
                 self.layer_sizes if m.moe is not None or m.attention_kind == "mla" else None
+            ),
+            expert_bytes=self.expert_bytes if self.ep * self.etp > 1 else None,
+            stage_expert_param_bytes=(
+                (lambda vs: self.vs_local(vs)[1] * pb) if self.ep * self.etp > 1 else None
             ),
         )
 

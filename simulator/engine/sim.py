@@ -32,6 +32,10 @@ import simpy
 from simulator.engine.program import Part, Program, StagePrograms, program_time
 from simulator.parallel.schedules import schedule
 
+#: Streams of the data-parallel communicators (gradient reductions and ZeRO gathers: dense over
+#: cp x dp, routed experts over edp), which share the GPU with compute (interference).
+DP_STREAMS = ("dp", "gather", "edp", "egather")
+
 
 class CountingEnvironment(simpy.Environment):
     """A SimPy environment that counts the events it schedules (the reported event count)."""
@@ -68,7 +72,7 @@ class Proc:
 class CommSpec:
     """A collective (or send) that one process issues on a stream."""
 
-    stream: str  # dp | gather | pp, or a dimension (tp, cp) in full detail
+    stream: str  # dp | gather | edp | egather | pp, or a dimension (tp, cp) in full detail
     kind: str  # breakdown kind: <dim>_comm | zero_gather
     op: str
     nbytes: float
@@ -129,6 +133,13 @@ class StepPlan:
     #: per-layer (activation, gradient, parameter) bytes where layers differ (an MoE model's
     #: dense and MoE layers); None: every layer has the ``*_layer`` sizes above
     layer_sizes: Callable[[int], tuple[float, float, float]] | None = None
+    #: MoE with experts split over ep x etp: (gradient, parameter) bytes of a layer's routed
+    #: experts on one rank, reduced (and ZeRO-gathered) over the expert-data-parallel group on
+    #: streams ``edp`` / ``egather`` in buckets of their own (Megatron-Core's expert buffers);
+    #: None: every gradient is in the dense buckets over cp x dp
+    expert_bytes: Callable[[int], tuple[float, float]] | None = None
+    #: the routed experts' part of :attr:`stage_param_bytes` (ZeRO-1/2 gather over edp)
+    stage_expert_param_bytes: Callable[[int], float] | None = None
 
     def layer_bytes(self, layer: int) -> tuple[float, float, float]:
         """(activation, gradient, parameter) bytes of global layer ``layer`` on one rank."""
@@ -267,9 +278,10 @@ class Engine:
         # while a DP / ZeRO collective of this process is issued and not finished, or (links
         # shared with other stages' traffic) while any runs: the rest of the step prices
         # them statically, so the cost stays that of the distinct ranks at scale
-        last = self._last_done.get((p.pid, "dp"))
-        if last is not None and not last.triggered:
-            return True
+        for q in ("dp", "edp"):
+            last = self._last_done.get((p.pid, q))
+            if last is not None and not last.triggered:
+                return True
         return mode == "always" and self._dp_running > 0
 
     def _run_segments(self, p: Proc, segs, kind: str, mb: int, mem_after=None):
@@ -291,15 +303,14 @@ class Engine:
         order = schedule(plan.schedule_name, p.stage, pp, plan.microbatches, v)
         m = plan.microbatches
         buckets: dict[int, float] = defaultdict(float)
+        ebuckets: dict[int, float] = defaultdict(float)  # routed experts' gradients (edp)
         bucket_id = [0]
         dp_reduce_op = "all_reduce" if plan.zero == 0 else "reduce_scatter"
         start_gathers: dict[int, simpy.Event] = {}
 
         if plan.zero in (1, 2) and plan.overlap_param_gather:
             for c in range(v):
-                spec = self._spec(p, "gather", "zero_gather", "all_gather",
-                                  plan.stage_param_bytes(c * pp + p.stage), f"param all_gather c{c}")
-                start_gathers[c] = self._issue(p, spec)
+                start_gathers[c] = self.env.all_of(self._param_gathers(p, c * pp + p.stage, c))
 
         def act_delta(sign: float):
             def f(label: str, layer: int) -> float:
@@ -360,18 +371,26 @@ class Engine:
                                                       act_delta(-1))
                         if "recompute" in seg[0]:
                             continue
-                        buckets[w.chunk] += self._grad_bytes(seg, vs)
-                        if buckets[w.chunk] >= plan.bucket_bytes:
-                            yield from self._dp_bucket(p, dp_reduce_op, buckets[w.chunk], bucket_id)
-                            buckets[w.chunk] = 0.0
-                    if buckets[w.chunk]:
-                        yield from self._dp_bucket(p, dp_reduce_op, buckets[w.chunk], bucket_id)
-                        buckets[w.chunk] = 0.0
+                        expert = self._expert_grad_bytes(seg)
+                        buckets[w.chunk] += self._grad_bytes(seg, vs) - expert
+                        ebuckets[w.chunk] += expert
+                        for bk, stream in ((buckets, "dp"), (ebuckets, "edp")):
+                            if bk[w.chunk] >= plan.bucket_bytes:
+                                yield from self._dp_bucket(p, dp_reduce_op, bk[w.chunk],
+                                                           bucket_id, stream)  # fmt: skip
+                                bk[w.chunk] = 0.0
+                    for bk, stream in ((buckets, "dp"), (ebuckets, "edp")):
+                        if bk[w.chunk]:
+                            yield from self._dp_bucket(p, dp_reduce_op, bk[w.chunk], bucket_id,
+                                                       stream)  # fmt: skip
+                            bk[w.chunk] = 0.0
                 else:
                     yield from self._run_backward_segments(p, segs, w.microbatch, act_delta(-1))
                     if last_mb:
-                        buckets[w.chunk] += sum(self._grad_bytes(s, vs) for s in segs
-                                                if "recompute" not in s[0])
+                        done = [s for s in segs if "recompute" not in s[0]]
+                        expert = sum(self._expert_grad_bytes(s) for s in done)
+                        buckets[w.chunk] += sum(self._grad_bytes(s, vs) for s in done) - expert
+                        ebuckets[w.chunk] += expert
                 if vs > 0:
                     self._send(p, "B", vs, w.microbatch)
 
@@ -379,9 +398,10 @@ class Engine:
             # Without overlap Megatron-LM puts a model chunk's whole gradient buffer in one
             # bucket (megatron/core/distributed/distributed_data_parallel.py: bucket_size =
             # None when overlap_grad_reduce is off): one collective per chunk, after backward.
-            for c in sorted(buckets):
-                if buckets[c] > 0:
-                    yield from self._dp_bucket(p, dp_reduce_op, buckets[c], bucket_id)
+            for c in sorted(buckets.keys() | ebuckets.keys()):
+                for bk, stream in ((buckets, "dp"), (ebuckets, "edp")):
+                    if bk[c] > 0:
+                        yield from self._dp_bucket(p, dp_reduce_op, bk[c], bucket_id, stream)
         pending = self._pending.pop(p.pid, [])
         if pending:
             yield env.all_of(pending)
@@ -396,11 +416,23 @@ class Engine:
         if plan.zero in (1, 2) and not plan.overlap_param_gather:
             evs = []
             for c in range(v):
-                spec = self._spec(p, "gather", "zero_gather", "all_gather",
-                                  plan.stage_param_bytes(c * pp + p.stage), f"param all_gather c{c}")
-                evs.append(self._issue(p, spec))
+                evs.extend(self._param_gathers(p, c * pp + p.stage, c))
             yield env.all_of(evs)
         p.end_s = env.now
+
+    def _param_gathers(self, p: Proc, vs: int, c: int) -> list[simpy.Event]:
+        """ZeRO-1/2: issue the all-gathers of virtual stage ``vs``'s updated parameters: the
+        dense part over cp x dp (``gather``) and, where they have their own communicator, the
+        routed experts over edp (``egather``)."""
+        plan = self.plan
+        expert = plan.stage_expert_param_bytes(vs) if plan.stage_expert_param_bytes else 0.0
+        evs = [self._issue(p, self._spec(p, "gather", "zero_gather", "all_gather",
+                                         plan.stage_param_bytes(vs) - expert,
+                                         f"param all_gather c{c}"))]  # fmt: skip
+        if expert:
+            evs.append(self._issue(p, self._spec(p, "egather", "zero_gather", "all_gather",
+                                                 expert, f"expert param all_gather c{c}")))
+        return evs
 
     def _pp_gather(self, p: Proc, what: str, mb: int):
         """The receiver's TP all-gather of a pipeline transfer sent split (scatter/gather)."""
@@ -427,6 +459,12 @@ class Engine:
         if label in ("embed", "head"):
             return self.plan.unit_bytes(label)[1]
         return self.plan.layer_bytes(seg[1])[1]
+
+    def _expert_grad_bytes(self, seg) -> float:
+        """The routed experts' part of :meth:`_grad_bytes` where they are reduced over edp."""
+        if self.plan.expert_bytes is None or seg[1] < 0:
+            return 0.0
+        return self.plan.expert_bytes(seg[1])[0]
 
     # -------------------------------------------------------------------------------- ZeRO-3
 
@@ -506,16 +544,19 @@ class Engine:
         self._seq[(p.pid, seq_key)] = n + 1
         return CommSpec(stream, kind, op, nbytes, (seq_key, n), name, layer, mb)
 
-    def _grad_prep(self, p: Proc, nbytes: float, label: str):
+    def _grad_prep(self, p: Proc, nbytes: float, label: str, stream: str = "dp"):
         """The framework's work on a gradient bucket before it is reduced (copy into the
         bucket, scaling, casting), on the compute stream."""
         prog = self.plan.grad_prep(nbytes) if self.plan.grad_prep else ()
-        if prog and self.plan.group_size.get("dp", 1) > 1:
+        if prog and self.plan.group_size.get(stream, 1) > 1:
             yield from self._segments_folded(p, [(label, -1, prog)], "bwd", -1, None)
 
-    def _dp_bucket(self, p: Proc, op: str, nbytes: float, bucket_id: list[int]):
-        yield from self._grad_prep(p, nbytes, f"bucket {bucket_id[0]} prep")
-        spec = self._spec(p, "dp", "dp_comm", op, nbytes, f"grad {op} bucket {bucket_id[0]}")
+    def _dp_bucket(self, p: Proc, op: str, nbytes: float, bucket_id: list[int], stream="dp"):
+        """Issue a gradient bucket's reduction on ``stream`` (``dp``: over cp x dp; ``edp``:
+        routed experts over the expert-data-parallel group)."""
+        what = "grad" if stream == "dp" else "expert grad"
+        yield from self._grad_prep(p, nbytes, f"bucket {bucket_id[0]} prep", stream)
+        spec = self._spec(p, stream, "dp_comm", op, nbytes, f"{what} {op} bucket {bucket_id[0]}")
         bucket_id[0] += 1
         self._pending[p.pid].append(self._issue(p, spec))
         yield self.env.timeout(0)  # the reduction starts now, beside the next kernels
@@ -531,7 +572,7 @@ class Engine:
         done = self.env.event()
         # Gathers and gradient reductions share the data-parallel communicator, so they run
         # one after another in issue order (one NCCL stream per process group).
-        queue = "dp" if spec.stream == "gather" else spec.stream
+        queue = {"gather": "dp", "egather": "edp"}.get(spec.stream, spec.stream)
         prev = self._last_done.get((p.pid, queue))
         self._last_done[(p.pid, queue)] = done
         entry = self._rdv.setdefault(spec.key, [])
@@ -549,7 +590,7 @@ class Engine:
             yield env.all_of(prevs)
         start = env.now
         p0 = entry[0][0]
-        shares_gpu = spec.stream in ("dp", "gather")
+        shares_gpu = spec.stream in DP_STREAMS
         if shares_gpu:
             self._dp_running += 1
             for p, *_ in entry:

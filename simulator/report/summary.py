@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.engine.records import BREAKDOWN_KEYS
-from simulator.engine.sim import Proc
+from simulator.engine.sim import DP_STREAMS, Proc
 
 GiB = 1024**3
 
@@ -89,7 +89,7 @@ def breakdown(
             out["compute"] += max(0.0, (e - s) - comp - exposed)
         busy.append((s, e))
     idle = _subtract([(0.0, step_time)], _union(busy))
-    dp_iv = _union([*proc.comm_iv.get("dp", ()), *proc.comm_iv.get("gather", ())])
+    dp_iv = _union([iv for st in DP_STREAMS for iv in proc.comm_iv.get(st, ())])
     rest = _subtract(idle, dp_iv)
     out["dp_comm"] = _length(idle) - _length(rest)
     pp_iv = _union(proc.comm_iv.get("pp_in", ()))

@@ -37,12 +37,14 @@ from simulator.report.io import write_json_atomic
 GIB = float(1 << 30)
 
 #: Track order and names of the known streams; others follow, sorted by name.
-STREAM_ORDER = ("compute", "tp", "dp", "gather", "pp")
+STREAM_ORDER = ("compute", "tp", "dp", "gather", "edp", "egather", "pp")
 STREAM_TITLES = {
     "compute": "compute",
     "tp": "TP comm",
     "dp": "DP comm",
     "gather": "ZeRO gather",
+    "edp": "expert DP comm",
+    "egather": "expert ZeRO gather",
     "pp": "PP send/recv",
 }
 
