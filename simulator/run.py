@@ -26,7 +26,8 @@ from simulator.model import comm as mc
 from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
 from simulator.network.collectives import CollectiveModel
-from simulator.network.topology import Topology
+from simulator.network.innetwork import in_network_constants, nvls_available
+from simulator.network.topology import Topology, load_fabrics
 from simulator.reliability import reliability_summary
 from simulator.report.io import first_non_finite
 from simulator.report.summary import GiB, breakdown, memory_peak
@@ -239,6 +240,12 @@ def _fabric_figures(topo: Topology) -> dict:
             "value": topo.gpu.nvlink_generation,
             "from": f"catalog {topo.gpu.name}.nvlink_generation",
         }
+    nvls = nvls_available(topo, in_network_constants(load_fabrics()))
+    out["nvls"] = {"value": nvls, "from": "topology" if topo.cfg.nvls is not None
+                   else "default (on where the NVSwitch supports it)"}
+    out["ib_sharp"] = {"value": bool(topo.cfg.ib_sharp) and topo.nodes > 1,
+                       "from": "topology" if "ib_sharp" in topo.cfg.model_fields_set
+                       else "default (off)"}
     return out
 
 

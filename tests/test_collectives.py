@@ -196,16 +196,17 @@ def test_p2p_into_one_gpu_shares_its_link():
 
 
 def test_algorithm_choice_follows_size_and_scale():
-    one = CollectiveModel(dgx(nodes=1))
+    # NVLink SHARP off (NCCL_NVLS_ENABLE=0): the ring / tree choice alone
+    one = CollectiveModel(dgx(nodes=1, nvls=False))
     assert one.algorithm("all_reduce", range(8), 1024) == "ring/LL"
     assert one.algorithm("all_reduce", range(8), 2.0**30) == "ring/Simple"
-    many = CollectiveModel(dgx(nodes=32))
+    many = CollectiveModel(dgx(nodes=32, nvls=False))
     assert many.algorithm("all_reduce", range(256), 65536).startswith("tree/")
     # On 2 nodes the double binary tree moves half the ring's network bytes, so NCCL picks it
     # for large messages (NVIDIA/nccl-tests#196); on 8 nodes its 0.92 bandwidth loses.
-    two = CollectiveModel(dgx(nodes=2))
+    two = CollectiveModel(dgx(nodes=2, nvls=False))
     assert two.algorithm("all_reduce", range(16), 2.0**32) == "tree/Simple"
-    eight = CollectiveModel(dgx(nodes=8))
+    eight = CollectiveModel(dgx(nodes=8, nvls=False))
     assert eight.algorithm("all_reduce", range(64), 2.0**32) == "ring/Simple"
     assert eight.algorithm("all_reduce", range(64), 2.0**24) == "tree/LL"
     assert one.algorithm("all_to_all", range(8), 2.0**20).startswith("direct/")

@@ -510,6 +510,16 @@ class TopologyConfig(Frozen):
         le=1e6,
     )
     nvlink_latency_us: Float = Field(0.8, ge=0, le=MAX_LATENCY_US)
+    nvls: Bool | None = Field(
+        None,
+        description="NVLink SHARP (NCCL's NVLS / NVLS Tree all-reduce, reduced in the NVSwitch); "
+        "default (null): on where supported (NVSwitch, NVLink 4 or later), as NCCL enables it",
+    )
+    ib_sharp: Bool = Field(
+        False,
+        description="InfiniBand SHARP in the scale-out switches (NCCL CollNet with the SHARP "
+        "plugin, Quantum-2 NDR or later); off by default, as NCCL (NCCL_COLLNET_ENABLE=0)",
+    )
     # inter-node
     nics_per_node: NonNegativeInt = Field(8, le=MAX_GPUS_PER_NODE)
     nic_bandwidth_Gbps: PositiveFloat | None = Field(

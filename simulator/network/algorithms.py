@@ -82,7 +82,7 @@ class AlgorithmPhases:
             return [Phase(tuple(tr), 1, path, hops[0], hops[1], 0.0 if net else S)]
         if alg == "p2p":
             return [self._direct_phase(((g[0], g[1], S),), S)]
-        raise AssertionError(alg)
+        return self._in_network_phases(alg, g, S)  # nvls, nvls_tree, collnet (innetwork.py)
 
     def _pxn(self, tr):
         """NCCL's PXN (PCI x NVLink, NCCL >= 2.12, on by default): a send to a GPU of another

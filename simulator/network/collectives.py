@@ -36,7 +36,8 @@ network the NIC's DMA overlaps that work, so it is not charged.
 Protocols (NCCL's LL, LL128 and Simple) scale the bytes a step puts on the links by
 1/bandwidth_fraction and add per-step overheads (``fabrics.yaml``). Like NCCL's tuner,
 :meth:`CollectiveModel.algorithm` picks the algorithm and protocol with the lowest predicted
-time for one group. NVLS/SHARP, CollNet and PAT are not modelled.
+time for one group. NVLS (NVLink SHARP) and CollNet (InfiniBand SHARP) all-reduces are in
+:mod:`simulator.network.innetwork`; PAT is not modelled.
 """
 
 from __future__ import annotations
@@ -51,19 +52,21 @@ import numpy as np
 from simulator.errors import ConfigError
 from simulator.network.algorithms import AlgorithmPhases, Phase, phase_at
 from simulator.network.flows import fluid_completion
+from simulator.network.innetwork import IN_NETWORK, InNetworkPhases, in_network_constants
 from simulator.network.topology import Topology, load_fabrics
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send")
 ALGORITHMS = {
-    "all_reduce": ("ring", "tree", "hierarchical"),
+    "all_reduce": ("ring", "tree", "hierarchical", *IN_NETWORK),
     "all_gather": ("ring",),
     "reduce_scatter": ("ring",),
     "all_to_all": ("direct",),
     "broadcast": ("chain",),
     "send": ("p2p",),
 }
-#: Algorithms the automatic choice considers (NCCL's defaults without NVLS/CollNet).
-AUTO = {**ALGORITHMS, "all_reduce": ("ring", "tree")}
+#: Algorithms the automatic choice considers (NCCL's defaults; NVLS and CollNet join them where
+#: the fabric has them, :meth:`CollectiveModel.auto`).
+AUTO = {**ALGORITHMS, "all_reduce": ("ring", "tree", *IN_NETWORK)}
 #: nccl-tests bus-bandwidth factors (nccl-tests doc/PERFORMANCE.md).
 BUSBW = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -132,7 +135,7 @@ class _Proto:
     tree: tuple[float, float]
 
 
-class CollectiveModel(AlgorithmPhases):
+class CollectiveModel(InNetworkPhases, AlgorithmPhases):
     """Cost of collectives on a topology (see the module docstring)."""
 
     def __init__(self, topology: Topology, fabrics: Mapping[str, Any] | None = None):
@@ -155,6 +158,8 @@ class CollectiveModel(AlgorithmPhases):
         self.host_sync_overhead_s = float(fab.get("host_sync_overhead_us", 0.0)) * 1e-6
         self.copy_Bps = float(fab["copy_GBps"]) * 1e9
         self.tree_fraction = float(fab["tree_bandwidth_fraction"])
+        #: NVLS / SHARP constants (fabrics.yaml ``in_network``)
+        self.in_network = in_network_constants(fabrics)
         self.protocols = tuple(
             _Proto(
                 name,
@@ -229,7 +234,7 @@ class CollectiveModel(AlgorithmPhases):
                 # NIC is shared. NCCL's tuner sees the contended bandwidth, so take the best
                 # of the joint choices.
                 for alg in AUTO[op]:
-                    for proto in self.protocols:
+                    for proto in self._protocols_of(alg):
                         try:
                             alt = self._cost(key[0], key[1], key[2], f"{alg}/{proto.name}")
                         except ConfigError:
@@ -371,6 +376,8 @@ class CollectiveModel(AlgorithmPhases):
         return 1.0 / (proto.fraction * ph.bw_fraction)
 
     def _lat(self, ph: Phase, proto: _Proto) -> float:
+        if ph.family == "offload":  # NVLS / SHARP: the algorithm's own fixed latency
+            return ph.path_s
         intra, net = proto.tree if ph.family == "tree" else proto.ring
         return (
             ph.path_s + ph.intra_hops * intra + ph.net_hops * net + ph.local_bytes / self.copy_Bps
@@ -444,7 +451,7 @@ class CollectiveModel(AlgorithmPhases):
                 )
             algs = (name,)
             if pname:
-                protos = tuple(p for p in self.protocols if p.name == pname)
+                protos = tuple(p for p in self._protocols_of(name) if p.name == pname)
                 if not protos:
                     raise ConfigError(
                         f"unknown protocol {pname!r} (accepted: "
@@ -460,7 +467,7 @@ class CollectiveModel(AlgorithmPhases):
                 if phases is None:
                     continue
                 timed = [(ph, self._fluid(ph)) for ph in phases]
-                for pr in protos:
+                for pr in self._protocols_of(alg, protos):
                     t = sum(
                         ph.repeat * (f * self._wire(ph, pr) + self._lat(ph, pr)) for ph, f in timed
                     )
@@ -472,6 +479,11 @@ class CollectiveModel(AlgorithmPhases):
                 )
             best = best[1:]
         return best
+
+    def _protocols_of(self, alg: str, protos=None) -> tuple[_Proto, ...]:
+        """The protocols ``alg`` runs with: NVLS and CollNet only with Simple (NCCL)."""
+        protos = self.protocols if protos is None else protos
+        return tuple(p for p in protos if alg not in IN_NETWORK or p.name == "Simple")
 
     def _fluid(self, ph: Phase) -> float:
         flows = [(self.topology.route(s, d), b) for s, d, b in ph.transfers]
