@@ -11,10 +11,12 @@ import pytest
 
 from simulator.config.load import load_workload, read_yaml
 from simulator.config.schema import TopologyConfig
+from simulator.engine.build import make_job
 from simulator.errors import ConfigError
 from simulator.hardware.catalog import load_gpu
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology, load_fabrics
+from simulator.run import make_machine, resolve_loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 EFF = {k: float(v["efficiency"]) for k, v in load_fabrics()["links"].items()}
@@ -116,7 +118,7 @@ def test_a_tp_group_across_trays_costs_what_it_costs_on_one_nvswitch():
 
 
 def test_a_domain_that_does_not_divide_the_cluster_is_an_input_error(tmp_path):
-    with pytest.raises(ConfigError, match="nvlink_domain_gpus"):
+    with pytest.raises((ConfigError, ValueError), match="nvlink_domain_gpus"):
         shipped("gb200-nvl72", nodes=20)
     work = tmp_path / "w.yaml"
     work.write_text((ROOT / "workloads/llama3-8b.yaml").read_text())
@@ -127,6 +129,27 @@ def test_a_domain_that_does_not_divide_the_cluster_is_an_input_error(tmp_path):
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert "nvlink_domain_gpus" in out.stderr
+
+
+def test_deepseek_on_partial_nvl72_racks_names_the_fix_and_runs_with_it():
+    """2,048 GB200 are 28.4 NVL72 racks: the error names whole racks (504 or 522 trays) and
+    racks using 16 of their 18 trays (domains of 64); with those, every EP group of 64 sits in
+    one rack's NVLink domain."""
+    args = [sys.executable, "-m", "simulator", "run", "workloads/deepseek-v3.yaml", "--no-files",
+            "--set", "cluster.topology=topologies/gb200-nvl72.yaml", "--set", "topology.nodes=512"]
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    err = out.stderr
+    assert err.startswith("error: topologies/gb200-nvl72.yaml: nvlink_domain_gpus:")
+    assert "nodes: 504 (28 domains)" in err and "nvlink_domain_gpus: 64" in err
+    loaded = load_workload(ROOT / "workloads/deepseek-v3.yaml", [
+        "cluster.topology=topologies/gb200-nvl72.yaml", "topology.nodes=512",
+        "topology.nvlink_domain_gpus=64"])
+    res = resolve_loaded(loaded)
+    job = make_job(loaded.workload, loaded.topology, res, make_machine(loaded))
+    groups = job.layout_of("ep").groups("ep")
+    assert len(groups) == 2048 // 64
+    assert all(len({g // 64 for g in grp}) == 1 for grp in groups)
 
 
 # ------------------------------------------------------------------ three tiers, rail-only

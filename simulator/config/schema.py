@@ -499,8 +499,8 @@ class TopologyConfig(Frozen):
     nvlink_domain_gpus: PositiveInt | None = Field(
         None,
         description="GPUs joined by one NVLink switch fabric (72 on a GB200/GB300 NVL72 rack of "
-        "18 trays of 4); a multiple of gpus_per_node dividing the GPU count; default "
-        "gpus_per_node",
+        "18 trays of 4; 64 for racks using 16 of their trays); a multiple of gpus_per_node "
+        "dividing the GPU count; default gpus_per_node",
     )
     nvlink_bandwidth_GBps: PositiveFloat | None = Field(
         None,
@@ -567,6 +567,14 @@ class TopologyConfig(Frozen):
     cost: CostConfig = CostConfig()
 
     @model_validator(mode="after")
+    def _nvlink_domain(self) -> TopologyConfig:
+        dom, tray = self.nvlink_domain_gpus, self.gpus_per_node
+        n = self.nodes * tray
+        if dom is None or (dom % tray == 0 and n % dom == 0):
+            return self
+        raise ValueError(f"nvlink_domain_gpus={dom} {_domain_advice(dom, tray, self.nodes)}")
+
+    @model_validator(mode="after")
     def _cluster_size(self) -> TopologyConfig:
         if self.nodes * self.gpus_per_node > MAX_GPUS:
             raise ValueError(
@@ -574,6 +582,24 @@ class TopologyConfig(Frozen):
                 f"{self.nodes * self.gpus_per_node} GPUs; the simulator takes up to {MAX_GPUS:,}"
             )
         return self
+
+
+def _domain_advice(dom: int, tray: int, nodes: int) -> str:
+    """What to change when NVLink domains of ``dom`` GPUs do not tile ``nodes`` x ``tray``: the
+    node counts of whole domains nearby, or the largest domain that tiles the GPUs (a rack
+    using part of its trays, as 16 of an NVL72 rack's 18 trays)."""
+    n = nodes * tray
+    if dom % tray:
+        return f"must be a multiple of gpus_per_node ({tray}) (accepted: {tray}, {2 * tray}, ...)"
+    t = dom // tray
+    lo, hi = nodes // t * t, -(-nodes // t) * t
+    whole = " or ".join(f"nodes: {x} ({x // t} domains)" for x in (lo, hi) if x)
+    part = max(d for d in range(tray, dom + 1, tray) if n % d == 0)
+    return (
+        f"must divide the {n} GPUs (nodes x gpus_per_node) (accepted: whole domains, {whole}; "
+        f"or domains of {part} GPUs, nvlink_domain_gpus: {part}, each using "
+        f"{part // tray} of its {t} nodes)"
+    )
 
 
 # --------------------------------------------------------------------------------------------
