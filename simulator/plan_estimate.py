@@ -276,6 +276,8 @@ class Estimator:
                 cm=self.machine.compute, comm_cost=comm_cost, flash_attention=t.flash_attention,
                 kernels=t.kernels, param_dtype=t.param_dtype, cp=cand.cp,
                 cp_comm=self.work.parallelism.cp_comm, moe_kw=moe_kw,
+                recompute_modules=moe_sizes.recompute_modules(
+                    t.model_copy(update={"recompute": cand.recompute})),
             )  # fmt: skip
             self._progs[key] = hit
         return hit

@@ -238,6 +238,17 @@ def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
     def fail(field: str, msg: str) -> ConfigError:
         return ConfigError(msg, file=file, field=field)
 
+    mods = t.recompute_modules
+    if mods and "mla_up_proj" in mods and m.attention_kind != "mla":
+        raise fail("training.recompute_modules",
+                   "mla_up_proj needs model.attention: mla (accepted here: core_attn, "
+                   "layernorm, moe_act)")
+    if mods and set(mods) - {"core_attn"} and m.moe is None and m.attention_kind != "mla":
+        raise fail("training.recompute_modules",
+                   "layernorm, mla_up_proj and moe_act are modelled for MoE / MLA models "
+                   "(accepted here: core_attn)")
+    if mods and "moe_act" in mods and m.moe is None:
+        raise fail("training.recompute_modules", "moe_act needs model.moe")
     if m.moe is None:
         if ep > 1 or etp > 1:
             raise fail(

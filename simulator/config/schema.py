@@ -271,6 +271,16 @@ class TrainingConfig(Frozen):
     )
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     recompute: Literal["none", "selective", "full"] = "none"
+    recompute_modules: tuple[Literal["core_attn", "layernorm", "mla_up_proj", "moe_act"], ...] | None = (
+        Field(
+            None,
+            description="with recompute: selective, the modules recomputed in backward "
+            "(ignored with none or full, as Megatron-Core does) "
+            "(Megatron-Core's --recompute-modules; default [core_attn]): core_attn (the "
+            "attention core), layernorm (norm outputs), mla_up_proj (MLA's Q/K/V "
+            "up-projections, DeepSeek-V3 Sec. 3.2.3), moe_act (the experts' activation)",
+        )
+    )
     overlap_grad_reduce: Bool = Field(
         True,
         description="reduce gradients in grad_bucket_MB buckets during the last backward; "

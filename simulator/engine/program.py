@@ -165,7 +165,26 @@ def price(ops: Sequence[Op], pr: Pricer, comm_cost: CommCost | None) -> Program:
 SELECTIVE = ("attn", "attn_scores", "softmax", "attn_dropout", "attn_context", "attn_merge")
 
 
-def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pricer) -> Program:
+#: Kernels each selective recompute module (Megatron-Core's ``--recompute-modules``) runs again
+#: before a layer's backward, by name (the attention core by kind too).
+RECOMPUTE_MODULES = {
+    "core_attn": SELECTIVE,
+    "layernorm": ("norm1", "norm2", "q_norm", "kv_norm"),
+    "mla_up_proj": ("q_up", "kv_up", "rope"),
+    "moe_act": ("expert_act", "shared_act"),
+}
+
+
+def _reruns(op: Op, modules: frozenset[str]) -> bool:
+    """Whether selective recomputation of ``modules`` re-runs ``op``."""
+    if "core_attn" in modules and op.kind == "attention":
+        return True
+    base = "expert_act" if op.name.startswith("expert_act") else op.name
+    return any(base in RECOMPUTE_MODULES[m] for m in modules)
+
+
+def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pricer,
+               modules: frozenset[str] = frozenset({"core_attn"})) -> Program:  # fmt: skip
     if recompute == "full":
         return tuple(
             Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes, dim=p.dim) for p in layer_fwd
@@ -174,7 +193,7 @@ def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pr
         return tuple(
             Part(f"re_{op.name}", "compute", pr.time(op), op.flops)
             for op in fwd_ops
-            if op.kind == "attention" or op.name in SELECTIVE
+            if _reruns(op, modules)
         )
     return ()
 
@@ -195,6 +214,7 @@ def build_stage_programs(
     cp: int = 1,
     cp_comm: str = "p2p",
     moe_kw: dict | None = None,
+    recompute_modules: frozenset[str] = frozenset({"core_attn"}),
 ) -> StagePrograms:
     """Price every program of one stage.
 
@@ -215,13 +235,16 @@ def build_stage_programs(
     lkw = dict(kw, flash_attention=flash_attention, cp_comm=cp_comm)
     first: dict = {}
     if model.moe is not None or model.attention_kind == "mla":
-        mkw = dict(lkw, precision_bytes=BYTES[dtype], **(moe_kw or {}))
+        # activations stay 16-bit under the low-precision recipes (their GEMMs are priced in
+        # the recipe's format by the pricer)
+        mkw = dict(lkw, precision_bytes=BYTES.get(dtype, 2), **(moe_kw or {}))
 
         def programs(moe_layer: bool) -> tuple[Program, Program, Program]:
             f = ml.layer_ops(model, backward=False, moe_layer=moe_layer, **mkw)
             fp = price(f, pr, comm_cost)
             b = ml.layer_ops(model, backward=True, moe_layer=moe_layer, **mkw)
-            return fp, price(b, pr, comm_cost), _recompute(f, fp, recompute, pr)
+            return fp, price(b, pr, comm_cost), _recompute(f, fp, recompute, pr,
+                                                           recompute_modules)  # fmt: skip
 
         dense_first = model.moe.dense_layers if model.moe is not None else 0
         layer_fwd, layer_bwd, layer_re = programs(model.moe is not None)
@@ -232,7 +255,7 @@ def build_stage_programs(
         fwd_ops = mc.layer_ops(model, backward=False, **lkw)
         layer_fwd = price(fwd_ops, pr, comm_cost)
         layer_bwd = price(mc.layer_ops(model, backward=True, **lkw), pr, comm_cost)
-        layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr)
+        layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr, recompute_modules)
     return StagePrograms(
         layer_fwd,
         layer_bwd,

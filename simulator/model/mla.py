@@ -123,19 +123,38 @@ def mla_backward_ops(model: ModelConfig, micro_batch: int, tp: int, sp: bool, d:
     return out
 
 
-def mla_activation_bytes(model: ModelConfig, micro_batch: int, tp: int, sp: bool, d: int) -> float:
-    """What an MLA block keeps for its backward on one TP rank (no recompute): the input of
-    every GEMM (norm output, the two latents and their norm outputs, Q, K, V and the attention
-    output), the norm input, and the flash kernel's fp32 log-sum-exp."""
+def mla_activation_bytes(
+    model: ModelConfig,
+    micro_batch: int,
+    tp: int,
+    sp: bool,
+    d: int,
+    *,
+    recompute: frozenset[str] = frozenset(),
+    gemm_in: int | None = None,
+) -> float:
+    """What an MLA block keeps for its backward on one TP rank: the input of every GEMM
+    (norm output, the two latents and their norm outputs, Q, K, V and the attention output),
+    the norm input, and the flash kernel's fp32 log-sum-exp.
+
+    ``recompute`` (Megatron-Core's recompute modules): ``layernorm`` drops the norm outputs
+    (recomputed from their inputs), ``mla_up_proj`` drops Q, K and V (the up-projections and
+    RoPE re-run from the latents; DeepSeek-V3, arXiv:2412.19437, Section 3.2.3). ``gemm_in``:
+    bytes per element of a cached GEMM input where the precision recipe keeps the quantised
+    copy (FP8: 1; default ``d``)."""
     L = local_dims(model, micro_batch, tp, sp)
     H, rq, rkv, dn, dr, dv = _dims(model)
     T, NT, h, Hl = L.tokens, L.norm_tokens, model.hidden, L.heads
-    n = NT * h  # norm1 input (sequence-parallel shard)
-    n += T * h  # gathered norm output: input of the down-projections
-    n += 2 * T * (rq or 0) + T * (rkv + dr) + T * rkv  # latents, their norm outputs
-    n += T * Hl * (dn + dr) * 2 + T * Hl * dv  # Q, K (after rope), V
-    n += T * Hl * dv  # attention output (out_proj input)
-    return float(n * d + 4 * micro_batch * Hl * model.seq_len)
+    g = d if gemm_in is None else gemm_in
+    n = NT * h * d  # norm1 input (sequence-parallel shard)
+    n += T * (rq or 0) * d + T * (rkv + dr) * d  # latents (norm inputs; rope input)
+    if "layernorm" not in recompute:
+        n += T * h * g  # gathered norm output: input of the down-projections
+        n += T * (rq or 0) * g + T * rkv * g  # latent norm outputs: inputs of the up-projections
+    if "mla_up_proj" not in recompute:
+        n += (T * Hl * (dn + dr) * 2 + T * Hl * dv) * d  # Q, K (after rope), V
+    n += T * Hl * dv * g  # attention output (out_proj input)
+    return float(n + 4 * micro_batch * Hl * model.seq_len)
 
 
 def _with_head_dim(L, hd: int):

@@ -356,7 +356,14 @@ def moe_backward_ops(
 
 
 def moe_activation_bytes(
-    model: ModelConfig, loc: MoELocal, *, tp: int, d: int, recompute: str = "none"
+    model: ModelConfig,
+    loc: MoELocal,
+    *,
+    tp: int,
+    d: int,
+    recompute: str = "none",
+    modules: frozenset[str] = frozenset(),
+    gemm_in: int | None = None,
 ) -> float:
     """What an MoE block keeps for its backward on the busiest rank, per micro-batch (fused
     kernels): the norm input and the router's input (``t x h``), the routing weights and map
@@ -364,17 +371,26 @@ def moe_activation_bytes(
     activation's input (``R x fc1_out``) and fc2's input (``R x ffn``), the combined copies the
     unpermute multiplies by the routing weights (``t*top_k x h``), and the shared experts'
     inputs of their GEMMs. ``R`` is the busiest rank's copies, ``top_k*t`` with uniform load.
-    ``full`` recomputation keeps only the layer's input (counted with the attention)."""
+    ``full`` recomputation keeps only the layer's input (counted with the attention).
+
+    ``modules`` (selective recomputation, Megatron-Core's recompute modules): ``moe_act``
+    drops fc2's input (the activation's output, recomputed from its input), ``layernorm`` the
+    norm output (the router's input). ``gemm_in``: bytes per element of a cached GEMM input
+    where the precision recipe keeps the quantised copy (FP8: 1, as DeepSeek-V3 caches the
+    dispatched tokens and the SwiGLU input, arXiv:2412.19437, Section 3.3.3; default ``d``)."""
     if recompute == "full":
         return 0.0
     moe, h = model.moe, model.hidden
     t, k, E, R, f = loc.tokens, moe.top_k, moe.experts, sum(loc.expert_tokens), loc.ffn
+    g = d if gemm_in is None else gemm_in
     fc1_out = 2 * f if model.activation == "swiglu" else f
-    n = 2 * t * h * d + t * E * (FP32 + 1)
-    n += R * (h + fc1_out + f) * d
+    n = t * h * d + t * E * (FP32 + 1)  # norm input, routing weights and map
+    n += 0 if "layernorm" in modules else t * h * g  # norm output: the router's input
+    n += R * h * g + R * fc1_out * g  # dispatched copies (fc1 input), activation input
+    n += 0 if "moe_act" in modules else R * f * g  # fc2 input
     n += t * k * h * d
     if moe.shared_experts:
         fs = moe.shared_experts * moe.shared_ffn // tp
         fs1 = 2 * fs if model.activation == "swiglu" else fs
-        n += t * tp * (fs1 + fs) * d
+        n += t * tp * (fs1 + (0 if "moe_act" in modules else fs)) * g
     return float(n)

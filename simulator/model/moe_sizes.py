@@ -17,6 +17,20 @@ from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
 from simulator.model.ops import DTYPE_BYTES as BYTES
 
+#: Precisions whose recipe caches a GEMM's input for the backward as its quantised copy
+#: (1 byte: Transformer Engine keeps the FP8 input of a Linear for its weight gradient;
+#: DeepSeek-V3 caches activations in FP8, arXiv:2412.19437, Section 3.3.3). Applied to the
+#: GEMM inputs of MLA attention and MoE blocks; the dense layers' accounting keeps 2 bytes.
+LOW_PRECISION_CACHE = ("fp8", "mxfp8", "nvfp4")
+
+
+def recompute_modules(t: TrainingConfig) -> frozenset[str]:
+    """The modules selective recomputation re-runs (Megatron-Core's ``--recompute-modules``,
+    default ``core_attn``); empty without selective recomputation."""
+    if t.recompute != "selective":
+        return frozenset()
+    return frozenset(t.recompute_modules or ("core_attn",))
+
 
 def is_moe_layer(model: ModelConfig, layer: int) -> bool:
     """Whether global layer ``layer`` has an MoE block (the first ``dense_layers`` do not)."""
@@ -49,9 +63,12 @@ def layer_activation_bytes(
     :func:`mla.mla_activation_bytes`), its norm2 tensors, and the MoE block's
     (:func:`moe.moe_activation_bytes`) or the dense MLP's. Full recomputation keeps only what
     the dense accounting keeps (the layer input)."""
+    dense_rc = t.recompute
+    if t.recompute == "selective" and "core_attn" not in recompute_modules(t):
+        dense_rc = "none"
     tensors = mem.activation_tensors_per_layer(
         local, micro_batch=t.micro_batch, tp=tp, sequence_parallel=sp,
-        recompute=t.recompute, flash_attention=t.flash_attention, kernels=t.kernels,
+        recompute=dense_rc, flash_attention=t.flash_attention, kernels=t.kernels,
         param_dtype=t.param_dtype,
     )  # fmt: skip
     if t.recompute == "full":
@@ -60,10 +77,13 @@ def layer_activation_bytes(
     attn = sum(v for k, v in tensors.items() if not k.startswith((*mlp_keys, "norm2")))
     norm2 = sum(v for k, v in tensors.items() if k.startswith("norm2"))
     mlp = sum(v for k, v in tensors.items() if k.startswith(mlp_keys))
-    d = BYTES[t.precision] if t.precision != "fp8" else 2
+    d = BYTES[t.precision] if t.precision in ("bf16", "fp16", "fp32") else 2
+    mods = recompute_modules(t)
+    g = 1 if t.precision in LOW_PRECISION_CACHE else None
     if local.attention_kind == "mla":
-        attn = mla.mla_activation_bytes(local, t.micro_batch, tp, sp, d)
+        attn = mla.mla_activation_bytes(local, t.micro_batch, tp, sp, d, recompute=mods,
+                                        gemm_in=g)  # fmt: skip
     if is_moe_layer(local, layer):
         loc = moe_math.moe_local(local, t.micro_batch, tp, 1, ep, etp, t.moe_expert_load)
-        mlp = moe_math.moe_activation_bytes(local, loc, tp=tp, d=d)
+        mlp = moe_math.moe_activation_bytes(local, loc, tp=tp, d=d, modules=mods, gemm_in=g)
     return attn + norm2 + mlp
