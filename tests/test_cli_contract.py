@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from simulator.cli import main
 
@@ -34,9 +35,14 @@ def test_run_json_has_the_contract_keys(workload, capsys):
     assert all(v >= 0 for v in s["breakdown_s"].values())
     assert set(MEMORY) <= set(s["memory_gib"])
     assert s["fits"] == (s["memory_gib"]["total"] <= s["memory_gib"]["capacity"])
-    # Plausible: large-scale LLM training on Hopper lands between 20% and 65% MFU.
-    assert 0.2 < s["mfu"] < 0.65, s["mfu"]
-    assert s["tflops_per_gpu"] == pytest.approx(s["mfu"] * 989.4, rel=1e-3)
+    # Plausible: large-scale LLM training on Hopper delivers 20-65 % of the BF16 peak (989.4
+    # TFLOP/s). MFU is against the peak of the workload's GEMM format: FP8's is twice BF16's
+    # (DeepSeek-V3 in FP8: 14.8T tokens x 6 x 37B active in 2.788M H800 hours, arXiv:2412.19437
+    # Table 1, is ~330 TFLOP/s per GPU, 17 % of the FP8 peak).
+    fp8 = yaml.safe_load(workload.read_text())["training"].get("precision") == "fp8"
+    peak = 2 * 989.4 if fp8 else 989.4
+    assert 0.2 < s["tflops_per_gpu"] / 989.4 < 0.65, s["tflops_per_gpu"]
+    assert s["tflops_per_gpu"] == pytest.approx(s["mfu"] * peak, rel=1e-3)
     assert s["events"] > 0 and s["sim_wall_s"] > 0
 
 
