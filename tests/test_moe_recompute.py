@@ -46,16 +46,18 @@ def test_moe_act_and_fp8_cache_in_the_moe_block():
 
 
 def test_layer_bytes_follow_the_training_settings():
-    t = DS.training.model_copy(update={"recompute": "selective",
-                                       "recompute_modules": ("mla_up_proj", "moe_act")})
+    bf16 = DS.training.model_copy(update={"precision": "bf16", "recompute": "none",
+                                          "recompute_modules": None})  # fmt: skip
+    t = bf16.model_copy(update={"recompute": "selective",
+                                "recompute_modules": ("mla_up_proj", "moe_act")})
     kw = dict(tp=1, sp=False, ep=64, etp=1)
-    none = layer_activation_bytes(M, DS.training, 3, **kw)
+    none = layer_activation_bytes(M, bf16, 3, **kw)
     sel = layer_activation_bytes(M, t, 3, **kw)
     R = T * 8
     assert none - sel == pytest.approx((T * HL * (DN + DR) * 2 + T * HL * DV) * 2
                                        + (R * 2048 + T * 2048) * 2)  # fmt: skip
     # modules are ignored outside selective recomputation (as Megatron-Core does)
-    full = DS.training.model_copy(update={"recompute": "full", "recompute_modules": ("moe_act",)})
+    full = bf16.model_copy(update={"recompute": "full", "recompute_modules": ("moe_act",)})
     assert layer_activation_bytes(M, full, 3, **kw) < sel
 
 
