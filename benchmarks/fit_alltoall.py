@@ -16,7 +16,23 @@ Fitted on the **uniform** rows only:
   minimising the squared log error over the rows >= 16 MiB (a golden-section search).
 
 The uneven (``rotated``, ``hot``) rows are not fitted: they are printed as a check of the
-busiest-receiver rule (:meth:`CollectiveModel.all_to_all_v`).
+busiest-receiver rule (:meth:`CollectiveModel.all_to_all_v`), with whether every split's
+offset in the send and receive buffers is a multiple of 16 bytes (``aligned``).
+
+What makes the uneven rows slow (found on this data, 2026-11-26): **misaligned split
+offsets**, not the uneven split itself. ``benchmarks/device/comm.py`` cuts ``elems`` bf16
+elements in proportions 7:3, 55:15:15:15 or 4:3:2:1, so the chunk boundaries fall on
+2-byte multiples; NCCL's copy primitives move 16-byte vectors only when source and
+destination share that alignment and fall back to narrower loads otherwise. Exactly the rows
+with misaligned offsets (group 4 rotated and hot, group 2 hot) run 1.5-2.8x slower than the
+uniform rows of the same size at >= 64 MiB, while group 2 rotated (3:1, every offset a
+multiple of 16 B) takes no longer than uniform. An MoE dispatch splits whole tokens of
+``hidden`` x 2 bytes (a multiple of 16 B for every shipped model), so its offsets are always
+aligned: the misaligned rows say nothing about MoE steps and the model keeps the busiest
+receiver. What the aligned group-2 rotated row does show: at 1 GiB the exchange takes as long
+as the uniform one although it moves half the bytes over NVLink, because each rank's share
+for itself (3/4 of the buffer) is copied through the same NCCL channels (about 525 GB/s);
+the model leaves that local copy out (an MoE rank keeps 1/ep of its tokens).
 """
 
 from __future__ import annotations
@@ -59,6 +75,32 @@ def predict(cm: CollectiveModel, row: dict) -> float:
     return cm.all_to_all_v(groups_of(n), S, share).time_s
 
 
+def aligned(row: dict, quantum: int = 16) -> bool:
+    """Whether every split offset of the row's send and receive buffers (as
+    ``benchmarks/device/comm.py`` cuts them: bf16 elements in proportion to the weights, the
+    remainder to the first) is a multiple of ``quantum`` bytes."""
+    n, elems, kind = row["group"], row["bytes"] // 2, row["splits"]
+    if kind == "uniform":
+        w = [[1] * n for _ in range(n)]
+    elif kind == "rotated":
+        w = [[ROT[n][(j - s) % n] for j in range(n)] for s in range(n)]
+    else:
+        w = [list(HOT[n]) for _ in range(n)]
+    table = []
+    for s in range(n):
+        sizes = [elems * x // sum(w[s]) for x in w[s]]
+        sizes[0] += elems - sum(sizes)
+        table.append(sizes)
+    for r in range(n):
+        for sizes in (table[r], [table[s][r] for s in range(n)]):
+            off = 0
+            for x in sizes:
+                if off * 2 % quantum:
+                    return False
+                off += x
+    return True
+
+
 def fit(rows: list[dict], cm: CollectiveModel) -> tuple[float, float]:
     uni = [r for r in rows if r["splits"] == "uniform"]
     cm.a2a_launch_extra_s, cm.a2a_bw_fraction = 0.0, 1.0
@@ -91,11 +133,19 @@ def main(argv: list[str]) -> int:
     print(f"launch_extra_us: {extra * 1e6:.1f}\nbandwidth_fraction: {frac:.3f}")
     cm = CollectiveModel(topo)
     cm.a2a_launch_extra_s, cm.a2a_bw_fraction = extra, frac
-    print(f"{'n':>2} {'splits':8} {'bytes':>11} {'measured us':>12} {'predicted us':>12} {'error':>7}")
+    print(f"{'n':>2} {'splits':8} {'bytes':>11} {'measured us':>12} {'predicted us':>12} "
+          f"{'error':>7} aligned")  # fmt: skip
+    big: dict[bool, list[float]] = {True: [], False: []}
     for r in rows:
         p = predict(cm, r)
         print(f"{r['group']:>2} {r['splits']:8} {r['bytes']:>11} {r['time_s'] * 1e6:12.1f} "
-              f"{p * 1e6:12.1f} {p / r['time_s'] - 1:+7.1%}")  # fmt: skip
+              f"{p * 1e6:12.1f} {p / r['time_s'] - 1:+7.1%} {aligned(r)}")  # fmt: skip
+        if r["splits"] != "uniform" and r["bytes"] >= 64 * 2**20:
+            big[aligned(r)].append(p / r["time_s"] - 1)
+    for ok, errs in big.items():
+        if errs:
+            print(f"uneven >= 64 MiB, offsets {'aligned' if ok else 'misaligned'}: {len(errs)} "
+                  f"rows, mean error {statistics.mean(errs):+.1%}")  # fmt: skip
     return 0
 
 
