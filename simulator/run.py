@@ -30,7 +30,7 @@ from simulator.network.innetwork import in_network_constants, nvls_available
 from simulator.network.topology import Topology, load_fabrics
 from simulator.reliability import reliability_summary
 from simulator.report.io import first_non_finite
-from simulator.report.summary import GiB, breakdown, memory_peak
+from simulator.report.summary import GiB, breakdown, imbalance_parts, memory_peak
 
 
 @dataclass
@@ -186,6 +186,9 @@ def simulate(
         "busiest_links": _busiest(links),
         "warnings": warnings,
     }
+    why = imbalance_parts(crit, pipeline, bd["pp_imbalance"])
+    if why is not None:  # what makes the heaviest stage heavier (its all-to-all, its compute)
+        summary["pp_imbalance_from"] = why
     if m.moe is not None:
         summary["moe"] = moe_summary(job, machine, res)
         if t.moe_expert_load is not None:

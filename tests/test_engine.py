@@ -194,6 +194,14 @@ def test_stage_imbalance_is_not_bubble(tmp_path, stage_layers, step_T):
     assert bd["pp_imbalance"] == pytest.approx(m * (max(T) - T[crit]), abs=tol)
     assert bd["pp_bubble"] == pytest.approx(s["step_time_s"] - m * max(T), abs=tol)
     assert sum(bd.values()) == pytest.approx(s["step_time_s"], rel=1e-12)
+    # What makes the heaviest stage heavier: here only its extra layers' compute.
+    why = s.get("pp_imbalance_from")
+    if bd["pp_imbalance"] > 0:
+        assert why["heaviest_stage"] == stage_layers.index(max(stage_layers))
+        assert sum(why["parts_s"].values()) == pytest.approx(bd["pp_imbalance"], rel=1e-9)
+        assert why["parts_s"]["compute"] >= 0.99 * bd["pp_imbalance"]
+    else:
+        assert why is None
 
 
 def test_busy_within_counts_compute_inside_a_window():

@@ -65,15 +65,9 @@ def _busy_s(proc: Proc) -> float:
     return float(sum(e - s for s, e, *_ in proc.busy))
 
 
-def breakdown(
-    proc: Proc, step_time: float, has_pipeline: bool, peers: Collection[Proc] = ()
-) -> dict[str, float]:
-    """Exposed time per category for ``proc`` over ``[0, step_time]``; sums to step_time.
-
-    ``peers``: the processes of ``proc``'s pipeline (its other stages), whose busiest one sets
-    the stage imbalance."""
+def _busy_parts(proc: Proc) -> dict[str, float]:
+    """What ``proc``'s compute stream is busy with, per breakdown category (seconds)."""
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-    busy = []
     for s, e, comp, comm, kind in proc.busy:
         if kind == "optimizer":
             out["optimizer"] += e - s
@@ -87,7 +81,38 @@ def breakdown(
                 exposed += secs
             # Anything else inside a busy interval (rounding) counts as compute.
             out["compute"] += max(0.0, (e - s) - comp - exposed)
-        busy.append((s, e))
+    return out
+
+
+def imbalance_parts(proc: Proc, peers: Collection[Proc], imbalance_s: float) -> dict | None:
+    """Why the heaviest stage of ``proc``'s pipeline is busier than ``proc``: the categories
+    in which it spends more time (its compute, its exposed EP all-to-all, ...), scaled so that
+    they add up to the stage imbalance charged to ``proc`` (``imbalance_s``). ``None`` when
+    there is no imbalance."""
+    if imbalance_s <= 0 or not peers:
+        return None
+    heavy = max(peers, key=lambda p: (_busy_s(p), -p.pid))
+    mine, theirs = _busy_parts(proc), _busy_parts(heavy)
+    more = {k: theirs[k] - mine[k] for k in BREAKDOWN_KEYS if theirs[k] - mine[k] > 0}
+    total = sum(more.values())
+    if total <= 0:
+        return None
+    return {
+        "heaviest_stage": heavy.stage,
+        "heaviest_process": heavy.label,
+        "parts_s": {k: v * imbalance_s / total for k, v in more.items()},
+    }
+
+
+def breakdown(
+    proc: Proc, step_time: float, has_pipeline: bool, peers: Collection[Proc] = ()
+) -> dict[str, float]:
+    """Exposed time per category for ``proc`` over ``[0, step_time]``; sums to step_time.
+
+    ``peers``: the processes of ``proc``'s pipeline (its other stages), whose busiest one sets
+    the stage imbalance (:func:`imbalance_parts` says what makes it busier)."""
+    out = _busy_parts(proc)
+    busy = [(s, e) for s, e, *_ in proc.busy]
     idle = _subtract([(0.0, step_time)], _union(busy))
     dp_iv = _union([iv for st in DP_STREAMS for iv in proc.comm_iv.get(st, ())])
     rest = _subtract(idle, dp_iv)

@@ -211,6 +211,13 @@ def _breakdown(summary: dict) -> Table:
             bar(share, colour),
             style="dim" if not share else None,
         )
+    why = summary.get("pp_imbalance_from")
+    if why and why.get("parts_s"):
+        parts = sorted(why["parts_s"].items(), key=lambda kv: -kv[1])
+        text = ", ".join(f"{BREAKDOWN_LABELS.get(k, k)} {format_seconds(v)}" for k, v in parts)
+        t.caption = (f"stage imbalance: the heaviest stage ({why['heaviest_stage']}) spends "
+                     f"more on {text}")
+        t.caption_justify = "left"
     t.add_row(Text("step", style="bold"), Text(format_seconds(step), style="bold"), "100%", "")
     return t
 
