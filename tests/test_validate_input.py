@@ -85,7 +85,7 @@ def test_malformed_suites_exit_2_with_one_line(tmp_path):
             _workloads(tmp_path, "bl", {"name": "c", "workload": str(w),
                                         "set": {"parallelism.tp": 3},
                                         "measured": {"step_time_s": 1.0}}),
-            "parallelism.dp: tp*pp*dp = 3",
+            "parallelism.tp: tp*pp*dp = 3",  # the key the case sets
         ),
         "no_cases": (_workloads(tmp_path, "nc", cases=[]), "cases"),
     }

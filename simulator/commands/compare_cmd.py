@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from simulator.config.checks import resolve
 from simulator.config.load import LoadedWorkload, load_workload, parse_override
 from simulator.cost import with_training_cost
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, SimulatorError
 from simulator.report import html, io, plots, table
 from simulator.sweep import RESULT_COLUMNS, process_pool, summary_row
 
@@ -86,6 +86,18 @@ class Config:
     label: str
     topology: str | None  # file, or None for the workload's own
     overrides: dict[str, Any]
+    own: tuple[str, ...] = ()  # the keys the variant itself sets (not ``--set``)
+
+    def named(self, e: SimulatorError) -> SimulatorError:
+        """``e`` naming this variant (and ``--variant``, not ``--set``, for its own keys)."""
+        if not self.label:
+            return e
+        if isinstance(e, ConfigError):
+            file = "--variant" if e.file == "--set" and e.field in self.own else e.file
+            return ConfigError(
+                f"variant {self.label!r}: {ConfigError(e.detail, file=file, field=e.field)}"
+            )
+        return type(e)(f"variant {self.label!r}: {e}")
 
 
 def split_top_level(text: str, sep: str = ",") -> list[str]:
@@ -121,8 +133,13 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
         raise ConfigError(
             f"no key=value in {text!r} (expected 'label:key=value,...')", file="--variant"
         )
-    overrides = dict(parse_override(item) for item in items)
-    return label or body.strip(), overrides
+    label = label or body.strip()
+    try:
+        overrides = dict(parse_override(item) for item in items)
+    except ConfigError as e:
+        detail = f"variant {label!r}: {e.detail}"
+        raise ConfigError(detail, file="--variant", field=e.field) from None
+    return label, overrides
 
 
 def configurations(
@@ -136,7 +153,7 @@ def configurations(
     first = configs[0].topology
     for v in variants:
         label, ov = parse_variant(v)
-        configs.append(Config(label, first, {**common, **ov}))
+        configs.append(Config(label, first, {**common, **ov}, tuple(ov)))
     return configs
 
 
@@ -208,17 +225,13 @@ def run_compare(
         try:
             loaded.append(load_workload(workload, c.overrides, topology=c.topology))
         except ConfigError as e:
-            if c.label:
-                raise ConfigError(f"variant {c.label!r}: {e}") from None
-            raise
+            raise c.named(e) from None
     for c, lw in zip(configs, loaded, strict=True):
         try:  # a layout that does not fit the cluster fails here, naming its variant
             resolve(lw.workload, lw.topology, file=str(lw.workload_path),
                     topo_file=str(lw.topology_path))
         except ConfigError as e:
-            if c.label:
-                raise ConfigError(f"variant {c.label!r}: {e}") from None
-            raise
+            raise c.named(e) from None
     if on_start:
         on_start(len(loaded))
     n = workers or min(len(loaded), os.cpu_count() or 1)
@@ -227,12 +240,18 @@ def run_compare(
         with process_pool(min(n, len(loaded))) as pool:
             futures = {pool.submit(_simulate, lw): i for i, lw in enumerate(loaded)}
             for f in as_completed(futures):
-                summaries[futures[f]] = f.result()
+                try:  # an input error found while simulating names its variant too
+                    summaries[futures[f]] = f.result()
+                except SimulatorError as e:
+                    raise configs[futures[f]].named(e) from None
                 if on_done:
                     on_done()
     else:
         for i, lw in enumerate(loaded):
-            summaries[i] = _simulate(lw)
+            try:
+                summaries[i] = _simulate(lw)
+            except SimulatorError as e:
+                raise configs[i].named(e) from None
             if on_done:
                 on_done()
     labels = _label_topologies(configs, loaded)

@@ -172,6 +172,21 @@ def plan_table(result: PlanResult) -> Group:
     return Group(*parts)
 
 
+def no_layout_reason(result: PlanResult, n_gpus: int) -> str:
+    """Why no layout was simulated: none divides, or none that divides fits in memory."""
+    c = result.counts
+    if c.get("does_not_fit"):
+        return (
+            f"none of the {c['does_not_fit']:,} layouts of {result.name} that divide "
+            f"{n_gpus:,} GPU{'s' if n_gpus != 1 else ''} fits in GPU memory with {result.headroom_gib:g} GiB to spare "
+            "(give more GPUs, or lower --headroom-gib)"
+        )
+    return (
+        f"no parallel layout of {result.name} fits {n_gpus:,} GPUs (tp, cp, pp and dp "
+        "must divide the GPUs, the heads, the layers and the global batch)"
+    )
+
+
 def main(args) -> int:
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"must be >= 1, got {args.workers}", file="--workers")
@@ -196,11 +211,7 @@ def main(args) -> int:
             headroom_gib=args.headroom_gib, progress=progress,
         )  # fmt: skip
     if not result.simulated:
-        raise ConfigError(
-            f"no parallel layout of {result.name} fits {args.gpus:,} GPUs (tp, cp, pp and dp "
-            "must divide the GPUs, the heads, the layers and the global batch)",
-            file="--gpus",
-        )
+        raise ConfigError(no_layout_reason(result, args.gpus), file="--gpus")
     for p in result.simulated:
         if "error" not in p.summary:
             p.summary = with_training_cost(p.summary, loaded)

@@ -48,6 +48,17 @@ def _product(sizes: dict[str, int]) -> int:
     return n
 
 
+def _culprit(given: dict[str, int], n_gpus: int) -> str:
+    """The field to name when the product of ``given`` does not divide ``n_gpus``: the first
+    dimension (in rank order) at which the running product stops dividing it."""
+    n = 1
+    for d, v in given.items():
+        n *= v
+        if n_gpus % n:
+            return f"parallelism.{d}"
+    return "parallelism.dp"
+
+
 def _world(work: WorkloadConfig, n_gpus: int, topo: TopologyConfig, fail) -> dict[str, int]:
     """Sizes of the dense dimensions; ``dp`` (when not given) fills the cluster."""
     par = work.parallelism
@@ -58,7 +69,7 @@ def _world(work: WorkloadConfig, n_gpus: int, topo: TopologyConfig, fail) -> dic
     if par.dp is None:
         if n_gpus % rest:
             raise fail(
-                "parallelism.tp",
+                _culprit(given, n_gpus),
                 f"{names} = {rest} does not divide the cluster's {n_gpus} GPUs",
             )
         dp = n_gpus // rest
@@ -67,7 +78,7 @@ def _world(work: WorkloadConfig, n_gpus: int, topo: TopologyConfig, fail) -> dic
         if rest * dp != n_gpus:
             vals = "*".join(str(v) for v in given.values())
             raise fail(
-                "parallelism.dp",
+                _culprit(given, n_gpus),
                 f"{names}*dp = {vals}*{dp} = {rest * dp}, but the cluster "
                 f"'{topo.name}' has {n_gpus} GPUs ({topo.nodes} nodes x {topo.gpus_per_node}); "
                 f"they must be equal (e.g. dp={n_gpus // rest})"
