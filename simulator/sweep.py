@@ -2,23 +2,26 @@
 
 A sweep file (:class:`~simulator.config.schema.SweepConfig`) names a base workload and the
 variations by dotted key: ``grid`` (cartesian product, first key outermost) and/or ``points``
-(an explicit list). :func:`expand` turns it into numbered :class:`Point` s; each point is its
-overrides, identified by the canonical JSON of those overrides (sorted keys, no spaces).
+(an explicit list). :class:`Grid` generates the numbered :class:`Point` s one at a time (a
+67,200-point grid is never a list); each point is its overrides, identified by the canonical
+JSON of those overrides (sorted keys, no spaces).
 
 The resume key is that identity plus :func:`inputs_key`, a digest of the point's *resolved*
 inputs: the whole workload and topology after the overrides (so an edit of the base workload
-or of the topology file counts) and the hardware data files. A recorded row whose digest
-differs from the point's current one is stale and is simulated again.
+or of the topology file counts) and the hardware data files, computed for each point as it
+is reached. A recorded row whose digest differs from the point's current one is stale and is
+simulated again.
 
 :func:`run_sweep` runs the points that are not yet in ``results/<name>/sweep.parquet``:
 
-* locally in a :class:`~concurrent.futures.ProcessPoolExecutor` (``workers`` processes,
-  default ``os.cpu_count()``; ``workers=1`` runs in this process), or on Ray
-  (``engine="ray"``: ``ray.init(address)`` or a local instance with ``num_cpus=workers``;
-  ray is imported only then);
-* every finished point is written at once: the whole table is rewritten atomically with the
-  new row, rows sorted by point index, so an interrupted sweep loses nothing and the file is
-  the same whichever order the points finished in;
+* locally in a process pool (``workers`` processes, default ``os.cpu_count()``;
+  ``workers=1`` runs in this process), or on Ray (``engine="ray"``), a bounded number of
+  points in flight (:mod:`simulator.sweep_engines`): points are loaded and digested as
+  workers need them, so the first result comes before the grid is generated;
+* every finished point is appended at once to a row log, merged into the table now and then
+  and when the sweep ends or stops (:mod:`simulator.sweep_table`): an interrupted sweep loses
+  nothing, and the table, rows sorted by point index, is the same whichever order the points
+  finished in;
 * a point that is invalid (:class:`~simulator.errors.SimulatorError`) or does not fit in GPU
   memory is a row with ``status`` ``"invalid"`` / ``"does_not_fit"`` and a ``reason``; an
   internal failure is ``status="error"`` (retried by the next run, unlike the others).
@@ -40,19 +43,15 @@ import itertools
 import json
 import math
 import os
-import signal
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow.parquet as pq
 
-from simulator import sweep_guard
+from simulator import sweep_engines, sweep_guard, sweep_table
 from simulator.config.load import LoadedWorkload, load_sweep, load_workload
 from simulator.config.schema import SweepConfig
 from simulator.cost import COST_KEYS, PER_MTOKEN_KEYS, with_training_cost
@@ -61,6 +60,7 @@ from simulator.errors import ConfigError, SimulatorError
 from simulator.hardware.catalog import DATA_DIR
 from simulator.network.topology import FABRICS_FILE
 from simulator.report import io
+from simulator.sweep_engines import die_with_parent, process_pool  # noqa: F401 (public here)
 
 OK, DOES_NOT_FIT, INVALID, ERROR = "ok", "does_not_fit", "invalid", "error"
 #: Statuses a rerun keeps; an ``error`` row (internal failure) is run again.
@@ -113,9 +113,6 @@ RESULT_COLUMNS: dict[str, str] = {
 #: Columns a sweep's ``metric`` may name.
 METRICS = tuple(k for k, t in RESULT_COLUMNS.items() if t in ("float", "int"))
 
-_DTYPES = {"float": "float64", "int": "Int64", "bool": "boolean", "str": "object"}
-
-
 # --------------------------------------------------------------------------------------------
 # Points
 
@@ -134,24 +131,118 @@ def point_key(overrides: dict[str, Any]) -> str:
     return json.dumps(overrides, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _canonical(value: Any) -> str:
+    """A value's canonical JSON, as it appears inside a :func:`point_key`."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class Grid:
+    """The points of a sweep, generated as they are needed (a grid of 67,200 points is not
+    built as a list): the grid's cartesian product (first key outermost), then the explicit
+    points, each point only once (a value repeated in a grid axis, or an explicit point that
+    is a grid point or repeats an earlier one, is dropped). Counting, membership and a
+    point's index are computed from the axes, without expanding them."""
+
+    def __init__(self, sweep: SweepConfig):
+        self.grid_keys = list(sweep.grid)
+        self.axes: list[list[Any]] = []
+        self._axis_pos: list[dict[str, int]] = []
+        for k in self.grid_keys:
+            pos: dict[str, int] = {}
+            axis = []
+            for v in sweep.grid[k]:
+                c = _canonical(v)
+                if c not in pos:
+                    pos[c] = len(axis)
+                    axis.append(v)
+            self.axes.append(axis)
+            self._axis_pos.append(pos)
+        self.n_grid = math.prod(len(a) for a in self.axes) if self.axes else 0
+        self.explicit: list[dict[str, Any]] = []
+        self._explicit_pos: dict[str, int] = {}
+        for ov in sweep.points:
+            key = point_key(dict(ov))
+            if self._grid_index(key) is None and key not in self._explicit_pos:
+                self._explicit_pos[key] = self.n_grid + len(self.explicit)
+                self.explicit.append(dict(ov))
+
+    def __len__(self) -> int:
+        return self.n_grid + len(self.explicit)
+
+    def __iter__(self) -> Iterator[Point]:
+        index = 0
+        if self.axes:
+            for combo in itertools.product(*self.axes):
+                ov = dict(zip(self.grid_keys, combo, strict=True))
+                yield Point(index, ov, point_key(ov))
+                index += 1
+        for ov in self.explicit:
+            yield Point(index, ov, point_key(ov))
+            index += 1
+
+    def _grid_index(self, key: str) -> int | None:
+        if not self.axes:
+            return None
+        ov = json.loads(key)
+        if not isinstance(ov, dict) or sorted(ov) != sorted(self.grid_keys):
+            return None
+        index = 0
+        for k, axis, pos in zip(self.grid_keys, self.axes, self._axis_pos, strict=True):
+            j = pos.get(_canonical(ov[k]))
+            if j is None:
+                return None
+            index = index * len(axis) + j
+        return index
+
+    def index_of(self, key: str) -> int | None:
+        """The index of the point whose :func:`point_key` is ``key``; None if not a point."""
+        try:
+            i = self._grid_index(key)
+        except ValueError:
+            return None
+        return i if i is not None else self._explicit_pos.get(key)
+
+    def _values(self) -> dict[str, tuple[list[Any], bool]]:
+        """Per swept key (first-appearance order): its distinct values, and whether some
+        point leaves it unset."""
+        out: dict[str, tuple[list[Any], bool]] = {}
+        for k, axis in zip(self.grid_keys, self.axes, strict=True):
+            out[k] = (list(axis), False)
+        for ov in self.explicit:
+            for k, v in ov.items():
+                vals, _ = out.setdefault(k, ([], bool(self.n_grid)))
+                vals.append(v)
+        for k, (vals, unset) in out.items():
+            missing = unset or any(k not in ov for ov in self.explicit)
+            out[k] = (vals, missing)
+        return out
+
+    def swept_keys(self) -> list[str]:
+        """Every key any point sets, in order of first appearance."""
+        return list(self._values())
+
+    def varying_keys(self) -> list[str]:
+        """The swept keys that take more than one value (an unset key counts as a value)."""
+        out = []
+        for k, (vals, missing) in self._values().items():
+            if len({_canonical(v) for v in vals} | ({"null"} if missing else set())) > 1:
+                out.append(k)
+        return out
+
+    def layout(self) -> sweep_table.Layout:
+        """The table's columns: swept keys with their dtypes, then :data:`RESULT_COLUMNS`."""
+        values = self._values()
+        return sweep_table.Layout(
+            keys=tuple(values),
+            kinds={k: sweep_table.swept_dtype(v) for k, (v, _) in values.items()},
+            results=RESULT_COLUMNS,
+            final=FINAL_STATUSES,
+        )
+
+
 def expand(sweep: SweepConfig) -> list[Point]:
-    """The sweep's points: the grid's cartesian product (first key outermost), then the
-    explicit points, each a grid point only once (later duplicates are dropped)."""
-    raw: list[dict[str, Any]] = []
-    if sweep.grid:
-        keys = list(sweep.grid)
-        for combo in itertools.product(*(sweep.grid[k] for k in keys)):
-            raw.append(dict(zip(keys, combo, strict=True)))
-    raw.extend(dict(p) for p in sweep.points)
-    out: list[Point] = []
-    seen: set[str] = set()
-    for ov in raw:
-        key = point_key(ov)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(Point(len(out), ov, key))
-    return out
+    """The sweep's points as a list (:class:`Grid` generates them one at a time)."""
+    return list(Grid(sweep))
 
 
 def swept_keys(points: Sequence[Point]) -> list[str]:
@@ -260,210 +351,6 @@ def prepare(base: Path, point: Point) -> LoadedWorkload | dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# The table
-
-
-def _swept_dtype(values: list[Any]) -> str:
-    present = [v for v in values if v is not None]
-    if present and all(isinstance(v, bool) for v in present):
-        return "boolean"
-    if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
-        return "Int64"
-    if present and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
-        return "float64"
-    if all(isinstance(v, str) for v in present):
-        return "object"
-    return "json"
-
-
-def build_table(
-    points: Sequence[Point], rows: dict[int, dict[str, Any]], keys: Sequence[str] | None = None
-) -> pd.DataFrame:
-    """The sweep table of the finished ``rows`` (point index -> result row), sorted by index.
-
-    Column types depend only on the sweep's points, never on which rows are done, so the
-    table of the same rows is the same however they were produced.
-    """
-    keys = list(keys if keys is not None else swept_keys(points))
-    done = sorted(i for i in rows if 0 <= i < len(points))
-    cols: dict[str, Any] = {
-        "point_index": pd.array(done, dtype="Int64"),
-        "point": pd.array([points[i].key for i in done], dtype="object"),
-        "inputs": pd.array([rows[i].get("inputs") for i in done], dtype="object"),
-    }
-    for k in keys:
-        kind = _swept_dtype([p.overrides.get(k) for p in points])
-        values = [points[i].overrides.get(k) for i in done]
-        if kind == "json":
-            values = [None if v is None else json.dumps(v, sort_keys=True) for v in values]
-            kind = "object"
-        if kind == "float64":
-            values = [math.nan if v is None else float(v) for v in values]
-        cols[k] = pd.array(values, dtype=kind)
-    for col, t in RESULT_COLUMNS.items():
-        values = [rows[i].get(col) for i in done]
-        if t == "float":
-            values = [math.nan if v is None else float(v) for v in values]
-        elif t == "int":
-            values = [None if v is None else int(v) for v in values]
-        elif t == "bool":
-            values = [None if v is None else bool(v) for v in values]
-        else:
-            values = [None if v is None else str(v) for v in values]
-        cols[col] = pd.array(values, dtype=_DTYPES[t])
-    return pd.DataFrame(cols)
-
-
-def read_rows(
-    path: Path, points: Sequence[Point], inputs: Sequence[str] | None = None
-) -> tuple[dict[int, dict[str, Any]], int, int]:
-    """Rows of an existing sweep file that match the current points (by key and, given
-    ``inputs`` (each point's :func:`inputs_key`), by their resolved inputs); how many rows
-    were dropped (points no longer in the sweep, or internal failures to retry); and how many
-    of those were stale (the point is still in the sweep but its inputs changed)."""
-    if not path.exists():
-        return {}, 0, 0
-    try:
-        records = pq.read_table(path).to_pylist()
-    except Exception as e:
-        raise ConfigError(
-            f"cannot read the existing sweep table ({type(e).__name__}: {e}); delete it or "
-            "pass --fresh",
-            file=str(path),
-        ) from None
-    index_of = {p.key: p.index for p in points}
-    rows: dict[int, dict[str, Any]] = {}
-    dropped = stale = 0
-    for rec in records:
-        i = index_of.get(rec.get("point"))
-        if i is None or rec.get("status") not in FINAL_STATUSES or i in rows:
-            dropped += 1
-            continue
-        if inputs is not None and rec.get("inputs") != inputs[i]:
-            dropped += 1
-            stale += 1
-            continue
-        rows[i] = {c: rec.get(c) for c in ("inputs", *RESULT_COLUMNS)}
-    return rows, dropped, stale
-
-
-# --------------------------------------------------------------------------------------------
-# Engines
-
-
-def _run_inline(tasks: list[tuple[int, LoadedWorkload]]) -> Iterator[tuple[int, dict]]:
-    for i, loaded in tasks:
-        yield i, simulate_point(loaded)
-
-
-def die_with_parent(parent: int) -> None:
-    """Pool-worker initializer: end this worker when the process that started it dies.
-
-    A sweep killed with SIGKILL (or the crash hook below) cannot shut its pool down, and
-    pool workers blocked on their task queue would live on as orphans. On Linux the kernel is
-    asked to kill the worker with its parent (``prctl(PR_SET_PDEATHSIG)``); a parent that
-    died before that call is caught by the ``getppid`` check.
-    """
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def process_pool(workers: int, initializer=None, initargs=()) -> ProcessPoolExecutor:
-    """A process pool whose workers die with this process (:func:`die_with_parent`), then
-    run ``initializer(*initargs)``."""
-    return ProcessPoolExecutor(
-        max_workers=workers,
-        initializer=_init_pool_worker,
-        initargs=(os.getpid(), initializer, tuple(initargs)),
-    )
-
-
-def _init_pool_worker(parent: int, initializer, initargs) -> None:
-    die_with_parent(parent)
-    if initializer is not None:
-        initializer(*initargs)
-
-
-def _run_local(tasks: list[tuple[int, LoadedWorkload]], workers: int) -> Iterator[tuple[int, dict]]:
-    pool = process_pool(workers)
-    futures = {pool.submit(simulate_point, loaded): i for i, loaded in tasks}
-    try:
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in sorted(done, key=lambda f: futures[f]):
-                yield futures[f], f.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _run_ray(
-    tasks: list[tuple[int, LoadedWorkload]], workers: int, address: str | None
-) -> Iterator[tuple[int, dict]]:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(
-            "--engine ray needs the ray package (pip install 'ray>=2.9')", file="--engine"
-        ) from None
-    started = False
-    if not ray.is_initialized():
-        pkg = str(Path(__file__).resolve().parent)
-        if address:
-            # A remote cluster gets this package shipped with the job; its Python must have
-            # the dependencies (simpy, networkx, numpy, pandas, pyarrow, pydantic, pyyaml).
-            try:
-                ray.init(
-                    address=address,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    runtime_env={"py_modules": [pkg]},
-                )
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                first = str(e).splitlines()[0] if str(e) else type(e).__name__
-                raise ConfigError(
-                    f"cannot connect to the Ray cluster at {address!r}: {first} (a cluster "
-                    "with token authentication needs its token, see the Ray docs on "
-                    "RAY_AUTH_MODE)",
-                    file="--address",
-                ) from None
-        else:
-            root = str(Path(pkg).parent)
-            path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-            ray.init(
-                num_cpus=workers,
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env={"env_vars": {"PYTHONPATH": path}},
-            )
-        started = True
-    remote = ray.remote(num_cpus=1, max_retries=0)(simulate_point)
-    refs = {remote.remote(loaded): i for i, loaded in tasks}
-    try:
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                yield refs[ref], ray.get(ref)
-    finally:
-        for ref in refs:
-            try:
-                ray.cancel(ref, force=True)
-            except Exception:
-                pass
-        if started:
-            ray.shutdown()
-
-
-# --------------------------------------------------------------------------------------------
 # The sweep
 
 
@@ -510,9 +397,10 @@ def run_sweep(
 
     ``limit`` stops after that many new points (the rest are left for a rerun);
     ``fresh`` ignores (and replaces) an existing table. ``on_start(n_todo, n_done)`` and
-    ``on_row(index, row)`` report progress. The environment variable
-    ``SIMULATOR_SWEEP_CRASH_AFTER=k`` ends the process abruptly (``os._exit(70)``) after
-    ``k`` new rows are written: a test hook that stands for a killed job.
+    ``on_row(index, row)`` report progress; ``on_start`` is called again with new counts
+    when a recorded point turns out stale (its inputs are digested only when it is reached).
+    The environment variable ``SIMULATOR_SWEEP_CRASH_AFTER=k`` merges the table and ends the
+    process abruptly (``os._exit(70)``) after ``k`` new rows: a test hook for a killed job.
     """
     t0 = time.perf_counter()
     sweep_path = Path(sweep_path)
@@ -526,109 +414,159 @@ def run_sweep(
     sweep_guard.check_base(sweep_path, base)
     if engine == "ray":
         sweep_guard.check_ray(address)
-    points = expand(sweep)
-    keys = swept_keys(points)
+    grid = Grid(sweep)
     out_dir = io.output_dir(out, sweep.name)
     table_path = out_dir / "sweep.parquet"
     sweep_guard.claim_folder(out_dir, sweep.name, table_path, fresh=fresh)
     try:
         return _run_claimed(
-            sweep, points, keys, base, out_dir, table_path, engine=engine, workers=workers,
+            sweep, grid, base, out_dir, table_path, engine=engine, workers=workers,
             address=address, fresh=fresh, limit=limit, on_start=on_start, on_row=on_row, t0=t0,
         )
     finally:
         sweep_guard.release_folder(out_dir)
 
 
-#: Seconds between rewrites of the sweep table while points finish (a kill loses at most the
-#: rows of this interval; every row is written when the sweep ends or stops).
+#: Least seconds between merges of the row log into the table while points finish; a merge
+#: is also kept to at most 1/:data:`MERGE_SHARE` of the time (a big table merges less often).
+#: Nothing is lost in between: every row is in the log as soon as it is finished.
 FLUSH_S = 1.0
+MERGE_SHARE = 20.0
+
+
+@dataclass
+class _Progress:
+    """Counts of one run of a sweep."""
+
+    n_run: int = 0  # points dispatched (simulated, or recorded as invalid) by this run
+    n_skipped: int = 0  # recorded with the same inputs: reused
+    n_stale: int = 0  # recorded, but their inputs changed: run again
+    n_recorded: int = 0  # rows written by this run
 
 
 def _run_claimed(
-    sweep, points, keys, base, out_dir, table_path, *, engine, workers, address, fresh, limit,
+    sweep, grid, base, out_dir, table_path, *, engine, workers, address, fresh, limit,
     on_start, on_row, t0,
 ) -> SweepOutcome:
-    """:func:`run_sweep` once the output folder is this process's."""
-    # Every point is loaded (cheap next to simulating it) so that its resolved inputs can be
-    # compared with the ones a recorded row was computed from.
+    """:func:`run_sweep` once the output folder is this process's: points are generated,
+    loaded and digested one at a time as workers need them; each result is appended to the
+    row log at once; the table is merged from the log now and then and at the end."""
+    layout = grid.layout()
+    log_path = out_dir / sweep_table.ROW_LOG
+    if fresh:
+        log_path.unlink(missing_ok=True)
+    done = {} if fresh else sweep_table.recorded(table_path, log_path, FINAL_STATUSES)
+    in_sweep = {k for k in done if grid.index_of(k) is not None}
     hardware = _hardware_digest()
-    prepared_all = [prepare(base, p) for p in points]
-    inputs = [inputs_key(pr, base, hardware) for pr in prepared_all]
-    rows, _, n_stale = ({}, 0, 0) if fresh else read_rows(table_path, points, inputs)
-    n_skipped = len(rows)
+    counts, verified = _Progress(), {}
+    cap = len(grid) if limit is None else max(0, limit)
 
-    todo = [p for p in points if p.index not in rows]
-    if limit is not None:
-        todo = todo[: max(0, limit)]
-    tasks: list[tuple[int, LoadedWorkload]] = []
-    early: list[tuple[int, dict]] = []
-    for p in todo:
-        prepared = prepared_all[p.index]
-        if isinstance(prepared, dict):
-            early.append((p.index, prepared))
-        else:
-            tasks.append((p.index, prepared))
-    if on_start:
-        on_start(len(todo), n_skipped)
+    def estimate() -> None:  # progress: points still to run, points recorded
+        if on_start:
+            todo = len(grid) - len(in_sweep) + counts.n_stale
+            on_start(min(cap, todo), len(in_sweep) - counts.n_stale)
+
+    estimate()
+    if fresh or not table_path.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        io.write_parquet_atomic(table_path, sweep_table.frame([], layout))
+    log = sweep_table.RowLog(log_path, ["inputs", *RESULT_COLUMNS])
     crash_after = int(os.environ.get("SIMULATOR_SWEEP_CRASH_AFTER", "0") or 0)
-    n_workers = workers or os.cpu_count() or 1
+    last = {"merge": time.monotonic(), "cost": 0.0}
 
-    n_recorded = [0]
-    last_flush = [time.monotonic()]
+    def merge(write: bool = True) -> pd.DataFrame:
+        t = time.monotonic()
+        df = sweep_table.merge(
+            table_path, log_path, layout, grid.index_of, run=log.run, verified=verified
+        )
+        if write:
+            io.write_parquet_atomic(table_path, df)
+        last["merge"], last["cost"] = time.monotonic(), time.monotonic() - t
+        return df
 
-    def flush() -> None:
-        io.write_parquet_atomic(table_path, build_table(points, rows, keys))
-        last_flush[0] = time.monotonic()
-
-    def record(i: int, row: dict) -> None:
-        rows[i] = {"inputs": inputs[i], **row}
-        n_recorded[0] += 1
-        crash = crash_after and n_recorded[0] >= crash_after
-        if crash or time.monotonic() - last_flush[0] >= FLUSH_S:
-            flush()
+    def record(p: Point, digest: str, row: dict) -> None:
+        log.append(p.key, {"inputs": digest, **row})
+        counts.n_recorded += 1
+        crash = crash_after and counts.n_recorded >= crash_after
+        due = max(FLUSH_S, MERGE_SHARE * last["cost"])
+        if crash or time.monotonic() - last["merge"] >= due:
+            merge()
         if on_row:
-            on_row(i, row)
+            on_row(p.index, row)
         if crash:
             os._exit(70)
 
-    if fresh or todo or not table_path.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        io.write_parquet_atomic(table_path, build_table(points, rows, keys))
-    for i, row in early:
-        record(i, row)
-    if tasks:
-        if engine == "ray":
-            stream = _run_ray(tasks, min(n_workers, len(tasks)), address)
-        elif n_workers == 1 or len(tasks) == 1:
-            stream = _run_inline(tasks)
-        else:
-            stream = _run_local(tasks, min(n_workers, len(tasks)))
+    def tasks() -> Iterator[tuple[int, tuple[Point, str, LoadedWorkload]]]:
+        unseen = len(in_sweep)  # recorded points not reached yet
+        for p in grid:
+            previous = done.get(p.key) if p.key in in_sweep else None
+            unseen -= p.key in in_sweep
+            if counts.n_run >= cap and p.key not in in_sweep:
+                if unseen == 0:
+                    return
+                continue
+            prepared = prepare(base, p)
+            digest = inputs_key(prepared, base, hardware)
+            if p.key in in_sweep:
+                verified[p.key] = digest
+                if previous == digest:
+                    counts.n_skipped += 1
+                    continue
+                counts.n_stale += 1
+                estimate()
+            if counts.n_run >= cap:
+                continue
+            counts.n_run += 1
+            if isinstance(prepared, dict):
+                record(p, digest, prepared)
+            else:
+                yield p.index, (p, digest, prepared)
+
+    n_workers = workers or os.cpu_count() or 1
+    expected = min(cap, len(grid) - len(in_sweep))
+    try:
+        stream = _engine(engine, tasks(), n_workers, expected, address)
         try:
-            for i, row in stream:
-                record(i, row)
+            for _, (p, digest, row) in stream:
+                record(p, digest, row)
         finally:
-            close = getattr(stream, "close", None)
-            if close:
-                close()
-            if n_recorded[0]:
-                flush()  # every finished row, also when interrupted
-    elif n_recorded[0]:
-        flush()
-    table = build_table(points, rows, keys)
+            stream.close()
+        table = merge(write=True)
+        log.close()
+        log_path.unlink(missing_ok=True)  # every row is in the table now
+    finally:
+        if not log.closed:
+            log.close()
+            if counts.n_recorded:
+                merge()  # every finished row, also when interrupted (the log keeps them too)
     return SweepOutcome(
         name=sweep.name,
         table=table,
-        keys=varying_keys(points) or keys,
+        keys=grid.varying_keys() or list(layout.keys),
         metric=sweep.metric,
         path=table_path,
         out=out_dir,
-        n_points=len(points),
-        n_run=len(todo),
-        n_skipped=n_skipped,
+        n_points=len(grid),
+        n_run=counts.n_run,
+        n_skipped=counts.n_skipped,
         wall_s=time.perf_counter() - t0,
-        n_stale=n_stale,
+        n_stale=counts.n_stale,
     )
+
+
+def _simulate_task(task: tuple[Point, str, LoadedWorkload]) -> tuple[Point, str, dict]:
+    p, digest, loaded = task
+    return p, digest, simulate_point(loaded)
+
+
+def _engine(engine: str, tasks, n_workers: int, expected: int, address: str | None):
+    """The engine's stream of ``(index, (point, digest, row))``."""
+    if engine == "ray":
+        return sweep_engines.run_ray(tasks, _simulate_task, min(n_workers, max(1, expected)),
+                                     address)  # fmt: skip
+    if n_workers == 1 or expected <= 1:
+        return sweep_engines.run_inline(tasks, _simulate_task)
+    return sweep_engines.run_local(tasks, _simulate_task, min(n_workers, expected))
 
 
 def comparable(df: pd.DataFrame) -> pd.DataFrame:

@@ -26,8 +26,8 @@ def register(sub) -> None:
     p = sub.add_parser(
         "sweep",
         help="run variations of a workload (grid and/or points) in parallel",
-        description="Run every point of a sweep file, in parallel, appending each finished "
-        "point to results/<name>/sweep.parquet; a rerun reuses the points already there whose "
+        description="Run every point of a sweep file, in parallel, recording each finished "
+        "point in results/<name>/sweep.parquet; a rerun reuses the points already there whose "
         "resolved inputs (base workload, topology, hardware data) are unchanged.",
     )
     p.add_argument("sweep", help="sweep YAML (sweeps/*.yaml)")
@@ -92,10 +92,11 @@ def main(args) -> int:
     counts = {"ok": 0, "failed": 0}
     started = []
 
-    def on_start(n_todo: int, n_done: int) -> None:
-        progress.start()
-        started.append(True)
-        progress.update(task, total=n_todo, completed=0)
+    def on_start(n_todo: int, n_done: int) -> None:  # again when a reused point is stale
+        if not started:
+            progress.start()
+            started.append(True)
+        progress.update(task, total=n_todo)
 
     def on_row(index: int, row: dict) -> None:
         counts["ok" if row.get("status") == OK else "failed"] += 1
