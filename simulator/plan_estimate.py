@@ -381,7 +381,7 @@ class Estimator:
     def _reduction_s(self, cand: Candidate, res: Resolved, s: int, b_s: float, gb: int) -> float:
         """Exposed gradient reduction of stage ``s`` (ZeRO 0-2; ``b_s``: its backward time
         per micro-batch). Buckets fill layer by layer during the last backward and go out once
-        they reach grad_bucket_MB, whole layers per bucket (as the engine does); without
+        they reach the bucket size (MiB), whole layers per bucket (as the engine does); without
         overlap, one bucket per model chunk (Megatron). The routed experts' buckets go over
         edp beside the dense ones over cp x dp (separate communicators): the longer counts."""
         t, v = self.work.training, res.virtual_stages
@@ -401,7 +401,7 @@ class Estimator:
             if group <= 1 or grads <= 0:
                 continue
             if t.overlap_grad_reduce:
-                k = max(1, math.ceil(t.grad_bucket_MB * 1e6 / layer_b))
+                k = max(1, math.ceil(t.grad_bucket_bytes / layer_b))
                 size = min(k * layer_b, grads)
             else:
                 size = grads / v

@@ -504,14 +504,20 @@ def test_memory_and_link_counters(step):
         for t, k in zip(total, kinds, strict=True):
             assert sum(k["args"].values()) == pytest.approx(t["args"]["total"], abs=1e-4)
         assert kinds[0]["args"]["weights"] == pytest.approx(6.0)
-    net = [c for c in cs if c["name"].endswith("utilization")]
-    assert {c["name"] for c in net} == {"node0-nic0-leaf0 utilization", "gpu0-nvsw0 utilization"}
+    # A link's counter is named by the link, with one series (viewers show "<link>
+    # utilization"), over time here and as a step average below: one name in both modes.
+    net = [c for c in cs if "utilization" in c["args"]]
+    assert {c["name"] for c in net} == {"node0-nic0-leaf0", "gpu0-nvsw0"}
+    assert all(list(c["args"]) == ["utilization"] for c in net)
     gpu_pids = {trace.gpu_pid(g) for g in events["gpu"]}
     assert len({c["pid"] for c in net}) == 1 and net[0]["pid"] not in gpu_pids
     # Without a series, the links table gives flat step-average tracks of the busiest links.
     tr2 = trace.perfetto_trace(events, memory, links)
-    avg = [c for c in _by_ph(tr2, "C") if c["name"].endswith("avg utilization")]
-    assert avg[0]["name"] == "node0-nic0-leaf0 avg utilization" and avg[0]["args"]["avg"] == 0.83
+    avg = [c for c in _by_ph(tr2, "C") if "utilization" in c["args"]]
+    assert avg[0]["name"] == "node0-nic0-leaf0" and avg[0]["args"] == {"utilization": 0.83}
+    procs = {e["args"]["name"] for tr in (tr, tr2) for e in tr["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name" and "Network" in e["args"]["name"]}
+    assert procs == {"Network (busiest links, over time)", "Network (busiest links, step average)"}
     assert tr2["otherData"]["busiest_links"][0]["link"] == "node0-nic0-leaf0"
 
 

@@ -47,7 +47,7 @@ def register(sub) -> None:
 
 def _fmt(metric: str, v: float) -> str:
     if metric.endswith("_s"):
-        return f"{v * 1e6:,.1f} us" if v < 1e-2 else f"{v:,.3f} s"
+        return f"{v * 1e6:,.1f} µs" if v < 1e-2 else f"{v:,.3f} s"
     return f"{v:,.4g}"
 
 

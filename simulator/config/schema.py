@@ -289,7 +289,16 @@ class TrainingConfig(Frozen):
     overlap_param_gather: Bool = Field(
         False, description="ZeRO-1/2: overlap the post-step parameter all-gather with compute"
     )
-    grad_bucket_MB: PositiveFloat = Field(25.0, le=MAX_BUCKET_MB)
+    grad_bucket_MB: PositiveFloat = Field(
+        25.0,
+        le=MAX_BUCKET_MB,
+        description="gradient bucket size in MiB (2^20 bytes of reduced gradients), as "
+        "PyTorch DDP's bucket_cap_mb (default 25 MiB), which the key is named after: "
+        "'MB' here means MiB; grad_bucket_MiB is the same key under its exact name",
+    )
+    grad_bucket_MiB: PositiveFloat | None = Field(
+        None, le=MAX_BUCKET_MB, description="grad_bucket_MB under its exact unit (give one)"
+    )
     optimizer: Literal["adam"] = "adam"
     kernels: Literal["fused", "eager"] = Field(
         "fused",
@@ -316,6 +325,24 @@ class TrainingConfig(Frozen):
         description="Megatron-Core's switch: the EP all-to-all of one micro-batch overlaps "
         "the compute of another (combined 1F1B)",
     )
+
+    @model_validator(mode="after")
+    def _one_bucket_key(self) -> TrainingConfig:
+        if self.grad_bucket_MiB is not None and "grad_bucket_MB" in self.model_fields_set:
+            raise ValueError(
+                "grad_bucket_MB and grad_bucket_MiB are the same size (MiB) under two names: "
+                "give one"
+            )
+        return self
+
+    @property
+    def grad_bucket_bytes(self) -> float:
+        """The gradient bucket in bytes: MiB x 2^20, as PyTorch DDP turns ``bucket_cap_mb``
+        into ``bucket_bytes_cap`` (``int(bucket_cap_mb * 1024 * 1024)``,
+        torch/nn/parallel/distributed.py). Megatron-LM's ``--ddp-bucket-size`` counts
+        elements instead: N elements are N x the reduced dtype's bytes."""
+        mib = self.grad_bucket_MB if self.grad_bucket_MiB is None else self.grad_bucket_MiB
+        return mib * 2**20
 
 
 class ParallelismConfig(Frozen):

@@ -648,7 +648,7 @@ class _Builder:
             zero=par.zero,
             overlap_grad_reduce=t.overlap_grad_reduce,
             overlap_param_gather=t.overlap_param_gather,
-            bucket_bytes=t.grad_bucket_MB * 1e6,
+            bucket_bytes=t.grad_bucket_bytes,
             grad_bytes_per_layer=lp / tp * gb,
             param_bytes_per_layer=lp / tp * pb,
             # eager (PyTorch FSDP) gathers a unit into a new full-size buffer beside its shard

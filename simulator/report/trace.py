@@ -19,7 +19,11 @@ Layout of the trace:
 * per GPU, counter tracks of memory in GiB from the memory table (total and by category);
 * optionally a "Network" process with one utilisation counter track per link (``link_series``:
   columns ``link``, ``t_s``, ``utilization``), or, with only the links table, the step-average
-  utilisation of the busiest links.
+  utilisation of the busiest links; either way a link's counter is named by the link and has
+  one series, ``utilization`` (:data:`UTILIZATION`).
+
+Units: times in microseconds (the format's), memory in GiB (2^30 bytes, as ``memory_gib`` in
+the summary; the counters' names say so), utilisation as a fraction 0..1.
 
 Times are converted to integer nanoseconds before anything is laid out, so nested slices never
 poke out of their parent by a rounding error, and written as microseconds with 3 decimals.
@@ -57,6 +61,11 @@ LANE_TID_STRIDE = 1000
 
 #: Memory categories of the memory table, in counter order.
 MEMORY_KINDS = ("weights", "gradients", "optimizer", "activations", "zero_params")
+
+#: The one series of a link's counter (busy fraction, 0..1). A counter is named by its link
+#: alone: viewers name a counter track "<name> <series>" ("node0-nic0-leaf0 utilization"),
+#: the same whether the utilisation is over time or a step average (the process says which).
+UTILIZATION = "utilization"
 
 #: How many links get a counter track when only the links table is given.
 DEFAULT_TOP_LINKS = 8
@@ -290,25 +299,24 @@ def _link_counters(
             for t in sorted(last):
                 out.append(
                     {
-                        "name": f"{link} utilization",
+                        "name": link,
                         "ph": "C",
                         "pid": pid,
                         "ts": _us(t),
-                        "args": {"utilization": round(last[t], 6)},
+                        "args": {UTILIZATION: round(last[t], 6)},
                     }
                 )
     elif links is not None and not links.empty:
         busiest = links.sort_values(["utilization", "link"], ascending=[False, True]).head(top)
         for r in busiest.itertuples(index=False):
-            name = f"{r.link} avg utilization"
             for t, u in ((0, float(r.utilization)), (t_end_ns, 0.0)):
                 out.append(
                     {
-                        "name": name,
+                        "name": r.link,
                         "ph": "C",
                         "pid": pid,
                         "ts": _us(t),
-                        "args": {"avg": round(u, 6)},
+                        "args": {UTILIZATION: round(u, 6)},
                     }
                 )
     return out
@@ -377,7 +385,8 @@ def perfetto_trace(
     net_pid = gpu_pid(max(gpus) + 1) if gpus else PID_OFFSET
     counters = _link_counters(links, link_series, net_pid, t_end, top_links)
     if counters:
-        trace.append(_meta("process_name", net_pid, name="Network (busiest links)"))
+        over = "over time" if link_series is not None and not link_series.empty else "step average"
+        trace.append(_meta("process_name", net_pid, name=f"Network (busiest links, {over})"))
         trace.append(_meta("process_sort_index", net_pid, sort_index=net_pid))
         trace.extend(counters)
 
