@@ -8,7 +8,8 @@ The grid varies Llama-3-8B on 64 H100 (``workloads/llama3-8b.yaml``) over 7 NIC 
 6 oversubscriptions x 8 gradient bucket sizes x 10 NIC latencies x 20 seeds = 67,200 points,
 and runs the first ``--limit`` of them with the process pool into a fresh folder, in a fresh
 subprocess (so that peak memory is the sweep's own). Prints the time from the call to the
-first finished row (everything a sweep prepares before its first result shows here), the
+first finished row (everything a sweep prepares before its first result shows here) and
+the sweep process's CPU seconds until then (what a loaded machine does not distort), the
 time to ``--limit`` rows, the sweep process's peak RSS and its pool workers' largest peak
 RSS. Then it runs the sweep again with the same limit (a resume: every recorded point is
 checked against its inputs, ``--limit`` new points run) and prints the same figures.
@@ -41,12 +42,12 @@ def _child(code: str, sweep: str, out: str, limit: int, workers: int) -> None:
     sys.path.insert(0, code)
     from simulator.sweep import run_sweep
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     first: list[float] = []
 
     def on_row(index: int, row: dict) -> None:
         if not first:
-            first.append(time.perf_counter() - t0)
+            first.extend([time.perf_counter() - t0, time.process_time() - c0])
 
     outcome = run_sweep(sweep, workers=workers, out=out, limit=limit, on_row=on_row)
     wall = time.perf_counter() - t0
@@ -59,6 +60,7 @@ def _child(code: str, sweep: str, out: str, limit: int, workers: int) -> None:
                 "run": outcome.n_run,
                 "reused": outcome.n_skipped,
                 "first_row_s": first[0] if first else None,
+                "first_row_cpu_s": first[1] if first else None,
                 "wall_s": wall,
                 "rss_mib": self_kib / 1024,
                 "worker_rss_mib": child_kib / 1024,
@@ -83,7 +85,7 @@ def main() -> None:
         n *= len(values)
     print(f"grid: {' x '.join(str(len(v)) for v in GRID.values())} = {n:,} points; code: {args.code}")
     print(f"{'run':<8} {'points':>7} {'new':>5} {'reused':>6} {'first row s':>12} "
-          f"{'wall s':>8} {'peak MiB':>9} {'worker MiB':>11}")  # fmt: skip
+          f"{'(CPU s)':>8} {'wall s':>8} {'peak MiB':>9} {'worker MiB':>11}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         sweep = Path(tmp) / "sweep.yaml"
         base = ROOT / "workloads" / "llama3-8b.yaml"
@@ -96,7 +98,8 @@ def main() -> None:
             r = json.loads(res.stdout.strip().splitlines()[-1])
             print(
                 f"{label:<8} {r['points']:>7,} {r['run']:>5} {r['reused']:>6} "
-                f"{r['first_row_s']:>12.2f} {r['wall_s']:>8.2f} {r['rss_mib']:>9.0f} "
+                f"{r['first_row_s']:>12.2f} {r['first_row_cpu_s']:>8.2f} {r['wall_s']:>8.2f} "
+                f"{r['rss_mib']:>9.0f} "
                 f"{r['worker_rss_mib']:>11.0f}"
             )
 
