@@ -3,6 +3,7 @@
     python benchmarks/scale.py            # everything
     python benchmarks/scale.py --ladder   # only the ladder
     python benchmarks/scale.py --big      # only benchmarks/workloads: 405B on 131,072 GPUs
+    python benchmarks/scale.py --imports  # only the command line's start-up (python -X importtime)
 
 Each case runs in a fresh subprocess so that its peak memory (max RSS) is its own. Prints, per
 case: GPUs, simulated processes, simulator wall time, peak memory, SimPy events, events/s.
@@ -56,15 +57,63 @@ def run_case(workload: str, overrides: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+IMPORT_CASES = [  # command lines whose start-up is measured
+    ["--help"],
+    ["run", "--help"],
+    ["run", "workloads/llama3-8b.yaml", "--no-files", "--json"],
+    ["run", "workloads/llama3-8b.yaml", "--out", "{tmp}/run"],
+]
+HEAVY = ("matplotlib", "pandas", "pyarrow", "ray", "networkx")
+
+
+def import_figures(argv: list[str]) -> dict:
+    """CPU seconds of ``python -X importtime -m simulator ARGV`` (the whole process), the
+    seconds its imports took (importtime's top-level cumulative figures) and the heavy
+    libraries it imported."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "simulator", *argv],
+                         capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    imports_us, heavy = 0, set()
+    for line in out.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, cum, name = line.split("|")
+        if cum.strip().isdigit() and not name.startswith("  "):  # a top-level import
+            imports_us += int(cum)
+        heavy |= {h for h in HEAVY if name.strip() == h}
+    return {"cpu_s": cpu, "imports_s": imports_us / 1e6, "heavy": sorted(heavy)}
+
+
+def print_imports() -> None:
+    """The start-up table: one line per command line of IMPORT_CASES (cpu s: the whole
+    process; imports s: importtime's wall time of the imports)."""
+    import tempfile
+
+    print(f"{'command':<58}{'cpu s':>7}{'imports s':>11}  heavy libraries imported")
+    with tempfile.TemporaryDirectory() as tmp:
+        for argv in IMPORT_CASES:
+            argv = [a.replace("{tmp}", tmp) for a in argv]
+            r = import_figures(argv)
+            shown = " ".join(a if not a.startswith(tmp) else "DIR" + a[len(tmp):] for a in argv)
+            print(f"{shown:<58}{r['cpu_s']:>7.2f}{r['imports_s']:>11.2f}  "
+                  f"{', '.join(r['heavy']) or '-'}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ladder", action="store_true", help="only the GPU-count ladder")
     ap.add_argument("--big", action="store_true",
                     help="only benchmarks/workloads (Llama 3.1 405B on 131,072 GPUs, three tiers)")
+    ap.add_argument("--imports", action="store_true", help="only the start-up of the CLI")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         _child(a.child)
+        return
+    if a.imports:
+        print_imports()
         return
     cases: list[tuple[str, str, list[str]]] = []
     if not a.ladder and not a.big:

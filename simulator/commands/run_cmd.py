@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from simulator.config.load import LoadedWorkload, load_workload
 from simulator.engine.sim import CountingEnvironment
 from simulator.hardware.catalog import load_gpu
-from simulator.report import html, io, plots, table, trace
+from simulator.report import io, table
 from simulator.run import SimResult, check_full_detail, resolve_loaded, simulate
 
 
@@ -91,6 +91,9 @@ def write_outputs(
     and in the table), so the same input gives the same bytes. ``report.html`` (one
     self-contained page) shows the inputs too when ``loaded`` is given. Returns the final
     paths."""
+    # matplotlib (the timeline, the page's figures) only for a run that writes files
+    from simulator.report import html, plots, trace
+
     stage = io.stage_folder(out)
     try:
         paths = {k: stage / name for k, name in OUTPUT_FILES.items()}

@@ -47,7 +47,6 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 import yaml
 
@@ -55,6 +54,8 @@ from simulator.config.schema import LinkFault, TopologyConfig
 from simulator.errors import ConfigError, PlanError
 
 if TYPE_CHECKING:  # the hardware catalog is only needed for the annotation
+    import networkx as nx
+
     from simulator.hardware.catalog import GPUSpec
 
 FABRICS_FILE = Path(__file__).with_name("fabrics.yaml")
@@ -580,6 +581,8 @@ class Topology:
         ``spine``); edges carry ``link`` (id), ``bandwidth_Bps``, ``latency_s`` and ``kind``.
         Failed links (capacity 0) are left out.
         """
+        import networkx as nx  # for inspection and tests only; routing does not need it
+
         g = nx.DiGraph()
         prefixes = (
             ("gpu", "gpu"),
