@@ -89,7 +89,7 @@ def test_absurd_sizes_are_refused_quickly(case_dir):
             "million_gpus": (run_set("topology.nodes=125000"), "topo.yaml: nodes"),
             "cluster_size": (
                 run_set("topology.nodes=32768", "topology.gpus_per_node=8"),
-                "GPUs; the simulator takes up to 65,536",
+                "GPUs; the simulator takes up to 131,072",
             ),
             "plan_gpus": (["plan", "work.yaml", "--gpus", "1000000000"], "--gpus: must be in"),
             "plan_no_layout": (["plan", "work.yaml", "--gpus", "44"], "no parallel layout"),

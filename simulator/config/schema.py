@@ -53,7 +53,7 @@ MAX_HEADS = 4096
 MAX_VOCAB = 4_194_304
 MAX_SEQ_LEN = 4_194_304  # tokens per sequence (4 Mi)
 MAX_GLOBAL_BATCH = 16_777_216  # sequences per step
-MAX_GPUS = 65_536  # nodes * gpus_per_node (the engine's cost grows ~0.15 ms per GPU)
+MAX_GPUS = 131_072  # nodes * gpus_per_node (issue 11: a 131,072-GPU step; benchmarks/scale.py --big)
 MAX_GPUS_PER_NODE = 1024  # an NVL576 rack is 576
 MAX_SLOWDOWN = 1e9  # a straggler's compute slowdown factor (1e9: a GPU that all but stopped)
 MIN_BANDWIDTH_FACTOR = 1e-9  # a degraded link keeps at least this share (0 = failed)
