@@ -306,14 +306,15 @@ def _links_table(engine: Engine, machine: Machine, net, step: float) -> pd.DataF
             net.link_busy_s if net is not None else 0.0
         )
     idx = np.nonzero(nbytes)[0]
-    names = [topo.link_names[i] for i in idx]
-    ends = [(n.split("->", 1) + [""])[:2] for n in names]
+    names, kinds, at = topo.link_names, topo.link_kinds, idx.tolist()
+    names = [names[i] for i in at]
+    ends = [n.partition("->") for n in names]
     df = pd.DataFrame(
         {
             "link": names,
-            "kind": [topo.link_kinds[i] for i in idx],
+            "kind": [kinds[i] for i in at],
             "src": [e[0] for e in ends],
-            "dst": [e[1] for e in ends],
+            "dst": [e[2] for e in ends],
             "capacity_GBps": topo.capacity[idx] / 1e9,
             "bytes": nbytes[idx].astype(float),
             "busy_s": busy[idx].astype(float),

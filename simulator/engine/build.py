@@ -702,6 +702,7 @@ def folded_link_bytes(engine, coll: CollectiveModel, n_links: int):
     for p in procs:
         for prog in vars(p.programs).values():
             by_id[(p.pid, id(prog))] = prog
+    runs_of: dict[int, list] = {}  # one addition per distinct cost: [cost, times it ran]
     for (pid, pid_prog), runs in engine.prog_runs.items():
         prog = by_id.get((pid, pid_prog))
         if not prog:
@@ -709,7 +710,10 @@ def folded_link_bytes(engine, coll: CollectiveModel, n_links: int):
         p = procs[pid]
         for part in prog:
             if part.kind == "comm":
-                engine.plan.part_cost(p, part).add_to(out, runs)
+                cost = engine.plan.part_cost(p, part)
+                runs_of.setdefault(id(cost), [cost, 0])[1] += runs
+    for cost, runs in runs_of.values():
+        cost.add_to(out, runs)
     for p, spec in engine.comm_log:
         if spec.stream != "pp" or spec.op == "send_flows":
             continue  # collectives that ran in the flow network: it counted them

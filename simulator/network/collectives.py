@@ -51,7 +51,7 @@ import numpy as np
 
 from simulator.errors import ConfigError
 from simulator.network.algorithms import AlgorithmPhases, Phase, phase_at
-from simulator.network.flows import fluid_completion
+from simulator.network.flows import FlowSet, fluid_completion, fluid_completion_arrays
 from simulator.network.innetwork import IN_NETWORK, InNetworkPhases, in_network_constants
 from simulator.network.topology import Topology, load_fabrics
 
@@ -176,6 +176,7 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
         self._faulty = bool(np.any(topology.capacity != topology._nominal))
         self._plan_cache: dict[tuple, tuple[str, _Proto, list[tuple[Phase, float]]]] = {}
         self._rings: dict[tuple[int, ...], list[list[int]]] = {}
+        self._places: np.ndarray | None = None  # tray_places as an array (group shapes)
 
     # ------------------------------------------------------------------ public API
 
@@ -268,6 +269,14 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
         hit = self._bundle_cache.get(key)
         if hit is not None:
             return hit
+        classes = self._classes(op, key[1], float(nbytes), algorithm)
+        if classes is not None:
+            out = []
+            for k, live in self._segments(classes):
+                src, dst, nb = self._flows(live)
+                out.append(Step(FlowSet(src, dst, nb * k), k * max(c[2] for c, _ in live)))
+            self._bundle_cache[key] = out
+            return out
         plans = [self._plan(op, tuple(g), nbytes, algorithm) for g in key[1] if len(g) > 1]
         plans = [p for p in plans if p[2]]
         out: list[Step] = []
@@ -334,6 +343,9 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
     # ------------------------------------------------------------------ costing
 
     def _cost(self, op, groups, nbytes, algorithm) -> CollectiveCost:
+        classes = self._classes(op, groups, float(nbytes), algorithm)
+        if classes is not None:
+            return self._cost_classes(op, classes)
         plans = [self._plan(op, g, nbytes, algorithm) for g in groups if len(g) > 1]
         plans = [p for p in plans if p[2]]
         if not plans:
@@ -367,6 +379,115 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
             total += (b - a) * dt
             link_bytes += (b - a) * lb
         names = sorted({p[0] for p in plans})
+        return CollectiveCost.from_dense(
+            self._launch_of(op) + total, ",".join(names), int(n_steps), self._launch_of(op),
+            link_bytes,
+        )
+
+    # ---- many concurrent groups: one plan per group shape, flows as arrays
+
+    #: Fewest concurrent groups priced by shape (:meth:`_classes`); fewer go group by group.
+    MANY_GROUPS = 8
+
+    def _classes(self, op, groups, nbytes, algorithm):
+        """The groups (of more than one GPU) by shape (:meth:`_signature`): per shape, the
+        plan of its first group, that plan's phases with their transfers as positions in
+        the group, and the members of every group of the shape as a matrix (a row per
+        group, in the given order). None where shapes cannot be shared (faults, a plan
+        relaying through a GPU outside its group, few groups): priced group by group."""
+        live = [g for g in groups if len(g) > 1]
+        if self._faulty or len(live) < self.MANY_GROUPS or nbytes <= 0:
+            return None
+        by_size: dict[int, list[int]] = {}
+        for i, g in enumerate(live):
+            by_size.setdefault(len(g), []).append(i)
+        out = []
+        for idx in by_size.values():
+            mat = np.array([live[i] for i in idx], dtype=np.int64)
+            shape_of: dict[bytes, int] = {}  # signature -> shape number, in order of first use
+            inv = np.array([shape_of.setdefault(r.tobytes(), len(shape_of))
+                            for r in self._signature_rows(mat)])  # fmt: skip
+            for c in range(len(shape_of)):
+                rows = mat[inv == c]
+                name, proto, phases = self._plan(op, tuple(rows[0].tolist()), nbytes, algorithm)
+                if not phases:
+                    continue
+                pos = {g: i for i, g in enumerate(rows[0].tolist())}
+                rel = []
+                for ph, f in phases:
+                    try:
+                        a = np.array([pos[x] for x, _, _ in ph.transfers], dtype=np.int64)
+                        b = np.array([pos[x] for _, x, _ in ph.transfers], dtype=np.int64)
+                    except KeyError:  # relayed through a GPU outside the group (PXN)
+                        return None
+                    nb = np.array([x for _, _, x in ph.transfers], dtype=float)
+                    rel.append((ph, self._wire(ph, proto), self._lat(ph, proto), f, a, b, nb))
+                out.append((name, rows, rel))
+        return out
+
+    def _signature_rows(self, mat: np.ndarray) -> np.ndarray:
+        """:meth:`_signature` of every row of ``mat`` (groups of one size), as array rows."""
+        topo = self.topology
+        places = self._places
+        if places is None:
+            places = self._places = np.array(topo.tray_places, dtype=np.int64).reshape(-1, 4)
+        node = mat // topo.gpus_per_node
+        pl = places[mat // topo.tray_gpus]
+        cols = [node - node[:, :1], mat % topo.gpus_per_node, pl[..., 0] - pl[:, :1, 0],
+                pl[..., 2], pl[..., 1] - pl[:, :1, 1], pl[..., 3]]  # fmt: skip
+        return np.stack(cols, axis=2).reshape(len(mat), -1)
+
+    @staticmethod
+    def _segments(classes):
+        """Walk every shape's phases together, cut where any changes phase: [(steps in the
+        segment, [(phase entry, group matrix) of each shape still running])]."""
+        seqs = [rel for _, _, rel in classes]
+        bounds = sorted({0} | {int(c) for r in seqs for c in np.cumsum([e[0].repeat for e in r])})
+        out = []
+        for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+            live = []
+            for (_, rows, _), seq in zip(classes, seqs, strict=True):
+                e = phase_at(seq, a)
+                if e is not None:
+                    live.append((e, rows))
+            out.append((b - a, live))
+        return out
+
+    @staticmethod
+    def _flows(live) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sources, destinations, wire bytes) of the running phases of every group, group
+        after group within each shape."""
+        src, dst, nb = [], [], []
+        for (_, w, _, _, a, b, n), rows in live:
+            src.append(rows[:, a].reshape(-1))
+            dst.append(rows[:, b].reshape(-1))
+            nb.append(np.tile(n * w, len(rows)))
+        return np.concatenate(src), np.concatenate(dst), np.concatenate(nb)
+
+    def _cost_classes(self, op, classes) -> CollectiveCost:
+        """:meth:`_cost` of groups by shape (:meth:`_classes`), every flow routed at once."""
+        if not classes:
+            return CollectiveCost(0.0, "none", 0, 0.0)
+        topo = self.topology
+        total, n_steps = 0.0, 0
+        link_bytes = np.zeros(topo.n_links)
+        memo: dict[tuple, tuple[float, np.ndarray]] = {}
+        for k, live in self._segments(classes):
+            n_steps += k
+            ids = tuple(id(e[0]) for e, _ in live)
+            if ids not in memo:
+                src, dst, nb = self._flows(live)
+                links, lens = topo.route_arrays(src, dst)
+                lat = max(e[2] for e, _ in live)
+                if sum(len(rows) for _, rows in live) == 1:  # one group: known from planning
+                    fmax = live[0][0][3] * live[0][0][1]
+                else:
+                    fmax = float(fluid_completion_arrays(links, lens, nb, self.capacity).max())
+                memo[ids] = (fmax + lat, np.bincount(links, np.repeat(nb, lens), topo.n_links))
+            dt, lb = memo[ids]
+            total += k * dt
+            link_bytes += k * lb
+        names = sorted({name for name, _, _ in classes})
         return CollectiveCost.from_dense(
             self._launch_of(op) + total, ",".join(names), int(n_steps), self._launch_of(op),
             link_bytes,

@@ -101,10 +101,21 @@ def fluid_completion(
     """
     if not flows:
         return np.zeros(0)
-    links, fidx, lens = _incidence([f[0] for f in flows])
+    links, _, lens = _incidence([f[0] for f in flows])
+    return fluid_completion_arrays(links, lens, np.array([float(f[1]) for f in flows]), capacity)
+
+
+def fluid_completion_arrays(
+    links: np.ndarray, lens: np.ndarray, nbytes: np.ndarray, capacity: np.ndarray
+) -> np.ndarray:
+    """:func:`fluid_completion` of flows given as arrays: every flow's link ids one flow after
+    the other (``links``), the number of links of each (``lens``) and its bytes."""
+    if not len(lens):
+        return np.zeros(0)
+    fidx = np.repeat(np.arange(len(lens)), lens)
     links, cap = _compress(links, capacity)
-    left = np.array([float(f[1]) for f in flows])
-    done = np.zeros(len(flows))
+    left = np.asarray(nbytes, dtype=float).copy()
+    done = np.zeros(len(lens))
     alive = (lens > 0) & (left > 0)
     t = 0.0
     while alive.any():
@@ -126,17 +137,33 @@ def fluid_completion(
     return done
 
 
+class FlowSet:
+    """Transfers ``(src_gpu, dst_gpu, nbytes)`` as three arrays (thousands of concurrent
+    groups' flows); iterates as tuples, like the tuple of transfers it stands for."""
+
+    __slots__ = ("src", "dst", "nbytes")
+
+    def __init__(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray):
+        self.src = np.asarray(src, dtype=np.int64)
+        self.dst = np.asarray(dst, dtype=np.int64)
+        self.nbytes = np.asarray(nbytes, dtype=float)
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __iter__(self):
+        return zip(self.src.tolist(), self.dst.tolist(), self.nbytes.tolist(), strict=True)
+
+
 class _Batch:
     """The flows of one :meth:`FlowNetwork.transfer` call, as flat numpy arrays."""
 
     __slots__ = ("event", "links", "lens", "left", "size", "rate")
 
-    def __init__(self, event: simpy.Event, routes: list[tuple[int, ...]], sizes: list[float]):
+    def __init__(self, event: simpy.Event, links: np.ndarray, lens: np.ndarray, sizes):
         self.event = event
-        self.lens = np.fromiter((len(r) for r in routes), dtype=np.int64, count=len(routes))
-        self.links = np.fromiter(
-            chain.from_iterable(routes), dtype=np.int64, count=int(self.lens.sum())
-        )
+        self.lens = lens
+        self.links = links
         self.size = np.asarray(sizes, dtype=float)
         self.left = self.size.copy()
         self.rate = np.zeros(len(sizes))
@@ -201,18 +228,27 @@ class FlowNetwork:
         """Start ``(src_gpu, dst_gpu, nbytes)`` transfers now; the event fires when all of
         them have completed (bandwidth part only: latency is the caller's)."""
         ev = self.env.event()
-        routes, sizes = [], []
-        route = self.topology.route
-        for src, dst, nbytes in transfers:
-            r = route(src, dst)
-            if nbytes > 0 and r:
-                routes.append(r)
-                sizes.append(float(nbytes))
-        if not routes:
+        if isinstance(transfers, FlowSet):  # many flows as arrays: routed at once
+            links, lens = self.topology.route_arrays(transfers.src, transfers.dst)
+            keep = (transfers.nbytes > 0) & (lens > 0)
+            sizes = transfers.nbytes[keep]
+            if not keep.all():
+                links, lens = links[np.repeat(keep, lens)], lens[keep]
+        else:
+            routes, size_list = [], []
+            route = self.topology.route
+            for src, dst, nbytes in transfers:
+                r = route(src, dst)
+                if nbytes > 0 and r:
+                    routes.append(r)
+                    size_list.append(float(nbytes))
+            links, _, lens = _incidence(routes)
+            sizes = np.asarray(size_list, dtype=float)
+        if not len(lens):
             ev.succeed()
             return ev
         self._advance()
-        self._batches.append(_Batch(ev, routes, sizes))
+        self._batches.append(_Batch(ev, links, lens, sizes))
         self._reshare()
         return ev
 
