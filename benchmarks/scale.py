@@ -2,11 +2,14 @@
 
     python benchmarks/scale.py            # everything
     python benchmarks/scale.py --ladder   # only the ladder
-    python benchmarks/scale.py --big      # only benchmarks/workloads: 405B on 131,072 GPUs
+    python benchmarks/scale.py --big      # only benchmarks/workloads: 405B on 131,072 GPUs,
+                                          # GPT-530B with 1,120 micro-batches per replica
     python benchmarks/scale.py --imports  # only the command line's start-up (python -X importtime)
 
 Each case runs in a fresh subprocess so that its peak memory (max RSS) is its own. Prints, per
-case: GPUs, simulated processes, simulator wall time, peak memory, SimPy events, events/s.
+case: GPUs, simulated processes, simulator wall and CPU time, peak memory, SimPy events,
+events/s, and the micro-batches per replica with those simulated where the step was
+extrapolated from the pipeline's steady state (``--all-microbatches``: simulate every one).
 The ladder keeps the work per data-parallel replica fixed (Llama-2-70B, TP 8, PP 4, 16
 micro-batches per replica) and grows the number of replicas, so a simulator whose cost follows
 the distinct ranks, not the GPUs, shows a flat wall time.
@@ -39,20 +42,23 @@ def _child(args: list[str]) -> None:
     from simulator.config.load import load_workload
     from simulator.run import simulate
 
-    workload, *overrides = args
+    every = args[0] == "--all-microbatches"
+    workload, *overrides = args[1:] if every else args
     t0, c0 = time.perf_counter(), time.process_time()
-    res = simulate(load_workload(workload, overrides))
+    res = simulate(load_workload(workload, overrides), extrapolate=not every)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = res.summary
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"n_gpus": s["n_gpus"], "procs": s["simulated_processes"], "wall_s": wall,
                       "cpu_s": cpu,
                       "peak_MiB": peak_mib, "events": s["events"], "step_time_s": s["step_time_s"],
-                      "mfu": s["mfu"]}))
+                      "mfu": s["mfu"], "microbatches": s["layout"]["microbatches"],
+                      "simulated": (s["extrapolated"] or {}).get("simulated_microbatches")}))
 
 
-def run_case(workload: str, overrides: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", workload, *overrides],
+def run_case(workload: str, overrides: list[str], every: bool = False) -> dict:
+    flag = ["--all-microbatches"] if every else []
+    out = subprocess.run([sys.executable, __file__, "--child", *flag, workload, *overrides],
                          capture_output=True, text=True, cwd=ROOT, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -105,8 +111,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ladder", action="store_true", help="only the GPU-count ladder")
     ap.add_argument("--big", action="store_true",
-                    help="only benchmarks/workloads (Llama 3.1 405B on 131,072 GPUs, three tiers)")
+                    help="only benchmarks/workloads (Llama 3.1 405B on 131,072 GPUs, three tiers; "
+                    "GPT-530B with 1,120 micro-batches per replica)")
     ap.add_argument("--imports", action="store_true", help="only the start-up of the CLI")
+    ap.add_argument("--all-microbatches", action="store_true",
+                    help="simulate every micro-batch (no steady-state extrapolation)")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -128,15 +137,16 @@ def main() -> None:
             f"training.global_batch={dp * 16}", f"topology.nodes={nodes}",
             "topology.nodes_per_leaf=32"]))
     head = f"{'case':<28}{'GPUs':>7}{'procs':>7}{'wall s':>9}{'cpu s':>8}{'peak MiB':>10}{'events':>9}" \
-           f"{'events/s':>10}{'step s':>9}{'MFU':>7}"
+           f"{'events/s':>10}{'step s':>9}{'MFU':>7}  micro-batches (simulated)"
     print(head)
     print("-" * len(head))
     for name, w, ov in cases:
-        r = run_case(w, ov)
+        r = run_case(w, ov, a.all_microbatches)
+        sim = "+".join(map(str, r["simulated"])) if r["simulated"] else "all"
         print(f"{name:<28}{r['n_gpus']:>7}{r['procs']:>7}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}"
               f"{r['peak_MiB']:>10.0f}"
               f"{r['events']:>9}{r['events'] / r['wall_s']:>10.0f}{r['step_time_s']:>9.3f}"
-              f"{r['mfu']:>7.1%}", flush=True)
+              f"{r['mfu']:>7.1%}  {r['microbatches']} ({sim})", flush=True)
 
 
 if __name__ == "__main__":

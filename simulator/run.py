@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field, replace
 
@@ -19,6 +20,14 @@ from simulator.engine.build import Machine, build_plan, folded_link_bytes, make_
 from simulator.engine.records import EVENT_COLUMNS, LINK_COLUMNS, MEMORY_COLUMNS
 from simulator.engine.sim import CountingEnvironment, Engine
 from simulator.errors import ConfigError
+from simulator.extrapolate import (
+    extend,
+    extend_links,
+    periodic,
+    points,
+    series,
+    settle_pipeline_parts,
+)
 from simulator.hardware.catalog import GPUSpec, load_gpu
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import pricing_dtype, split_dtype
@@ -87,11 +96,123 @@ def simulate(
     detail: str = "folded",
     machine: Machine | None = None,
     env: CountingEnvironment | None = None,
+    extrapolate: bool = True,
 ) -> SimResult:
     """Simulate one optimizer step of ``loaded``; raises ConfigError / PlanError on bad input.
 
     ``env`` (a fresh :class:`CountingEnvironment`) lets a caller watch the simulation run
-    (its ``now`` and ``n_events``) from another thread, for a progress bar."""
+    (its ``now`` and ``n_events``) from another thread, for a progress bar. In folded detail a
+    step of many micro-batches is extrapolated from three shorter ones where the pipeline
+    reaches a periodic steady state (:mod:`simulator.extrapolate`; the summary's
+    ``extrapolated`` says from which); ``extrapolate=False`` simulates every micro-batch."""
+    if extrapolate and detail == "folded" and env is None:
+        res = resolve_loaded(loaded)
+        ms = points(res.microbatches, res.size("pp"), res.virtual_stages,
+                    loaded.workload.parallelism.pp_schedule)  # fmt: skip
+        if ms is not None:
+            out = _simulate_extrapolated(loaded, res, ms, machine)
+            if out is not None:
+                return out
+    return _simulate_every(loaded, detail=detail, machine=machine, env=env)
+
+
+def _simulate_extrapolated(
+    loaded: LoadedWorkload, res: Resolved, ms: tuple[int, int, int], machine: Machine | None
+) -> SimResult | None:
+    """The step from simulations of ``ms`` micro-batches (:mod:`simulator.extrapolate`), or
+    None when they are not in a periodic steady state."""
+    t0 = time.perf_counter()
+    work = loaded.workload
+    machine = machine or make_machine(loaded)
+    per_mb = work.training.global_batch // res.microbatches  # sequences per micro-batch slot
+    runs = []
+    for mi in ms:
+        t = work.training.model_copy(update={"global_batch": mi * per_mb})
+        short = replace(loaded, workload=work.model_copy(update={"training": t}))
+        runs.append(_simulate_every(short, machine=machine))
+    sums = [r.summary for r in runs]
+    values = series(sums)
+    if len({s["critical_process"] for s in sums}) > 1 or not all(
+        periodic(v) for v in values.values()
+    ):
+        return None
+    m = res.microbatches
+    s = copy.deepcopy(sums[-1])
+    for key, vals in values.items():
+        *path, last = key.split(".")
+        d = s
+        for k in path:
+            d = d[k]
+        d[last] = extend(vals, ms, m)
+    step = s["step_time_s"]
+    settle_pipeline_parts(s["breakdown_s"], step)
+    s.update(_headline(work, res.n_gpus, machine, step, s["hardware_flops_per_step"]))
+    s["layout"]["microbatches"] = m
+    fits = s["memory_gib"]["total"] <= s["memory_gib"]["capacity"]
+    s["fits"] = bool(fits)
+    s["warnings"] = _warnings(machine, s["memory_gib"], runs[-1].extras.get("worst_proc", ""))
+    links = extend_links([r.links for r in runs], ms, m, step)
+    s["busiest_links"] = _busiest(links)
+    for k in ("training", "reliability"):
+        s.pop(k, None)
+    _add_totals(s, loaded, machine)
+    s["extrapolated"] = {"microbatches": m, "simulated_microbatches": list(ms)}
+    s["events"] = int(sum(x["events"] for x in sums))
+    s["sim_wall_s"] = time.perf_counter() - t0
+    bad = first_non_finite(s)
+    if bad:
+        raise FloatingPointError(f"the summary's {bad} is not a finite number")
+    last = runs[-1]
+    return SimResult(s, last.events, last.memory, links,
+                     {**last.extras, "simulated_summary": last.summary})  # fmt: skip
+
+
+def _headline(work, n: int, machine: Machine, step: float, hw_flops: float) -> dict:
+    """The figures derived from the step time: throughput, MFU, HFU, TFLOP/s per GPU."""
+    m, t = work.model, work.training
+    model_flops = tf.model_flops_per_step(m, t.global_batch)
+    peak = machine.gpu.peak_flops(t.precision)
+    return {
+        "tokens_per_s": t.global_batch * m.seq_len / step,
+        "mfu": model_flops / (step * n * peak),
+        "hfu": hw_flops / (step * n * peak),
+        "tflops_per_gpu": model_flops / (step * n) / 1e12,
+        "model_flops_per_step": model_flops,
+    }
+
+
+def _warnings(machine: Machine, mem_gib: dict, worst_proc: str) -> list[str]:
+    """The fabric's warnings, and whether the step does not fit in memory."""
+    warnings = list(machine.topology.warnings())
+    if mem_gib["total"] > mem_gib["capacity"]:
+        warnings.append(
+            f"does not fit: {mem_gib['total']:.1f} GiB needed per GPU (worst: {worst_proc}), "
+            f"{mem_gib['capacity']:.1f} GiB available"
+        )
+    return warnings
+
+
+def _add_totals(summary: dict, loaded: LoadedWorkload, machine: Machine) -> None:
+    """Cost and energy per million tokens; time, energy and money to train the whole run
+    (when training.tokens is given); failures over the run (when faults.reliability is)."""
+    work = loaded.workload
+    summary.update(cost_summary(summary, machine.gpu, loaded.topology, work.training.tokens))
+    try:
+        rel = reliability_summary(summary, work.faults.reliability, work.training)
+    except ConfigError as e:
+        raise ConfigError(e.detail, file=str(loaded.workload_path), field=e.field) from None
+    if rel:
+        summary["reliability"] = rel
+
+
+def _simulate_every(
+    loaded: LoadedWorkload,
+    *,
+    detail: str = "folded",
+    machine: Machine | None = None,
+    env: CountingEnvironment | None = None,
+) -> SimResult:
+    """:func:`simulate`, every micro-batch."""
     t0 = time.perf_counter()
     work = loaded.workload
     res = resolve_loaded(loaded)
@@ -141,24 +262,13 @@ def simulate(
 
     m, t = work.model, work.training
     n = res.n_gpus
-    tokens = t.global_batch * m.seq_len
-    model_flops = tf.model_flops_per_step(m, t.global_batch)
     hw_flops = executed_flops(events, procs, res.n_gpus // (res.size("dp") * res.size("pp")))
-    peak = machine.gpu.peak_flops(t.precision)
     fits = mem_gib["total"] <= mem_gib["capacity"]
-    warnings = list(machine.topology.warnings())
-    if not fits:
-        warnings.append(
-            f"does not fit: {mem_gib['total']:.1f} GiB needed per GPU (worst: {worst_proc}), "
-            f"{mem_gib['capacity']:.1f} GiB available"
-        )
+    head = _headline(work, n, machine, step, hw_flops)
     summary = {
         "name": work.name,
         "step_time_s": step,
-        "tokens_per_s": tokens / step,
-        "mfu": model_flops / (step * n * peak),
-        "hfu": hw_flops / (step * n * peak),
-        "tflops_per_gpu": model_flops / (step * n) / 1e12,
+        **{k: head[k] for k in ("tokens_per_s", "mfu", "hfu", "tflops_per_gpu")},
         "breakdown_s": bd,
         "memory_gib": mem_gib,
         "fits": bool(fits),
@@ -178,13 +288,14 @@ def simulate(
         },
         "model_params": tf.total_params(m),
         "active_params": tf.active_params(m),
-        "model_flops_per_step": model_flops,
+        "model_flops_per_step": head["model_flops_per_step"],
         "hardware_flops_per_step": hw_flops,
         "detail": detail,
         "simulated_processes": len(procs),
         "critical_process": crit.label,
         "busiest_links": _busiest(links),
-        "warnings": warnings,
+        "warnings": _warnings(machine, mem_gib, worst_proc),
+        "extrapolated": None,
     }
     why = imbalance_parts(crit, pipeline, bd["pp_imbalance"])
     if why is not None:  # what makes the heaviest stage heavier (its all-to-all, its compute)
@@ -199,23 +310,15 @@ def simulate(
             ref = simulate(replace(loaded, workload=even), detail=detail, machine=machine)
             summary["moe"]["uniform_step_time_s"] = ref.summary["step_time_s"]
             summary["moe"]["imbalance_cost_s"] = step - ref.summary["step_time_s"]
-    # Cost and energy per million tokens; time, energy and money to train the whole run (when
-    # training.tokens is given).
-    summary.update(cost_summary(summary, machine.gpu, loaded.topology, t.tokens))
-    # Failures over the whole run (when faults.reliability is given).
-    try:
-        rel = reliability_summary(summary, work.faults.reliability, t)
-    except ConfigError as e:
-        raise ConfigError(e.detail, file=str(loaded.workload_path), field=e.field) from None
-    if rel:
-        summary["reliability"] = rel
+    _add_totals(summary, loaded, machine)
     summary["events"] = int(env.n_events)
     summary["trace_rows"] = len(events)
     summary["sim_wall_s"] = time.perf_counter() - t0
     bad = first_non_finite(summary)
     if bad:  # inputs are bounded and finite, so this is a defect, never a result to print
         raise FloatingPointError(f"the summary's {bad} is not a finite number")
-    return SimResult(summary, events, memory, links, {"link_series": _link_series(net, links)})
+    extras = {"link_series": _link_series(net, links), "worst_proc": worst_proc}
+    return SimResult(summary, events, memory, links, extras)
 
 
 def executed_flops(events: pd.DataFrame, procs, inner: int) -> float:

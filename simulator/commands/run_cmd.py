@@ -33,6 +33,11 @@ def register(sub) -> None:
         help="folded: one process per distinct behaviour (default); full: every GPU and every "
         "ring step",
     )
+    p.add_argument(
+        "--all-microbatches", action="store_true",
+        help="simulate every micro-batch (by default a step of many micro-batches is "
+        "extrapolated from three shorter ones in the pipeline's steady state)",
+    )
     p.add_argument("--no-files", action="store_true", help="write no result files")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (--detail full)")
     p.set_defaults(func=main)
@@ -103,7 +108,9 @@ def write_outputs(
             paths["trace"], result.events, result.memory, result.links,
             result.extras.get("link_series"),
         )
-        plots.plot_timeline(result.events, result.summary, paths["timeline"])
+        # the simulated micro-batches' step, where the summary's was extrapolated
+        simulated = result.extras.get("simulated_summary", result.summary)
+        plots.plot_timeline(result.events, simulated, paths["timeline"])
         inputs = None
         if loaded is not None:
             gpu = load_gpu(loaded.topology.gpu, file=str(loaded.topology_path))
@@ -134,7 +141,7 @@ def main(args) -> int:
     if args.detail == "full" and not args.no_progress:
         result = simulate_full_with_progress(loaded)
     else:
-        result = simulate(loaded, detail=args.detail)
+        result = simulate(loaded, detail=args.detail, extrapolate=not args.all_microbatches)
     written = [] if args.no_files else write_outputs(result, out, loaded)
     if args.json:
         sys.stdout.write(json.dumps(result.summary, allow_nan=False) + "\n")

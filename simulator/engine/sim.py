@@ -162,6 +162,8 @@ class Engine:
         self._last_done: dict[tuple[int, str], simpy.Event | None] = {}
         self._pending: dict[int, list[simpy.Event]] = defaultdict(list)
         self._ptime_cache: dict[tuple[int, float], tuple[float, float, float]] = {}
+        self._text_cache: dict[int, tuple] = {}  # id(program) -> (program, parts text)
+        self._flops_cache: dict[int, tuple] = {}  # id(program) -> (program, FLOPs)
         #: executions of each program per process, and every collective run (for link accounting)
         self.prog_runs: dict[tuple[int, int], int] = defaultdict(int)
         self.comm_log: list[tuple[Proc, CommSpec]] = []
@@ -194,13 +196,24 @@ class Engine:
             return p.slowdown * (1.0 + self.plan.interference)
         return p.slowdown
 
+    def _parts_text(self, parts) -> str:
+        """A row's ``parts`` column: its parts and their durations (built once per program;
+        the cache keeps the program alive, so its id is not reused)."""
+        hit = self._text_cache.get(id(parts))
+        if hit is None:
+            # '~' marks a collective that ran beside the next kernel (overlap_next).
+            text = ";".join(f"{'~' if q.overlap_next else ''}{q.name}:{q.dur:.9g}" for q in parts)
+            hit = self._text_cache[id(parts)] = (parts, text)
+        return hit[1]
+
+    def _prog_flops(self, prog) -> float:
+        hit = self._flops_cache.get(id(prog))
+        if hit is None:
+            hit = self._flops_cache[id(prog)] = (prog, _flops(prog))
+        return hit[1]
+
     def _row(self, p: Proc, stream, kind, name, start, end, nbytes, flops, layer, mb, parts=()):
-        # '~' marks a collective that ran beside the next kernel (overlap_next).
-        text = (
-            ";".join(f"{'~' if q.overlap_next else ''}{q.name}:{q.dur:.9g}" for q in parts)
-            if len(parts) > 1
-            else ""
-        )
+        text = self._parts_text(parts) if len(parts) > 1 else ""
         self.rows.append(
             (p.gpu, p.label, p.stage, stream, kind, name, start, end, nbytes, flops, layer, mb,
              max(1, len(parts)), text)
@@ -223,7 +236,8 @@ class Engine:
         for label, layer, prog in segs:
             self.prog_runs[(p.pid, id(prog))] += 1
             total, comp, comm = self._ptime(prog, slowdown)
-            self._row(p, "compute", kind, label, t, t + total, 0.0, _flops(prog), layer, mb, prog)
+            self._row(p, "compute", kind, label, t, t + total, 0.0, self._prog_flops(prog), layer,
+                      mb, prog)
             p.busy.append((t, t + total, comp, comm, kind))
             t += total
             if mem_after is not None:
