@@ -392,6 +392,11 @@ def run_table(summary: dict) -> RenderableType:
         foot.append(f"simulated in {format_seconds(summary['sim_wall_s'])}")
     if isinstance(summary.get("events"), int):
         foot.append(f"{summary['events']:,} events")
+    ex = summary.get("extrapolated")
+    if isinstance(ex, dict):  # the step extended from shorter ones (simulator/extrapolate.py)
+        sims = ", ".join(f"{m:,}" for m in ex["simulated_microbatches"])
+        foot.append(f"{ex['microbatches']:,} micro-batches extrapolated from steps of {sims} "
+                    "(--all-microbatches: simulate every one)")
     if foot:
         parts.append(Text(" · ".join(foot), style="dim"))
     for w in summary.get("warnings") or []:
