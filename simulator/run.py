@@ -146,6 +146,11 @@ def _simulate_extrapolated(
         d[last] = extend(vals, ms, m)
     step = s["step_time_s"]
     settle_pipeline_parts(s["breakdown_s"], step)
+    why, imb = s.pop("pp_imbalance_from", None), s["breakdown_s"].get("pp_imbalance", 0.0)
+    if why is not None and imb > 0:  # the m3 step's split, scaled to the extended imbalance
+        scale = imb / sum(why["parts_s"].values())
+        s["pp_imbalance_from"] = {**why, "parts_s": {k: v * scale for k, v in
+                                                     why["parts_s"].items()}}  # fmt: skip
     s.update(_headline(work, res.n_gpus, machine, step, s["hardware_flops_per_step"]))
     s["layout"]["microbatches"] = m
     fits = s["memory_gib"]["total"] <= s["memory_gib"]["capacity"]
