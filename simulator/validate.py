@@ -34,6 +34,8 @@ model cannot measure how well the model predicts what it has not seen::
     role: development    # not fitted, but looked at while choosing or adjusting the model
     role: held_out       # never seen before the model was frozen
     role_note: what was chosen on it, or when it was frozen
+    held_out_until: TAG  # pre-registered, predicted once at TAG (the cases' predicted_at_freeze),
+                         # looked at since: role development; validate reports both results
 
 Results report the mean absolute percentage error (MAPE) and the bias (mean signed error,
 predicted over measured minus one): a model that is consistently fast or slow shows there.
@@ -98,6 +100,9 @@ class SuiteResult:
     role_note: str = ""
     # (what, MAPE, bias, cases) of each band's cases, for collective suites
     bands: list[tuple[str, float, float, int]] = field(default_factory=list)
+    #: a once-held-out suite: the tag of its one prediction, and (MAPE, bias, cases) there
+    held_out_until: str = ""
+    at_freeze: tuple[float, float, int] | None = None
 
     @property
     def mape(self) -> float:
@@ -284,7 +289,20 @@ def run_prepared(prep: PreparedSuite, progress=None) -> SuiteResult:
     else:
         res = run_collective_suite(prep, progress)
     res.role, res.role_note = prep.suite.role, prep.suite.role_note.strip()
+    res.held_out_until = prep.suite.held_out_until
+    if res.held_out_until and isinstance(prep.suite, WorkloadSuite):
+        res.at_freeze = frozen_result(prep.suite)
     return res
+
+
+def frozen_result(suite: WorkloadSuite) -> tuple[float, float, int] | None:
+    """(MAPE, bias, cases) of the predictions a pre-registered suite recorded when the model
+    was frozen (``predicted_at_freeze``): its held-out result, whatever the model is now."""
+    errs = [c.predicted_at_freeze[suite.metric] / c.measured[suite.metric] - 1.0
+            for c in suite.cases if suite.metric in c.predicted_at_freeze]
+    if not errs:
+        return None
+    return sum(abs(e) for e in errs) / len(errs), sum(errs) / len(errs), len(errs)
 
 
 def run_suite(path: str | Path, progress=None) -> SuiteResult:

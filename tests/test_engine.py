@@ -225,7 +225,8 @@ def test_dp_collective_slowed_while_its_gpu_computes(tmp_path, monkeypatch):
                 bw=200e9)
     slowed = run_case(tmp_path, **case)
     fab = copy.deepcopy(load_fabrics())
-    f = fab["nccl"]["comm_slowdown_beside_compute"]["all_reduce"]
+    table = fab["nccl"]["comm_slowdown_beside_compute"]["H100-SXM-80GB"]["all_reduce"]
+    f = max(e for pts in table.values() for _, e in pts)  # the largest measured extra
     fab["nccl"]["comm_slowdown_beside_compute"] = {}
     monkeypatch.setattr(build, "load_fabrics", lambda: fab)
     alone = run_case(tmp_path, **case)

@@ -61,3 +61,25 @@ def test_collective_suite_reports_role_and_band_bias(tmp_path):
     assert n == len(res.cases) == 20  # all_gather, groups of 4 and 2, 4 KiB .. 1 GiB
     assert m == pytest.approx(res.mape) and b == pytest.approx(res.bias)
     assert abs(b) <= m
+
+
+def test_a_once_held_out_suite_reports_its_one_prediction_apart(tmp_path):
+    """held_out_until: the held-out result is computed from the predictions recorded at the
+    tag (predicted_at_freeze), not from a re-run; such a suite must say it is development."""
+    wl = yaml.safe_load((ROOT / "validation/heldout/ho_ddp4_A.yaml").read_text())
+    wl["cluster"]["topology"] = str(ROOT / "validation/heldout" / wl["cluster"]["topology"])
+    cases = [{"name": "a", "workload": wl, "measured": {"step_time_s": 1.0},
+              "predicted_at_freeze": {"step_time_s": 0.9}},
+             {"name": "b", "workload": wl, "measured": {"step_time_s": 2.0},
+              "predicted_at_freeze": {"step_time_s": 2.4}}]
+    suite = {"name": "t", "role": "development", "role_note": "x", "held_out_until": "tag-1",
+             "cases": cases, "tolerance_mape": 10.0}
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(suite))
+    res = run_suite(p)
+    m, b, n = res.at_freeze
+    assert (n, m, b) == (2, pytest.approx(0.15), pytest.approx(0.05))  # -10 %, +20 %
+    assert res.held_out_until == "tag-1"
+    p.write_text(yaml.safe_dump({**suite, "role": "held_out"}))
+    with pytest.raises(ConfigError, match="held_out_until"):
+        run_suite(p)

@@ -1,38 +1,87 @@
 """Refit ``nccl.compute_slowdown_beside_comm`` and ``nccl.comm_slowdown_beside_compute``
 (fabrics.yaml): how much slower a GEMM runs while an NCCL kernel shares the GPU, and the
-collective beside the GEMM.
+collective beside compute, by GPU, operation, group and message size.
 
-Data: ``data/measured/h200x4/interference.jsonl`` (benchmarks/device/measure.py, part
-interference): an 8192^3 bf16 GEMM loop on the default stream, alone and beside a 256 MiB
-all-reduce / all-gather / reduce-scatter loop on a side stream, 4x H200. The compute constant
-is the mean GEMM slowdown over the three collectives, less one; each collective's is its own
-slowdown beside the GEMM, less one.
+Data:
+
+* ``data/measured/h200x4/interference.jsonl`` (benchmarks/device/measure.py, part
+  interference): an 8192^3 bf16 GEMM loop on the default stream, alone and beside a 256 MiB
+  all-reduce / all-gather / reduce-scatter loop on a side stream, 4x H200. The compute
+  constant is the mean GEMM slowdown over the three collectives, less one.
+* ``data/measured/h100x4/comm_beside_compute-{auto,ring}.jsonl``
+  (benchmarks/device/comm_beside_compute.py), 4x H100: each collective at 4, 32 and 256 MiB
+  over groups of 4 and 2, alone and beside the same GEMM loop, once with NCCL's own algorithm
+  and once with ``NCCL_ALGO=Ring``. The H100 table: per operation, group and size, the mean of
+  the two runs' slowdown beside the GEMM, less one, floored at 0 (a collective does not run
+  faster beside compute: the three points below 1, all at 4 MiB on pairs, are timing noise).
+* The H200 table: the H200 has one measured size (256 MiB, group 4). Its size and group
+  dependence is the H100's (same GH100 die, 132 SMs, the same NCCL kernels), scaled per
+  operation so that the 256 MiB group-4 point is the H200's own measurement.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections import defaultdict
 
 from simulator.calibrate import REPO
 from simulator.network.topology import load_fabrics
 
 DATA = REPO / "data/measured/h200x4/interference.jsonl"
+H100_DATA = [REPO / f"data/measured/h100x4/comm_beside_compute-{t}.jsonl" for t in ("auto", "ring")]
+MIB = 2**20
 
 
 def rows() -> list[dict]:
     return [json.loads(x) for x in DATA.read_text().splitlines() if x.strip()]
 
 
+def h100_rows() -> list[dict]:
+    """The H100 measurements beside the GEMM loop (both runs)."""
+    out = []
+    for path in H100_DATA:
+        out += [r for r in (json.loads(x) for x in path.read_text().splitlines() if x.strip())
+                if r["neighbour"] == "gemm"]
+    return out
+
+
+def tables() -> dict[str, dict[str, dict[int, list[list[float]]]]]:
+    """{gpu: {op: {group: [[MiB, extra], ...]}}} as fabrics.yaml ships them (3 decimals)."""
+    acc: dict[tuple, list[float]] = defaultdict(list)
+    for r in h100_rows():
+        acc[(r["op"], r["group"], r["bytes"] // MIB)].append(r["comm_slowdown"])
+    h100: dict[str, dict[int, list[list[float]]]] = {}
+    for (op, g, mib), v in sorted(acc.items()):
+        extra = max(0.0, statistics.mean(v) - 1.0)
+        h100.setdefault(op, {}).setdefault(g, []).append([mib, round(extra, 3)])
+    h200: dict[str, dict[int, list[list[float]]]] = {}
+    for r in rows():
+        op = r["comm"]
+        ref = dict((s, e) for s, e in h100[op][r["group"]])[r["comm_bytes"] // MIB]
+        scale = (r["comm_slowdown"] - 1.0) / ref
+        h200[op] = {g: [[s, round(e * scale, 3)] for s, e in pts] for g, pts in h100[op].items()}
+    return {"H100-SXM-80GB": h100, "H200-SXM-141GB": h200}
+
+
 def refit() -> dict[str, tuple[float, float]]:
     """{constant: (refitted, shipped)}, rounded to 3 decimals as shipped: the GEMM's mean
-    slowdown, and each collective's own slowdown beside the GEMM."""
+    slowdown, and every point of each GPU's collective table."""
     nccl = load_fabrics()["nccl"]
     slow = statistics.mean(r["gemm_with_comm_s"] / r["gemm_alone_s"] for r in rows())
     out = {"compute_slowdown_beside_comm": (round(slow - 1.0, 3),
                                             float(nccl["compute_slowdown_beside_comm"]))}
-    for r in rows():
-        out[f"comm_slowdown_beside_compute.{r['comm']}"] = (
-            round(r["comm_with_gemm_s"] / r["comm_alone_s"] - 1.0, 3),
-            float(nccl["comm_slowdown_beside_compute"][r["comm"]]))
+    shipped = nccl["comm_slowdown_beside_compute"]
+    for gpu, by_op in tables().items():
+        for op, by_group in by_op.items():
+            for g, pts in by_group.items():
+                have = dict((s, e) for s, e in shipped[gpu][op][g])
+                for s, e in pts:
+                    out[f"{gpu}.{op}.g{g}.{s}MiB"] = (e, float(have.get(s, float("nan"))))
     return out
+
+
+if __name__ == "__main__":
+    import yaml
+
+    print(yaml.safe_dump(tables(), default_flow_style=None, sort_keys=False))

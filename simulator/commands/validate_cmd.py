@@ -63,9 +63,16 @@ def render(res: SuiteResult, console: Console, quiet: bool) -> None:
             t.add_row(c.name, _fmt(c.metric, c.predicted), _fmt(c.metric, c.measured),
                       f"[{colour}]{c.error:+.1%}[/{colour}]")
         console.print(t)
-    role = res.role.replace("_", " ")
-    console.print(f"  {res.name} ({role} set): {len(res.cases)} cases, MAPE {res.mape:.1%}, "
+    role = res.role.replace("_", " ") + " set"
+    if res.held_out_until:
+        role += f", held out until tag {res.held_out_until}"
+    console.print(f"  {res.name} ({role}): {len(res.cases)} cases, MAPE {res.mape:.1%}, "
                   f"bias {res.bias:+.1%}")
+    if res.at_freeze is not None:
+        m, b, n = res.at_freeze
+        console.print(f"    held-out result (predicted once at tag {res.held_out_until}, before "
+                      f"measuring): {n} cases, MAPE {m:.1%}, bias {b:+.1%}; the figures above "
+                      "re-run the current model, a development result")
     for band, m, b, n in res.bands:
         console.print(f"    {band}: {n} cases, MAPE {m:.1%}, bias {b:+.1%}")
     for what, value, limit in res.checks:
@@ -82,7 +89,11 @@ def summary_table(results: list[SuiteResult]) -> Table:
                       ("MAPE", "right"), ("bias", "right"), ("verdict", "left")):
         t.add_column(col, justify=just)
     for r in results:
-        t.add_row(r.name, r.role.replace("_", " "), str(len(r.cases)), f"{r.mape:.1%}",
+        used = r.role.replace("_", " ")
+        if r.at_freeze is not None:
+            used += f" (held out until {r.held_out_until}: MAPE {r.at_freeze[0]:.1%}, " \
+                    f"bias {r.at_freeze[1]:+.1%})"
+        t.add_row(r.name, used, str(len(r.cases)), f"{r.mape:.1%}",
                   f"{r.bias:+.1%}", "[green]pass[/green]" if r.passed else "[red]FAIL[/red]")
     return t
 

@@ -32,11 +32,26 @@ class _Suite(Frozen):
         description="how the suite was used: fit / development / held out"
     )
     role_note: str = ""
+    held_out_until: str = Field(
+        "",
+        description="a pre-registered suite predicted once at this git tag and looked at since: "
+        "its role is then development, and its held-out result is the cases' "
+        "predicted_at_freeze, not a re-run",
+    )
     about: str = ""
     assumptions: tuple[str, ...] = ()
     skipped: tuple[Any, ...] = Field(
         (), description="rows of the source left out of the suite, each with the reason"
     )
+
+    @model_validator(mode="after")
+    def _held_out_once(self) -> _Suite:
+        if self.held_out_until and self.role != "development":
+            raise ValueError(
+                f"held_out_until={self.held_out_until!r} needs role: development (a suite "
+                "seen after its one prediction is no longer held out)"
+            )
+        return self
 
 
 class SuiteCase(Frozen):

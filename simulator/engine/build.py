@@ -38,6 +38,7 @@ from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
 from simulator.network.flows import FlowNetwork
+from simulator.network.interference import slowdown_fn
 from simulator.network.topology import Topology, load_fabrics
 from simulator.parallel.layout import Layout
 
@@ -676,8 +677,7 @@ class _Builder:
             ),
             grad_finalize=grad_finalize,
             interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
-            comm_slowdown={op: float(v) for op, v in
-                           load_fabrics()["nccl"].get("comm_slowdown_beside_compute", {}).items()},
+            comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),
             part_cost=self.comm.part_cost,
             comm_mode=lambda p: self.comm_mode.get(p.pid, "never"),
             send_in_network=lambda p, dst, dp_now: self.net_sends.get((p.pid, dst)) in (

@@ -24,7 +24,7 @@ one SimPy timeout, while the events table still gets one row per layer with the 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import simpy
@@ -115,8 +115,9 @@ class StepPlan:
     #: GPUs in a group of each stream (``dp`` and ``gather``: the gradient-reduction group,
     #: cp x dp); a collective over one GPU completes at once and moves nothing
     group_size: dict[str, int] = field(default_factory=dict)
-    # per op: how much longer a data-parallel / ZeRO collective takes while its GPU computes
-    comm_slowdown: Mapping[str, float] = field(default_factory=dict)
+    # (op, nbytes, group) -> how much longer a data-parallel / ZeRO collective takes, as a
+    # fraction of the time its GPU computed beside it (simulator/network/interference.py)
+    comm_slowdown: Callable[[str, float, int], float] | None = None
     grad_prep: Callable[[float], Program] | None = None  # work on a bucket of grad bytes
     unit_bytes: Callable[[str], tuple[float, float]] | None = None  # ZeRO-3 embed/head sizes
     grad_finalize: Callable[[Proc], Program] | None = None  # after the reduction, per step
@@ -613,7 +614,8 @@ class Engine:
             yield env.process(self.plan.comm_exec(spec, p0))
         else:
             yield env.timeout(self.plan.comm_time(spec, p0))
-        slow = self.plan.comm_slowdown.get(spec.op, 0.0) if shares_gpu else 0.0
+        slow = (self.plan.comm_slowdown(spec.op, spec.nbytes, self.plan.group_size.get(
+            spec.stream, 2)) if shares_gpu and self.plan.comm_slowdown else 0.0)
         if slow:
             # the collective's kernels ran slower for as long as their GPU computed beside them
             beside = max(_busy_within(p.busy, start, env.now) for p, *_ in entry)
