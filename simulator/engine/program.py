@@ -17,6 +17,7 @@ from simulator.hardware.precision import quantize_bytes, split_dtype
 from simulator.model import comm as mc
 from simulator.model import moe_layer as ml
 from simulator.model.ops import DTYPE_BYTES as BYTES
+from simulator.model.ops import HOST_SYNC
 from simulator.model.transformer import Op
 
 
@@ -152,7 +153,9 @@ def price(ops: Sequence[Op], pr: Pricer, comm_cost: CommCost | None) -> Program:
     """Parts of an op list: kernels priced by ``pr``, collectives by ``comm_cost``."""
     parts = []
     for op in ops:
-        if op.kind == "comm":
+        if op.kind == HOST_SYNC:
+            parts.append(Part(op.name, HOST_SYNC, 0.0))
+        elif op.kind == "comm":
             dur = comm_cost(op.dim, op.collective, op.bytes) if comm_cost else 0.0
             parts.append(Part(op.name, "comm", dur, 0.0, op.collective, op.bytes, op.overlap, op.dim))
         else:
@@ -198,6 +201,49 @@ def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pr
     return ()
 
 
+def host_launch(ops: Sequence[Op], prog: Program, pr: Pricer) -> Program:
+    """Replace each host synchronisation of ``prog`` (priced from ``ops``, one part per op)
+    by the GPU time it costs.
+
+    Eager PyTorch launches kernels one at a time from the host (``host_launch_s`` a kernel,
+    ``host_gemm_launch_s`` a matrix product; measured, gpus.yaml). Usually the host runs ahead
+    of the GPU and launching costs the GPU nothing. At a synchronisation (``.tolist()`` of the
+    MoE token counts) the host waits until the GPU has drained; a kernel after it cannot start
+    before the host has launched it, so kernels shorter than their launch leave the GPU idle
+    until the host is ahead again. The idle time over one cycle, from the synchronisation to
+    the same point of the next layer (this program again), becomes a ``host_launch_wait``
+    part in place of the synchronisation. Fused (Megatron) programs have no synchronisation."""
+    if not any(p.kind == HOST_SYNC for p in prog):
+        return prog
+    gpu = pr.cm.gpu
+    launch = [gpu.host_gemm_launch_s if op.kind == "gemm" else gpu.host_launch_s for op in ops]
+    out = []
+    for i, p in enumerate(prog):
+        if p.kind != HOST_SYNC:
+            out.append(p)
+            continue
+        order = [*range(i + 1, len(prog)), *range(i)]
+        idle = launch_idle([(launch[j], prog[j]) for j in order if prog[j].kind != HOST_SYNC])
+        if idle > 0.0:
+            out.append(Part("host_launch_wait", "compute", idle))
+    return tuple(out)
+
+
+def launch_idle(parts: Sequence[tuple[float, Part]]) -> float:
+    """GPU idle time while a host that starts with the GPU drained launches ``(launch_s,
+    part)`` in order: a part starts when the host has launched it and the GPU has finished
+    the part before (a collective that runs beside the next kernel does not hold the GPU)."""
+    host = gpu = idle = 0.0
+    for launch_s, p in parts:
+        host += launch_s
+        if host > gpu:
+            idle += host - gpu
+            gpu = host
+        if not (p.kind == "comm" and p.overlap_next):
+            gpu += p.dur
+    return idle
+
+
 def build_stage_programs(
     *,
     model,
@@ -241,10 +287,10 @@ def build_stage_programs(
 
         def programs(moe_layer: bool) -> tuple[Program, Program, Program]:
             f = ml.layer_ops(model, backward=False, moe_layer=moe_layer, **mkw)
-            fp = price(f, pr, comm_cost)
+            fp = host_launch(f, price(f, pr, comm_cost), pr)
             b = ml.layer_ops(model, backward=True, moe_layer=moe_layer, **mkw)
-            return fp, price(b, pr, comm_cost), _recompute(f, fp, recompute, pr,
-                                                           recompute_modules)  # fmt: skip
+            return fp, host_launch(b, price(b, pr, comm_cost), pr), _recompute(
+                f, fp, recompute, pr, recompute_modules)  # fmt: skip
 
         dense_first = model.moe.dense_layers if model.moe is not None else 0
         layer_fwd, layer_bwd, layer_re = programs(model.moe is not None)

@@ -115,6 +115,10 @@ class GPUSpec:
     #: HBM a training process holds beyond its tensors: CUDA context, NCCL communicators and
     #: buffers, library workspaces, caching-allocator slack (see gpus.yaml)
     runtime_reserved_GiB: float = 0.0
+    #: host time to launch one kernel from eager PyTorch (``host_gemm_launch_s`` for a matrix
+    #: product): what bounds a GPU that waits on its host after a synchronisation (gpus.yaml)
+    host_launch_s: float = 0.0
+    host_gemm_launch_s: float = 0.0
     #: NVLink generation (3 Ampere, 4 Hopper, 5 Blackwell); None for a GPU without NVLink
     nvlink_generation: int | None = None
     #: NVLink line rate per GPU per direction (links x signalling rate); what a topology uses
@@ -372,6 +376,9 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
             field=f"{field}.runtime_reserved_GiB",
         )
     values["runtime_reserved_GiB"] = float(reserved)
+    for key in ("host_launch_s", "host_gemm_launch_s"):
+        values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
+                                field=f"{field}.{key}", zero_ok=True)
     for key in ("nvlink_line_GBps", "nic_Gbps", "pcie_GBps"):
         if entry.get(key) is not None:
             values[key] = _positive(entry[key], file=file, field=f"{field}.{key}")

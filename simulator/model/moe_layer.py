@@ -26,7 +26,7 @@ from simulator.config.schema import ModelConfig
 from simulator.model import comm as mc
 from simulator.model import mla, moe
 from simulator.model import transformer as tf
-from simulator.model.ops import FP32, Op, accumulate_op, cast_op
+from simulator.model.ops import FP32, HOST_SYNC, Op, accumulate_op, cast_op
 
 
 def _split(ops: list[Op], start: str) -> int:
@@ -135,4 +135,10 @@ def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, di
     if param_dtype == "fp32":
         casts = _expert_weight_casts(model, loc, d, backward)
         body = [*body, *casts] if backward else [*casts, *body]
+    if kernels == "eager" and not backward:
+        # Plain PyTorch splits the tokens per expert with sizes it reads on the host
+        # (``counts.tolist()``, after the count exchange when there is one): the host waits
+        # for the GPU there (simulator.engine.program.host_launch prices what follows).
+        at = max(i for i, op in enumerate(body) if op.name in ("permute", "moe_counts"))
+        body.insert(at + 1, Op("moe_counts_sync", HOST_SYNC, "moe"))
     return body

@@ -20,6 +20,11 @@ FP32 = 4
 MASK = 1
 
 
+#: ``Op.kind`` of a point where the host waits for the GPU (``.tolist()``, ``.item()``): no
+#: kernel, but the kernels after it are launched by a host that starts behind the GPU.
+HOST_SYNC = "host_sync"
+
+
 @dataclass(frozen=True)
 class Op:
     """One kernel, or one communication op, on one rank.
