@@ -161,6 +161,12 @@ def test_ddp_buckets_and_fsdp_states():
     assert mem.ddp_bucket_bytes(n, kernels="eager", zero=0, dp=1, param_dtype="fp32") == 0
     assert mem.ddp_bucket_bytes(n, kernels="fused", zero=0, dp=4, param_dtype="fp32") == 0
     assert mem.ddp_bucket_bytes(n, kernels="eager", zero=3, dp=4, param_dtype="bf16") == 0
+    # gradient_as_bucket_view=True: the gradients are the second set, the first stays (4 GB);
+    # a script reducing one transient flat bucket at a time holds none
+    assert mem.ddp_bucket_bytes(n, kernels="eager", zero=0, dp=4, param_dtype="fp32",
+                                buckets="view") == 4e9
+    assert mem.ddp_bucket_bytes(n, kernels="eager", zero=0, dp=4, param_dtype="fp32",
+                                buckets="none") == 0
     # FSDP mixed precision: fp32 shards + fp32 grads + m, v = 16/N; Megatron ZeRO-3 18/N
     s = mem.model_state_bytes(
         n, zero=3, dp=4, param_dtype="bf16", grad_dtype="fp32", kernels="eager"
@@ -235,3 +241,39 @@ def test_memory_suite_runs_with_a_dotted_metric():
     res = run_suite(ROOT / "validation" / "measured-memory" / "suite.yaml")
     assert res.cases and all(c.metric == "memory_gib.allocated" for c in res.cases)
     assert res.role == "development"
+
+
+def _gpipe_last_stage_peak(tmp_path, m: int) -> float:
+    from simulator.config.load import load_workload
+    from simulator.run import simulate
+    from tests.conftest import SMALL_MODEL, small_topology, write_case
+
+    work = {"name": "t", "model": {**SMALL_MODEL, "tied_embeddings": False},
+            "training": {"global_batch": m, "micro_batch": 1, "kernels": "eager",
+                         "param_dtype": "fp32"},
+            "parallelism": {"tp": 1, "pp": 2, "dp": 1, "pp_schedule": "gpipe"}}
+    d = tmp_path / f"m{m}"
+    d.mkdir()
+    res = simulate(load_workload(write_case(d, work, small_topology(1, 2))))
+    mem_t = res.memory
+    last = mem_t[(mem_t["what"] == "activations") & (mem_t["gpu"] == 1)]
+    last = last.sort_values(["t_s", "delta_bytes"], kind="stable")
+    return float(last["delta_bytes"].cumsum().max())
+
+
+def test_the_loss_working_set_is_held_once_not_per_micro_batch_in_flight(tmp_path):
+    """GPipe keeps every micro-batch's activations on the last stage until the backward; the
+    loss's working set (fp32 logit gradients) exists for one micro-batch at a time. So the
+    peak grows by the kept bytes per micro-batch, and what is left at zero micro-batches is
+    the working set once."""
+    from simulator.config.schema import ModelConfig
+    from tests.conftest import SMALL_MODEL
+
+    p2, p4, p6 = (_gpipe_last_stage_peak(tmp_path, m) for m in (2, 4, 6))
+    per_mb = (p4 - p2) / 2
+    assert p6 - p4 == pytest.approx(2 * per_mb)
+    model = ModelConfig(**{**SMALL_MODEL, "tied_embeddings": False})
+    transient = mem.head_transient_bytes(model, micro_batch=1, tp=1, sequence_parallel=False,
+                                         kernels="eager")
+    assert transient > 0
+    assert p2 - 2 * per_mb == pytest.approx(transient, rel=1e-9)

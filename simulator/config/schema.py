@@ -299,6 +299,14 @@ class TrainingConfig(Frozen):
     grad_bucket_MiB: PositiveFloat | None = Field(
         None, le=MAX_BUCKET_MB, description="grad_bucket_MB under its exact unit (give one)"
     )
+    ddp_buckets: Literal["separate", "view", "none"] = Field(
+        "separate",
+        description="eager code with dp > 1 and ZeRO 0, how gradients reach the all-reduce: "
+        "separate: PyTorch DDP's default, flat buckets beside .grad (copied in and out; two "
+        "bucket sets live from the second iteration); view: DDP(gradient_as_bucket_view=True), "
+        "the gradients are views of the current bucket set (no copies; the first set stays "
+        "live); none: no DDP reducer, the script all-reduces one transient flat bucket at a time",
+    )
     optimizer: Literal["adam"] = "adam"
     kernels: Literal["fused", "eager"] = Field(
         "fused",

@@ -392,7 +392,7 @@ class _Builder:
         # PyTorch DDP's gradient buckets (eager): gradient copies, counted with the gradients
         buckets = mem.ddp_bucket_bytes(
             dense + expert, kernels=t.kernels, zero=zero, dp=self.shard,
-            param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
+            param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype, buckets=t.ddp_buckets,
         )  # fmt: skip
         return {"weights": ms.weights + mx.weights,
                 "gradients": ms.gradients + mx.gradients + buckets,
@@ -446,6 +446,17 @@ class _Builder:
         # eager: the loss's working set too (the head's peak, from its forward to its backward)
         head = mem.head_activation_bytes(m, include_transient=t.kernels == "eager", **mkw)
         return layer, mem.embedding_activation_bytes(m, **mkw), head, max(0.0, whole - layer)
+
+    def head_transient(self) -> float:
+        """The part of the head's bytes (eager) that is the loss's working set: alive while
+        one micro-batch's loss runs, not for every micro-batch the head keeps."""
+        t = self.t
+        if t.kernels != "eager":
+            return 0.0
+        return mem.head_transient_bytes(
+            self.local_model, micro_batch=t.micro_batch, tp=self.tp, sequence_parallel=self.sp,
+            kernels=t.kernels,
+        )  # fmt: skip
 
     # ---- communication: folded costs, or full-detail executors
     # Folded mode runs data-parallel / ZeRO collectives (every concurrent group's flows, steps
@@ -606,6 +617,9 @@ class _Builder:
         t, gb = self.t, BYTES[self.t.grad_reduce_dtype]
         if t.kernels == "eager" and self.par.zero == 3:
             prep_per_param, fin_per_param = 2 + gb + 2 * gb, 0.0  # cast bf16 -> gb, pre-divide
+        elif t.kernels == "eager" and t.ddp_buckets == "view" and self.par.zero == 0:
+            # the gradients are the buckets: no copy in or out, only the in-place division
+            prep_per_param, fin_per_param = 2.0 * gb, 0.0
         elif t.kernels == "eager":
             prep_per_param, fin_per_param = 4.0 * gb, 2.0 * gb
         else:
@@ -658,6 +672,7 @@ class _Builder:
             act_bytes_layer=act_layer,
             act_bytes_embed=act_embed,
             act_bytes_head=act_head,
+            act_bytes_head_transient=self.head_transient(),
             act_bytes_recompute=act_recompute,
             static_mem=self.static_mem,
             optimizer_program=self.optimizer_program,

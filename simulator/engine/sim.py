@@ -123,6 +123,9 @@ class StepPlan:
     grad_finalize: Callable[[Proc], Program] | None = None  # after the reduction, per step
     comm_cost: Callable[[CommSpec, Proc], object] | None = None  # folded: the CollectiveCost
     gather_keep_fraction: float = 0.0  # of a gathered ZeRO-3 layer not already held locally
+    #: of ``act_bytes_head``: the loss's working set, alive only while one micro-batch's head
+    #: backward runs (not kept for every micro-batch in flight)
+    act_bytes_head_transient: float = 0.0
     # what a recomputed layer holds again from its recompute to the end of its backward
     act_bytes_recompute: float = 0.0
     part_cost: Callable[[Proc, Part], object] | None = None  # folded: a program collective's cost
@@ -331,8 +334,9 @@ class Engine:
             def f(label: str, layer: int) -> float:
                 if label == "embed":
                     return sign * plan.act_bytes_embed
-                if label == "head":
-                    return sign * plan.act_bytes_head
+                if label == "head":  # kept per micro-batch; the loss's working set below
+                    return plan.act_bytes_head * sign if sign < 0 else (
+                        plan.act_bytes_head - plan.act_bytes_head_transient)
                 if "recompute" in label:  # the layer's activations exist again ...
                     return plan.act_bytes_recompute
                 act = plan.layer_bytes(layer)[0]
@@ -369,6 +373,9 @@ class Engine:
                 segs = []
                 if vs == last_vs:
                     segs.append(("head", -1, progs.head_bwd))
+                    if plan.act_bytes_head_transient:  # from the start of the head's backward
+                        self.mem.append((env.now, p.pid, plan.act_bytes_head_transient,
+                                         "activations"))
                 for layer in reversed(layers):
                     _, bwd, rec = progs.layer(layer)
                     if rec:

@@ -127,21 +127,27 @@ def ddp_bucket_bytes(
     dp: int,
     param_dtype: str = "bf16",
     grad_dtype: str = "bf16",
+    buckets: str = "separate",
 ) -> float:
-    """PyTorch DDP's gradient buckets on one GPU (``kernels="eager"``, ZeRO 0, ``dp > 1``).
+    """PyTorch DDP's gradient buckets on one GPU (``kernels="eager"``, ZeRO 0, ``dp > 1``),
+    beyond the gradients themselves.
 
     With ``gradient_as_bucket_view=False`` (the default) the Reducer keeps flat buckets beside
     ``.grad``: every gradient is copied into its bucket before the all-reduce and back after
     (PyTorch DDP notes, "Internal Design"; Li et al. 2020, arXiv:2006.15704, Section 4.2), so
     each set is one more gradient-sized buffer, in the gradients' dtype (fp32 with AMP master
-    weights). :data:`DDP_BUCKET_SETS` sets are live from the second iteration. Megatron-LM
-    (fused) reduces its contiguous gradient buffer in place: 0 there, as for ZeRO > 0."""
+    weights). :data:`DDP_BUCKET_SETS` sets are live from the second iteration. With
+    ``buckets="view"`` (``gradient_as_bucket_view=True``) the gradients are views of the
+    current set, so one set fewer is extra; with ``"none"`` (no DDP reducer: a script that
+    all-reduces one transient flat bucket at a time) nothing is. Megatron-LM (fused) reduces
+    its contiguous gradient buffer in place: 0 there, as for ZeRO > 0."""
     _check_kernels(kernels)
-    if kernels != "eager" or zero != 0 or dp <= 1:
+    if kernels != "eager" or zero != 0 or dp <= 1 or buckets == "none":
         return 0.0
     p = dtype_bytes(param_dtype, "training.param_dtype")
     g = FP32 if p == FP32 else dtype_bytes(grad_dtype, "training.grad_reduce_dtype")
-    return float(DDP_BUCKET_SETS * n_params * g)
+    sets = DDP_BUCKET_SETS - (1 if buckets == "view" else 0)
+    return float(sets * n_params * g)
 
 
 # --------------------------------------------------------------------------------------------
