@@ -278,6 +278,7 @@ class Estimator:
                 cp_comm=self.work.parallelism.cp_comm, moe_kw=moe_kw,
                 recompute_modules=moe_sizes.recompute_modules(
                     t.model_copy(update={"recompute": cand.recompute})),
+                tp_input_dtype=self.work.parallelism.tp_input_dtype,
             )  # fmt: skip
             self._progs[key] = hit
         return hit

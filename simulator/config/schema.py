@@ -382,6 +382,15 @@ class ParallelismConfig(Frozen):
     etp: PositiveInt = Field(
         1, description="tensor-parallel degree inside each expert", le=MAX_GPUS
     )
+    tp_input_dtype: Literal["residual", "compute"] = Field(
+        "residual",
+        description="eager code without sequence parallelism: the dtype in which a "
+        "column-parallel layer's input enters the TP region, so the dtype of its gradient's "
+        "all-reduce in the backward. residual: the norm's output as it is (fp32 with AMP "
+        "master weights), cast by autocast inside the Linear (PyTorch DTensor ColwiseParallel, "
+        "benchmarks/device/steps.py); compute: cast to bf16 before the region "
+        "(benchmarks/device/measure.py). Fused (Megatron) code casts in its norms",
+    )
     pp_scatter_gather: Bool = Field(
         True,
         description="send 1/tp of a stage boundary activation per TP rank and all-gather it over "

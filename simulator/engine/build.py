@@ -287,6 +287,7 @@ class _Builder:
                 comm_cost=comm_cost, flash_attention=t.flash_attention, kernels=t.kernels,
                 param_dtype=t.param_dtype, cp=self.lay.size("cp"), cp_comm=self.par.cp_comm,
                 moe_kw=self.moe_kw(), recompute_modules=moe_sizes.recompute_modules(t),
+                tp_input_dtype=self.par.tp_input_dtype,
             )  # fmt: skip
             if self.pp > 1 and self.tp > 1 and self.par.pp_scatter_gather and not self.sp:
                 # Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1): each TP rank

@@ -28,7 +28,7 @@ from functools import lru_cache
 from simulator.config.schema import ModelConfig
 from simulator.model import context
 from simulator.model import transformer as tf
-from simulator.model.ops import Op
+from simulator.model.ops import DTYPE_BYTES, Op
 
 #: Megatron-LM's column-parallel (output features split) and row-parallel GEMMs of a layer.
 COLUMN_PARALLEL = ("qkv", "fc1")
@@ -62,9 +62,17 @@ def tp_forward(ops: Sequence[Op], nbytes: float, sp: bool) -> list[Op]:
     return out
 
 
-def tp_backward(ops: Sequence[Op], nbytes: float, sp: bool) -> list[Op]:
-    """A layer's backward kernels with Megatron's TP collectives (module docstring)."""
+def tp_backward(ops: Sequence[Op], nbytes: float, sp: bool, grad_in_bytes: float | None = None,
+                overlap: bool = True) -> list[Op]:  # fmt: skip
+    """A layer's backward kernels with Megatron's TP collectives (module docstring).
+    ``grad_in_bytes``: the all-reduce of a column-parallel input's gradient without SP when
+    that input is not in the compute dtype (eager code: the norm's output, in the residual
+    stream's dtype). ``overlap=False`` (eager code): the collective on a column-parallel
+    input's gradient runs after the layer's weight gradient, not beside it: autograd's
+    ``MmBackward`` node computes both gradients before the input gradient reaches the TP
+    boundary's function, whose collective the stream then waits for."""
     out: list[Op] = []
+    pending: list[Op] = []  # eager: the input gradient's collective, after the weight gradient
     seen_row: set[str] = set()
     for op in ops:
         base = _gemm_base(op)
@@ -76,10 +84,17 @@ def tp_backward(ops: Sequence[Op], nbytes: float, sp: bool) -> list[Op]:
                 out.append(comm_op("tp_all_gather", "all_gather", "tp", nbytes, overlap=True))
             out.append(op)
             c = "reduce_scatter" if sp else "all_reduce"
-            out.append(comm_op(f"tp_{c}", c, "tp", nbytes, overlap=True))
+            g = nbytes if sp or grad_in_bytes is None else grad_in_bytes
+            if overlap:
+                out.append(comm_op(f"tp_{c}", c, "tp", g, overlap=True))
+            else:
+                pending.append(comm_op(f"tp_{c}", c, "tp", g))
             continue
+        if pending and not (_is(op, COLUMN_PARALLEL) and op.name.endswith("_wgrad")):
+            out += pending
+            pending.clear()
         out.append(op)
-    return out
+    return out + pending
 
 
 @lru_cache(maxsize=256)
@@ -89,6 +104,17 @@ def cp_local(model: ModelConfig, cp: int) -> ModelConfig:
     if cp == 1:
         return model
     return model.model_copy(update={"seq_len": model.seq_len // cp})
+
+
+def residual_comm_bytes(model: ModelConfig, micro_batch: int, kernels: str, param_dtype: str
+                        ) -> float:  # fmt: skip
+    """A ``[b, s, h]`` tensor of the residual stream's dtype in bytes: in eager code the
+    stream, the embedding's output and the norms' outputs are in the parameter dtype (fp32
+    with AMP master weights; :mod:`simulator.model.eager`), so TP collectives on them (the
+    embedding's all-reduce, the gradient of a column-parallel input) carry those bytes; fused
+    (Megatron) code casts to the compute dtype in its norms."""
+    r = DTYPE_BYTES[param_dtype] if kernels == "eager" else 2
+    return tf.tp_comm_bytes(model, micro_batch=micro_batch, dtype_bytes=r)
 
 
 def layer_ops(
@@ -103,8 +129,10 @@ def layer_ops(
     flash_attention: bool = True,
     kernels: str = "fused",
     param_dtype: str = "bf16",
+    tp_input_dtype: str = "residual",
 ) -> list[Op]:
-    """One layer's forward (or backward) on one rank: kernels and the TP and CP collectives."""
+    """One layer's forward (or backward) on one rank: kernels and the TP and CP collectives
+    (``tp_input_dtype``: see ``parallelism.tp_input_dtype``)."""
     local = cp_local(model, cp)
     kw = dict(
         micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
@@ -114,7 +142,13 @@ def layer_ops(
     ops = fn(local, **kw)
     if tp > 1:
         nbytes = tf.tp_comm_bytes(local, micro_batch=micro_batch)
-        ops = (tp_backward if backward else tp_forward)(ops, nbytes, sequence_parallel)
+        if backward:
+            grad_in = (residual_comm_bytes(local, micro_batch, kernels, param_dtype)
+                       if tp_input_dtype == "residual" else None)
+            ops = tp_backward(ops, nbytes, sequence_parallel, grad_in,
+                              overlap=kernels != "eager")
+        else:
+            ops = tp_forward(ops, nbytes, sequence_parallel)
     if cp > 1:
         cp_ops = context.attention_ops(model, micro_batch, tp, cp, cp_comm, backward)
         i = next(k for k, op in enumerate(ops) if op.kind == "attention")
@@ -137,13 +171,15 @@ def embedding_ops(
     ops = tf.embedding_forward_ops(local, **kw)
     if tp > 1:
         c = "reduce_scatter" if sequence_parallel else "all_reduce"
-        ops = [*ops, comm_op(f"tp_{c}", c, "tp", tf.tp_comm_bytes(local, micro_batch=micro_batch))]
+        nbytes = residual_comm_bytes(local, micro_batch, kernels, param_dtype)
+        ops = [*ops, comm_op(f"tp_{c}", c, "tp", nbytes)]
     return ops
 
 
 def head_ops(
     model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool,
     backward: bool, cp: int = 1, kernels: str = "fused", param_dtype: str = "bf16",
+    tp_input_dtype: str = "residual",
 ) -> list[Op]:  # fmt: skip
     """Final norm, LM head and loss on one rank. With SP the head's input is gathered from
     the sequence-parallel region and its input gradient reduce-scattered back (Korthikanti et
@@ -157,5 +193,9 @@ def head_ops(
     nbytes = tf.tp_comm_bytes(local, micro_batch=micro_batch)
     if not backward:
         return [comm_op("tp_all_gather", "all_gather", "tp", nbytes), *ops] if sequence_parallel else ops
-    c = "reduce_scatter" if sequence_parallel else "all_reduce"
-    return [*ops, comm_op(f"tp_{c}", c, "tp", nbytes)]
+    if sequence_parallel:
+        return [*ops, comm_op("tp_reduce_scatter", "reduce_scatter", "tp", nbytes)]
+    # the gradient of the final norm's output, in the residual stream's dtype unless cast
+    if tp_input_dtype == "residual":
+        nbytes = residual_comm_bytes(local, micro_batch, kernels, param_dtype)
+    return [*ops, comm_op("tp_all_reduce", "all_reduce", "tp", nbytes)]

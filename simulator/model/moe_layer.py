@@ -82,6 +82,7 @@ def layer_ops(
     kernels: str = "fused",
     param_dtype: str = "bf16",
     precision_bytes: int = 2,
+    tp_input_dtype: str = "residual",
     ep: int = 1,
     etp: int = 1,
     expert_load: tuple[float, ...] | None = None,
@@ -96,7 +97,7 @@ def layer_ops(
     dense = mc.layer_ops(
         model, micro_batch=b, tp=tp, sequence_parallel=sp, backward=backward, cp=cp,
         cp_comm=cp_comm, flash_attention=flash_attention, kernels=kernels,
-        param_dtype=param_dtype,
+        param_dtype=param_dtype, tp_input_dtype=tp_input_dtype,
     )  # fmt: skip
     if not moe_layer and model.attention_kind != "mla":
         return dense
