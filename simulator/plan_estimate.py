@@ -51,6 +51,8 @@ from simulator.model import memory as mem
 from simulator.model import moe_sizes
 from simulator.model import transformer as tf
 from simulator.model.ops import DTYPE_BYTES as BYTES
+from simulator.network.interference import slowdown_fn
+from simulator.network.topology import load_fabrics
 from simulator.parallel.layout import Layout
 from simulator.parallel.schedules import schedule
 
@@ -148,6 +150,8 @@ class Estimator:
         self._coll: dict[tuple, float] = {}
         self._opt: dict[float, float] = {}
         self._acts: dict[tuple, tuple[float, float]] = {}
+        # a DP / ZeRO collective beside compute takes longer (the engine's rule, interference.py)
+        self.slow = slowdown_fn(load_fabrics()["nccl"], machine.gpu.name)
 
     # ---- helpers
 
@@ -410,6 +414,8 @@ class Estimator:
             each = self._cost(op, kind, res, size)
             total = n_b * each
             window = b_s / v * (1 - 1 / n_b) if t.overlap_grad_reduce else 0.0
+            # the buckets beside the backward run slower by the measured fraction
+            total += self.slow(op, size, group) * min(total, window)
             exposed = max(exposed, each if t.overlap_grad_reduce else total, total - window)
         return exposed
 
@@ -458,6 +464,12 @@ class Estimator:
         # its gradients reduce-scattered, per micro-batch (prefetch one layer ahead).
         z3_gather = self._cost("all_gather", "dp", res, p_layer * pb) if cand.zero == 3 else 0.0
         z3_rs = self._cost("reduce_scatter", "dp", res, p_layer * gb) if cand.zero == 3 else 0.0
+        # beside compute they run slower by the measured fraction of the overlap
+        s_ag = self.slow("all_gather", p_layer * pb, dp) if cand.zero == 3 else 0.0
+        z3_rs *= 1.0 + (self.slow("reduce_scatter", p_layer * gb, dp) if cand.zero == 3 else 0.0)
+
+        def beside(t_comp: float) -> float:
+            return max(t_comp, z3_gather + s_ag * min(z3_gather, t_comp))
 
         T, F, B, comp, tpc, gx = [], [], [], [], [], []
         for s in range(pp):
@@ -469,9 +481,8 @@ class Estimator:
                                            strict=True):  # fmt: skip
                     lf_t, lb_t = lf[0], lb[0] + lr[0]
                     if cand.zero == 3:
-                        g_ += n * (max(lf_t, z3_gather) - lf_t + max(lb_t, z3_gather) - lb_t)
-                        lf_t = max(lf_t, z3_gather)
-                        lb_t = max(lb_t, z3_gather)
+                        g_ += n * (beside(lf_t) - lf_t + beside(lb_t) - lb_t)
+                        lf_t, lb_t = beside(lf_t), beside(lb_t)
                     f += n * lf_t
                     b += n * lb_t
                     c_ += n * (lf[1] + lb[1] + lr[1])
