@@ -213,7 +213,9 @@ def _breakdown(summary: dict) -> Table:
         )
     why = summary.get("pp_imbalance_from")
     if why and why.get("parts_s"):
-        parts = sorted(why["parts_s"].items(), key=lambda kv: -kv[1])
+        total = sum(why["parts_s"].values())
+        parts = sorted(((k, v) for k, v in why["parts_s"].items() if v >= 0.01 * total),
+                       key=lambda kv: -kv[1])  # parts under 1 % of the imbalance are noise
         text = ", ".join(f"{BREAKDOWN_LABELS.get(k, k)} {format_seconds(v)}" for k, v in parts)
         t.caption = (f"stage imbalance: the heaviest stage ({why['heaviest_stage']}) spends "
                      f"more on {text}")
