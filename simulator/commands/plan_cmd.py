@@ -15,7 +15,7 @@ from rich.text import Text
 from simulator.config.load import load_workload
 from simulator.config.schema import MAX_GPUS
 from simulator.cost import with_training_cost
-from simulator.engine.records import BREAKDOWN_KEYS
+from simulator.engine.records import BREAKDOWN_KEYS, COMM_DIMS
 from simulator.errors import ConfigError
 from simulator.plan import HEADROOM_GIB, Planned, PlanResult, plan
 from simulator.report import io, table
@@ -138,7 +138,7 @@ def plan_table(result: PlanResult) -> Group:
     )
     b.add_column("#", justify="right", no_wrap=True, min_width=5)
     for k in shown:
-        b.add_column(BREAKDOWN_LABELS[k], justify="right", no_wrap=True)
+        b.add_column(_SHORT.get(k, BREAKDOWN_LABELS[k]), justify="right", no_wrap=True)
     for rank, p in rows:
         s = p.summary
         label = p.candidate.label() + ("  ← yours" if p.is_reference else "")
@@ -170,6 +170,17 @@ def plan_table(result: PlanResult) -> Group:
     else:
         parts.append(Text("no layout fits in GPU memory", style="bold red"))
     return Group(*parts)
+
+
+#: Column headers of the plan's breakdown table: short, so that every part fits on one line
+#: (the run table spells them out).
+_SHORT = {
+    **{f"{d}_comm": f"{short} comm" for d, (short, _, _) in COMM_DIMS.items()},
+    "ep_comm": "EP all-to-all",
+    "pp_comm": "PP send",
+    "pp_bubble": "bubble",
+    "pp_imbalance": "imbalance",
+}
 
 
 def no_layout_reason(result: PlanResult, n_gpus: int) -> str:
