@@ -17,7 +17,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-DEFAULT = Path("/work/shared/validation/published-2026.yaml")
+DEFAULT = ROOT.parent / "shared" / "validation" / "published-2026.yaml"  # ../shared
 
 #: Cluster descriptions per published system: topology file (relative to the suite), GPUs per
 #: node (topology.nodes = GPUs / this).
