@@ -46,3 +46,15 @@ SMALL_MODEL = {
 def small_topology(nodes: int = 1, gpus_per_node: int = 8, **kw) -> dict:
     return {"name": "t", "gpu": "H100-SXM-80GB", "nodes": nodes, "gpus_per_node": gpus_per_node,
             "nodes_per_leaf": 2, **kw}
+
+
+def small_workload(name: str) -> dict:
+    """A valid 8-GPU workload (TP 2 x PP 2 x DP 2, ZeRO-1) of :data:`SMALL_MODEL` on
+    ``topo.yaml`` beside it (``small_topology(2, 4)``): the base the CLI input tests mutate."""
+    return {
+        "name": name,
+        "model": dict(SMALL_MODEL),
+        "training": {"global_batch": 8, "micro_batch": 1},
+        "parallelism": {"tp": 2, "pp": 2, "dp": 2, "zero": 1},
+        "cluster": {"topology": "topo.yaml"},
+    }

@@ -17,15 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.cli_batch import run_batch
-from tests.conftest import SMALL_MODEL, small_topology
+from tests.conftest import small_topology, small_workload
 
-BASE = {
-    "name": "fuzz",
-    "model": dict(SMALL_MODEL),
-    "training": {"global_batch": 8, "micro_batch": 1},
-    "parallelism": {"tp": 2, "pp": 2, "dp": 2, "zero": 1},
-    "cluster": {"topology": "topo.yaml"},
-}
+BASE = small_workload("fuzz")
 
 KEYS = [
     "model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.seq_len",

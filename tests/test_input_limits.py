@@ -16,15 +16,9 @@ import yaml
 
 from simulator.config.yaml_safe import MAX_DEPTH, MAX_FILE_BYTES
 from tests.cli_batch import assert_refused, run_batch
-from tests.conftest import SMALL_MODEL, small_topology
+from tests.conftest import small_topology, small_workload
 
-WORK = {
-    "name": "bad",
-    "model": dict(SMALL_MODEL),
-    "training": {"global_batch": 8, "micro_batch": 1},
-    "parallelism": {"tp": 2, "pp": 2, "dp": 2, "zero": 1},
-    "cluster": {"topology": "topo.yaml"},
-}
+WORK = small_workload("bad")
 
 
 @pytest.fixture

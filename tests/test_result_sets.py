@@ -19,15 +19,9 @@ from simulator.cli import main
 from simulator.commands.run_cmd import OUTPUT_FILES
 from simulator.report.io import MARKER
 from tests.cli_batch import assert_refused, run_batch
-from tests.conftest import SMALL_MODEL, small_topology
+from tests.conftest import small_topology, small_workload
 
-WORK = {
-    "name": "sets",
-    "model": dict(SMALL_MODEL),
-    "training": {"global_batch": 8, "micro_batch": 1},
-    "parallelism": {"tp": 2, "pp": 2, "dp": 2, "zero": 1},
-    "cluster": {"topology": "topo.yaml"},
-}
+WORK = small_workload("sets")
 
 
 @pytest.fixture
