@@ -1106,6 +1106,8 @@ def run_case(args) -> None:
             out = dict(rec, **r)
             out["case"] = f"{args.case}_{kind}"
             write(args, out, rank)
+            if args.profile and dev.type == "cuda":
+                profile_step(args, step, out["case"], rank, world, dev)
     else:
         if c["scheme"] == "pp":
             model, step, info = build_pipeline(c, rank, world, dev)
@@ -1126,10 +1128,87 @@ def run_case(args) -> None:
             return
         rec.update(time_steps(step, dev, warmup, timed, world))
         write(args, rec, rank)
+        if args.profile and dev.type == "cuda":
+            profile_step(args, step, args.case, rank, world, dev)
     log(f"{args.case} done in {time.time() - t_start:.1f} s")
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- profile
+
+def _union(iv: list[tuple[float, float]]) -> float:
+    """Length of the union of intervals (us)."""
+    tot, end = 0.0, -1e300
+    for a, b in sorted(iv):
+        if b <= end:
+            continue
+        tot += b - max(a, end)
+        end = b
+    return tot
+
+
+def _kind(name: str) -> str:
+    n = name.lower()
+    if "nccl" in n:
+        return "nccl"
+    if any(x in n for x in ("flash", "fmha", "attention", "attn")):
+        return "attention"
+    if any(x in n for x in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_")):
+        return "gemm"
+    if "memcpy" in n or "memset" in n:
+        return "copy"
+    return "other"
+
+
+def profile_step(args, step, name, rank, world, dev) -> None:
+    """One more step under torch.profiler: per rank, the step's wall time, the union of its
+    kernels' busy time (all kernels, compute kernels, NCCL kernels), kernel time by kind, the
+    kernel count and the 30 kernels of most total time. Appends one line to profile.jsonl."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    if world > 1:
+        dist.barrier()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    iv = {"all": [], "compute": [], "nccl": []}
+    by_kind: dict[str, float] = {}
+    by_name: dict[str, list[float]] = {}
+    for e in kern:
+        a, b = e.time_range.start, e.time_range.end
+        k = _kind(e.name)
+        iv["all"].append((a, b))
+        iv["nccl" if k == "nccl" else "compute"].append((a, b))
+        by_kind[k] = by_kind.get(k, 0.0) + (b - a) / 1e6
+        r = by_name.setdefault(e.name[:120], [0.0, 0])
+        r[0] += (b - a) / 1e6
+        r[1] += 1
+    span = (max(b for _, b in iv["all"]) - min(a for a, _ in iv["all"])) / 1e6 if kern else 0.0
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:30]
+    rec = {"case": name, "rank": rank, "wall_s": wall, "kernel_span_s": span,
+           "busy_s": _union(iv["all"]) / 1e6, "compute_busy_s": _union(iv["compute"]) / 1e6,
+           "nccl_busy_s": _union(iv["nccl"]) / 1e6, "kernels": len(kern),
+           "time_by_kind_s": by_kind,
+           "top_kernels": [{"name": k, "total_s": v[0], "count": v[1]} for k, v in top]}
+    recs = [None] * world
+    if world > 1:
+        dist.all_gather_object(recs, rec)
+    else:
+        recs = [rec]
+    if rank == 0:
+        with open(os.path.join(args.out, "profile.jsonl"), "a") as f:
+            for r in recs:
+                f.write(json.dumps(r) + "\n")
+        r = recs[0]
+        print(f"PROFILE {name}: wall {r['wall_s']:.4f} s, busy {r['busy_s']:.4f}, compute "
+              f"{r['compute_busy_s']:.4f}, nccl {r['nccl_busy_s']:.4f}, {r['kernels']} kernels",
+              flush=True)
 
 
 def write(args, rec, rank, fname="steps.jsonl"):
@@ -1172,6 +1251,8 @@ def driver(args) -> int:
             cmd.append("--quick")
         if args.check:
             cmd.append("--check")
+        if args.profile:
+            cmd.append("--profile")
         print(f"=== {name} ({c['world']} ranks, limit {limit:.0f} s)", flush=True)
         t = time.time()
         p = subprocess.Popen(cmd, start_new_session=True)
@@ -1207,6 +1288,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--budget-s", type=float, default=420)
     ap.add_argument("--case-timeout-s", type=float, default=90)
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, one more step under torch.profiler (profile.jsonl)")
     args = ap.parse_args()
     if args.driver:
         return driver(args)

@@ -13,6 +13,7 @@ from simulator.hardware.compute import (
     calibration_sets,
     fit_attention,
     fit_gemm,
+    fit_gemm_fp8,
     read_jsonl,
 )
 
@@ -30,11 +31,18 @@ def _sets(kind: str):
     return [ds for n in GPUS for ds in calibration_sets(load_gpu(n), kind)]
 
 
-def refit(kinds=("gemm", "attention.fwd", "attention.bwd")) -> dict[str, tuple[float, float]]:
+def refit(
+    kinds=("gemm", "gemm_fp8", "attention.fwd", "attention.bwd"),
+) -> dict[str, tuple[float, float]]:
     """{GPU-or-shared.parameter: (refitted, shipped)}, refitted from the shipped values."""
     out: dict[str, tuple[float, float]] = {}
     gpus = {n: load_gpu(n) for n in GPUS}
     for kind in kinds:
+        if kind == "gemm_fp8":  # eta_fp8 of the GPUs with FP8 files, bf16 shape parameters kept
+            res = fit_gemm_fp8(_sets(kind))
+            for label, v in res.etas.items():
+                out[f"gemm.eta_fp8[{label}]"] = (v, float(gpus[label].gemm.eta_fp8))
+            continue
         if kind == "gemm":
             res = fit_gemm(_sets(kind), GEMM_FIT)
             shipped = {n: g.gemm for n, g in gpus.items()}

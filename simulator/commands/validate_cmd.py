@@ -46,6 +46,8 @@ def register(sub) -> None:
 
 
 def _fmt(metric: str, v: float) -> str:
+    if metric.endswith("per_s"):  # a rate (tokens_per_s), not a time
+        return f"{v:,.0f}/s"
     if metric.endswith("_s"):
         return f"{v * 1e6:,.1f} µs" if v < 1e-2 else f"{v:,.3f} s"
     return f"{v:,.4g}"
@@ -83,7 +85,8 @@ def render(res: SuiteResult, console: Console, quiet: bool) -> None:
 
 def summary_table(results: list[SuiteResult]) -> Table:
     """One row per suite: how it was used, cases, MAPE, bias (mean signed error), verdict."""
-    t = Table(title="validation summary (bias < 0: predicted too fast / too small)",
+    t = Table(title="validation summary (bias = mean of predicted / measured - 1: below 0, a "
+                    "time predicted too short, a size too small or a rate too low)",
               title_justify="left")
     for col, just in (("suite", "left"), ("used as", "left"), ("cases", "right"),
                       ("MAPE", "right"), ("bias", "right"), ("verdict", "left")):

@@ -53,6 +53,8 @@ class GemmParams:
     streamk_overhead: relative cost of spreading a partial last wave over all SMs (stream-K
         with fix-up of partial sums) instead of running it as a whole wave.
     tiles: output tile shapes (Tm, Tn) the GEMM library chooses among.
+    eta_fp8: ``eta`` of an FP8 (e4m3, per-tensor scaled) GEMM against the FP8 dense peak, where
+        measured; ``None``: assumed equal to ``eta`` (the bf16 figure).
     """
 
     eta: float
@@ -62,6 +64,11 @@ class GemmParams:
     tile_ai0: float
     streamk_overhead: float
     tiles: tuple[tuple[int, int], ...]
+    eta_fp8: float | None = None
+
+    def eta_for(self, dtype: str) -> float:
+        """The main-loop efficiency of a GEMM with ``dtype`` operands."""
+        return self.eta_fp8 if dtype == "fp8" and self.eta_fp8 is not None else self.eta
 
 
 @dataclass(frozen=True)
@@ -422,12 +429,16 @@ def _gemm_params(raw: Mapping[str, Any], *, file: str | None, field: str) -> Gem
     kw = {
         n: _positive(raw.get(n), file=file, field=f"{field}.{n}", zero_ok=True)
         for n in names
-        if n != "tiles"
+        if n not in ("tiles", "eta_fp8")
     }
-    if not 0 < kw["eta"] <= 1:
-        raise ConfigError(
-            f"eta is a fraction of peak in (0, 1], got {kw['eta']:g}", file=file, field=f"{field}.eta"
-        )
+    if raw.get("eta_fp8") is not None:
+        kw["eta_fp8"] = _positive(raw["eta_fp8"], file=file, field=f"{field}.eta_fp8")
+    for name in ("eta", "eta_fp8"):
+        if name in kw and not 0 < kw[name] <= 1:
+            raise ConfigError(
+                f"{name} is a fraction of peak in (0, 1], got {kw[name]:g}", file=file,
+                field=f"{field}.{name}",
+            )
     if kw["overlap_p"] < 1:
         raise ConfigError("overlap_p must be >= 1", file=file, field=f"{field}.overlap_p")
     return GemmParams(tiles=tuple((int(a), int(b)) for a, b in tiles), **kw)

@@ -22,7 +22,10 @@ A partial last wave either runs as a whole wave or, Stream-K style (Osama et al.
 (p -> inf is the plain roofline maximum).
 
 ``P_sm`` is the dtype's dense peak divided by the SM count. Other dtypes than bf16 scale with
-their own peak; their efficiency is *assumed* equal to bf16's (fp8 was not measured).
+their own peak and the same ``eta``, except FP8 where the GPU gives ``eta_fp8`` (measured on
+H100: per-tensor-scaled e4m3 GEMMs through cuBLASLt reach a lower fraction of their peak than
+bf16 does, data/H100-SXM-80GB/gemm_fp8.jsonl); MXFP8 and NVFP4 efficiencies are assumed equal to
+bf16's (not measured).
 
 Flash attention (one pass), after FlashAttention-2's work partition (Dao 2023, arXiv
 2307.08691, section 3.2): ``ceil(s/block)`` row tiles per (batch, head); with a causal mask
@@ -95,7 +98,7 @@ class ComputeModel:
             return 0.0
         p = self._gemm_p
         sms = self.gpu.sm_count
-        per_sm = self.gpu.peak_flops(dtype) / sms * p.eta
+        per_sm = self.gpu.peak_flops(dtype) / sms * p.eta_for(dtype)
         c = p.streamk_overhead
         best = math.inf
         for tm, tn, flop_per_k in self._tiles:
@@ -249,14 +252,15 @@ def gemm_rows(
     tag: str | None = None,
     time_key: str = "time_s",
     min_time_s: float = 0.0,
+    dtype: str = "bf16",
 ) -> list[tuple]:
-    """``(m, k, n, time)`` of the bf16 GEMM records (those with ``tag`` when given, and a
-    ``time_key`` of at least ``min_time_s``)."""
+    """``(m, k, n, time)`` of the GEMM records of ``dtype`` (those with ``tag`` when given, and
+    a ``time_key`` of at least ``min_time_s``)."""
     return [
         (r["m"], r["k"], r["n"], r[time_key])
         for r in records
         if "m" in r
-        and r.get("dtype", "bf16") == "bf16"
+        and r.get("dtype", "bf16") == dtype
         and (tag is None or r.get("tag") == tag)
         and r[time_key] >= min_time_s
     ]
@@ -317,12 +321,14 @@ _BOUNDS = {
 }
 
 
-def gemm_times(gpu: GPUSpec, params: GemmParams, rows: Sequence[tuple]) -> np.ndarray:
-    """Model times of ``rows`` ``(m, k, n, ...)`` (bf16), vectorised; same formula as gemm_s."""
+def gemm_times(
+    gpu: GPUSpec, params: GemmParams, rows: Sequence[tuple], dtype: str = "bf16"
+) -> np.ndarray:
+    """Model times of ``rows`` ``(m, k, n, ...)``, vectorised; same formula as gemm_s."""
     a = np.asarray([r[:3] for r in rows], dtype=float)
     m, k, n = a[:, 0], a[:, 1], a[:, 2]
     sms = gpu.sm_count
-    per_sm = gpu.peak_flops("bf16") / sms * params.eta
+    per_sm = gpu.peak_flops(dtype) / sms * params.eta_for(dtype)
     best = np.full(len(a), np.inf)
     c = params.streamk_overhead
     for tm, tn in params.tiles:
@@ -334,9 +340,10 @@ def gemm_times(gpu: GPUSpec, params: GemmParams, rows: Sequence[tuple]) -> np.nd
         best = np.minimum(best, waves * k * 2.0 * tm * tn / e)
     t_c = best / per_sm
     bw = gpu.hbm_Bps
-    t_r = 2.0 * (m * k + k * n) / bw
+    t_r = BYTES[dtype] * (m * k + k * n) / bw
     q = params.overlap_p
-    return params.t0_s + (t_c**q + t_r**q) ** (1 / q) + params.write_exposed * 2.0 * m * n / bw
+    return (params.t0_s + (t_c**q + t_r**q) ** (1 / q)
+            + params.write_exposed * OUT_BYTES[dtype] * m * n / bw)
 
 
 def attention_times(
@@ -360,6 +367,13 @@ def fit_gemm(datasets: Sequence[Dataset], fit: Sequence[str] = ("eta",)) -> FitR
     return _fit(datasets, fit, lambda gpu, p, rows: gemm_times(gpu, p, rows), "gemm")
 
 
+def fit_gemm_fp8(datasets: Sequence[Dataset], fit: Sequence[str] = ("eta",)) -> FitResult:
+    """Fit ``eta_fp8`` per GPU on FP8 GEMM rows (reported as ``eta``), the shape parameters
+    kept as calibrated on bf16 (the same tiling, with 1-byte operands); ``fit=()`` only
+    evaluates the catalog's value."""
+    return _fit(datasets, fit, lambda gpu, p, rows: gemm_times(gpu, p, rows, "fp8"), "gemm_fp8")
+
+
 def fit_attention(
     datasets: Sequence[Dataset], backward: bool, fit: Sequence[str] = ("eta",)
 ) -> FitResult:
@@ -375,6 +389,8 @@ def fit_attention(
 def _params_of(gpu: GPUSpec, kind: str) -> Any:
     if kind == "gemm":
         return gpu.gemm
+    if kind == "gemm_fp8":  # the fitted "eta" is the FP8 one
+        return replace(gpu.gemm, eta=gpu.gemm.eta_for("fp8"), eta_fp8=None)
     return gpu.attention.bwd if kind.endswith("bwd") else gpu.attention.fwd
 
 
@@ -524,11 +540,11 @@ def calibration_sets(gpu: GPUSpec, kind: str, role: str = "fit") -> list[Dataset
         if c.get("role", "fit") != role or kind.split(".")[0] not in c.get("use", ("gemm",)):
             continue
         recs = read_jsonl(c["file"])
-        rows = (
-            gemm_rows(recs, c.get("tag"), c.get("time_key", "time_s"), c.get("min_time_s", 0.0))
-            if kind == "gemm"
-            else attention_rows(recs, kind.endswith("bwd"))
-        )
+        if kind in ("gemm", "gemm_fp8"):
+            rows = gemm_rows(recs, c.get("tag"), c.get("time_key", "time_s"),
+                             c.get("min_time_s", 0.0), "fp8" if kind == "gemm_fp8" else "bf16")
+        else:
+            rows = attention_rows(recs, kind.endswith("bwd"))
         ov = c.get("timing_overhead_s", 0.0)
         label = f"{gpu.name}:{c['file']}" + (f"[{c['tag']}]" if c.get("tag") else "")
         label += f"({c['time_key']})" if "time_key" in c else ""
@@ -547,10 +563,12 @@ def check(gpu_names: Sequence[str], out=sys.stdout) -> dict[str, dict[str, dict[
     report: dict[str, dict[str, dict[str, float]]] = {}
     for name in gpu_names:
         gpu = load_gpu(name)
-        for kind in ("gemm", "attention.fwd", "attention.bwd"):
+        for kind in ("gemm", "gemm_fp8", "attention.fwd", "attention.bwd"):
             for role in ("fit", "test"):
                 for ds in calibration_sets(gpu, kind, role):
-                    if kind == "gemm":
+                    if kind == "gemm_fp8":
+                        r = fit_gemm_fp8([ds], fit=())
+                    elif kind == "gemm":
                         r = fit_gemm([ds], fit=())
                     else:
                         r = fit_attention([ds], kind.endswith("bwd"), fit=())
@@ -575,7 +593,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("gpus", nargs="*", help="GPU names (default: those with calibration files)")
     f = sub.add_parser("fit", help="fit parameters on the GPUs' declared calibration files")
     f.add_argument("gpus", nargs="+", help="GPU names; eta per GPU, other parameters shared")
-    f.add_argument("--kind", choices=["gemm", "attention.fwd", "attention.bwd"], default="gemm")
+    f.add_argument("--kind", choices=["gemm", "gemm_fp8", "attention.fwd", "attention.bwd"],
+                   default="gemm")
     f.add_argument("--fit", default="eta", help="comma-separated parameter names")
     args = ap.parse_args(argv)
     if args.cmd == "check":
@@ -588,6 +607,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fit = [s for s in args.fit.split(",") if s]
     if args.kind == "gemm":
         res = fit_gemm(sets, fit)
+    elif args.kind == "gemm_fp8":
+        res = fit_gemm_fp8(sets)
     else:
         res = fit_attention(sets, args.kind.endswith("bwd"), fit)
     print(f"# {args.kind}: shared parameters, then eta per GPU / own-eta file")
