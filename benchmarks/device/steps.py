@@ -1176,7 +1176,11 @@ def profile_step(args, step, name, rank, world, dev) -> None:
         step()
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # kernels and copies on the GPU; user annotations ("nccl:all_to_all", "Optimizer.step#...")
+    # are GPU-timeline ranges around kernels, not kernels
+    kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and not getattr(e, "is_user_annotation", False)
+            and not e.name.startswith("nccl:") and "#" not in e.name]
     iv = {"all": [], "compute": [], "nccl": []}
     by_kind: dict[str, float] = {}
     by_name: dict[str, list[float]] = {}
