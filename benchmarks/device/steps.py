@@ -1016,7 +1016,7 @@ def time_steps(step, dev, warmup: int, timed: int, world: int):
     sync()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = []
+    times, issued = [], []
     for _ in range(timed):
         sync()
         if world > 1:
@@ -1024,6 +1024,7 @@ def time_steps(step, dev, warmup: int, timed: int, world: int):
         sync()
         t0 = time.perf_counter()
         step()
+        issued.append(time.perf_counter() - t0)  # host back from step(): all work launched
         sync()
         times.append(time.perf_counter() - t0)
     t = torch.tensor(times, dtype=torch.float64, device=dev)
@@ -1035,7 +1036,14 @@ def time_steps(step, dev, warmup: int, timed: int, world: int):
         dist.all_gather(per_rank_t, t)
         dist.all_gather(per_rank_p, peak)
     slowest = torch.stack(per_rank_t).max(0).values.tolist()
-    return {"step_time_s": statistics.median(slowest), "step_time_min_s": min(slowest),
+    # host issue time: from the step's start until the host has launched its last kernel
+    # (median per rank); close to the step time when the GPU waits for the host
+    iss = torch.tensor(issued, dtype=torch.float64, device=dev)
+    per_rank_i = [iss.clone() for _ in range(world)] if world > 1 else [iss]
+    if world > 1:
+        dist.all_gather(per_rank_i, iss)
+    return {"host_issue_s_by_rank": [statistics.median(x.tolist()) for x in per_rank_i],
+            "step_time_s": statistics.median(slowest), "step_time_min_s": min(slowest),
             "step_time_max_s": max(slowest), "step_times_s": slowest,
             "step_time_s_by_rank": [statistics.median(x.tolist()) for x in per_rank_t],
             "peak_memory_gib": max(float(p) for p in per_rank_p),
@@ -1165,7 +1173,7 @@ def _kind(name: str) -> str:
 def profile_step(args, step, name, rank, world, dev) -> None:
     """One more step under torch.profiler: per rank, the step's wall time, the union of its
     kernels' busy time (all kernels, compute kernels, NCCL kernels), kernel time by kind, the
-    kernel count and the 30 kernels of most total time. Appends one line to profile.jsonl."""
+    kernel count and the 400 kernels of most total time. Appends one line to profile.jsonl."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     if world > 1:
@@ -1194,7 +1202,7 @@ def profile_step(args, step, name, rank, world, dev) -> None:
         r[0] += (b - a) / 1e6
         r[1] += 1
     span = (max(b for _, b in iv["all"]) - min(a for a, _ in iv["all"])) / 1e6 if kern else 0.0
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:30]
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:400]
     rec = {"case": name, "rank": rank, "wall_s": wall, "kernel_span_s": span,
            "busy_s": _union(iv["all"]) / 1e6, "compute_busy_s": _union(iv["compute"]) / 1e6,
            "nccl_busy_s": _union(iv["nccl"]) / 1e6, "kernels": len(kern),
