@@ -114,6 +114,7 @@ NODE_8 = [k for k in CASES if k.startswith("x8_")]
 # is the next expert (mod 8), so expert e carries (P[e] + P[e-1]) / 2 of the routed slots.
 SKEW_P = [0.30, 0.20] + [0.50 / 6] * 6
 
+TINY = {"on": False}  # --tiny: see case_config
 QUICK = dict(layers=8, hidden=64, ffn=128, heads=4, kv_heads=4, vocab=512, seq=32)
 
 
@@ -129,6 +130,8 @@ def case_config(name: str, quick: bool, world: int | None = None) -> dict:
         if tp > 4:  # a head (and a KV head) per TP rank
             shape["heads"] = shape["kv_heads"] = tp
         shape["layers"] = max(shape["layers"], pp * v)
+    if TINY["on"]:  # the case's structure and layer count at a width where the host binds
+        shape.update(hidden=256, ffn=512, heads=8, kv_heads=4, vocab=1024, seq=128)
     c["model"] = shape
     c.setdefault("tp", 1)
     c.setdefault("pp", 1)
@@ -1082,7 +1085,7 @@ def run_case(args) -> None:
     assert c["world"] == world, f"{args.case} needs {c['world']} ranks, got {world}"
     warmup, timed = (1, 2) if args.quick else (args.warmup, args.steps)
     t_start = time.time()
-    rec = {"op": "train_step", "case": args.case, "gpus": world, "run": args.label,
+    rec = {"op": "train_step", "case": args.case, "gpus": world, "run": args.label, "tiny": args.tiny,
            "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "model": c["model"], "parallelism": {k: c[k] for k in ("tp", "pp", "dp", "v")},
            "scheme": c["scheme"], "schedule": c["schedule"], "recompute": c["recompute"],
@@ -1265,6 +1268,8 @@ def driver(args) -> int:
             cmd.append("--check")
         if args.profile:
             cmd.append("--profile")
+        if args.tiny:
+            cmd.append("--tiny")
         print(f"=== {name} ({c['world']} ranks, limit {limit:.0f} s)", flush=True)
         t = time.time()
         p = subprocess.Popen(cmd, start_new_session=True)
@@ -1302,7 +1307,11 @@ def main() -> int:
     ap.add_argument("--case-timeout-s", type=float, default=90)
     ap.add_argument("--profile", action="store_true",
                     help="after timing, one more step under torch.profiler (profile.jsonl)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="each case at hidden 256, seq 128 (same layers and scheme) on the GPU: "
+                         "a host-bound step, to measure the host's time per launched kernel")
     args = ap.parse_args()
+    TINY["on"] = args.tiny
     if args.driver:
         return driver(args)
     run_case(args)
