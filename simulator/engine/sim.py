@@ -26,8 +26,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from heapq import heappush
 
 import simpy
+from simpy.events import NORMAL
 
 from simulator.engine.program import Part, Program, StagePrograms, program_time
 from simulator.parallel.schedules import schedule
@@ -46,7 +48,8 @@ class CountingEnvironment(simpy.Environment):
 
     def schedule(self, event, priority=1, delay=0):  # noqa: D102 (SimPy hook)
         self.n_events += 1
-        super().schedule(event, priority, delay)
+        # simpy.Environment.schedule, inlined (it runs once per event)
+        heappush(self._queue, (self._now + delay, priority, next(self._eid), event))
 
 
 @dataclass
@@ -173,6 +176,16 @@ class Engine:
         self.comm_log: list[tuple[Proc, CommSpec]] = []
         self._inflight: dict[int, int] = defaultdict(int)
         self._dp_running = 0  # DP / ZeRO collectives on the links now, over all processes
+        self._segs_cache: dict[tuple, list] = {}  # (pid, chunk, phase) -> segments
+        self._runs_cache: dict[int, tuple] = {}  # id(segments) -> (segments, runs of a kind)
+        #: (id(program), slowdown) -> (program, total, compute, comm, FLOPs, parts, parts text)
+        self._seg_info: dict[tuple[int, float], tuple] = {}
+        self._comm_cache: dict[int, tuple] = {}  # id(program) -> (program, has a collective)
+        #: (pid, dst pid) -> whether its sends run in the flow network (beside DP traffic,
+        #: without), and (spec, time, receiver's intervals) of its static sends
+        self._send_ways: dict[tuple[int, int], tuple[bool, bool]] = {}
+        self._send_static_cache: dict[tuple[int, int], tuple] = {}
+        self._dp_starting = 0  # DP / ZeRO collectives issued by all members, not yet running
 
     # -------------------------------------------------------------------------------- running
 
@@ -232,23 +245,31 @@ class Engine:
 
     # -------------------------------------------------------------------------------- compute
 
-    def _segments_folded(self, p: Proc, segs, kind: str, mb: int, mem_after) -> object:
-        """Run segments back to back as one timeout; rows and memory at exact offsets."""
+    def _segments_folded(self, p: Proc, segs, kind: str, mb: int, mem_after) -> simpy.Event:
+        """Segments back to back as one timeout (returned, for the caller to wait on); rows
+        and memory recorded now, at their exact offsets."""
         env = self.env
-        t = env.now
+        t = start = env.now
         slowdown = self._slowdown(p)
+        pid, rows, busy, runs, info_of = p.pid, self.rows, p.busy, self.prog_runs, self._seg_info
         for label, layer, prog in segs:
-            self.prog_runs[(p.pid, id(prog))] += 1
-            total, comp, comm = self._ptime(prog, slowdown)
-            self._row(p, "compute", kind, label, t, t + total, 0.0, self._prog_flops(prog), layer,
-                      mb, prog)
-            p.busy.append((t, t + total, comp, comm, kind))
-            t += total
+            info = info_of.get((id(prog), slowdown))
+            if info is None:  # (keeps the program alive, so its id is not reused)
+                info = info_of[(id(prog), slowdown)] = (
+                    prog, *self._ptime(prog, slowdown), self._prog_flops(prog),
+                    max(1, len(prog)), self._parts_text(prog) if len(prog) > 1 else "")
+            _, total, comp, comm, flops, nparts, text = info
+            runs[(pid, id(prog))] += 1
+            end = t + total
+            rows.append((p.gpu, p.label, p.stage, "compute", kind, label, t, end, 0.0, flops,
+                         layer, mb, nparts, text))
+            busy.append((t, end, comp, comm, kind))
+            t = end
             if mem_after is not None:
                 delta = mem_after(label, layer)
                 if delta:
                     self.mem.append((t, p.pid, delta, "activations"))
-        yield env.timeout(t - env.now)
+        return env.timeout(t - start)
 
     def _segment_full(self, p: Proc, label: str, layer: int, prog: Program, kind: str, mb: int):
         """Run one segment part by part, collectives through the network (full mode)."""
@@ -286,7 +307,14 @@ class Engine:
     def _in_network(self, p: Proc, segs) -> bool:
         """Whether these segments' collectives run in the flow network, part by part: always
         in full detail; folded, where they share links with traffic in flight."""
-        if not any(q.kind == "comm" for _, _, prog in segs for q in prog):
+        for seg in segs:
+            prog = seg[2]
+            hit = self._comm_cache.get(id(prog))
+            if hit is None:  # (the cache keeps the program alive, so its id is not reused)
+                hit = self._comm_cache[id(prog)] = (prog, any(q.kind == "comm" for q in prog))
+            if hit[1]:
+                break
+        else:
             return False
         if p.coords is not None:
             return True
@@ -304,7 +332,7 @@ class Engine:
 
     def _run_segments(self, p: Proc, segs, kind: str, mb: int, mem_after=None):
         if not self._in_network(p, segs):
-            yield from self._segments_folded(p, segs, kind, mb, mem_after)
+            yield self._segments_folded(p, segs, kind, mb, mem_after)
             return
         for label, layer, prog in segs:
             yield from self._segment_full(p, label, layer, prog, kind, mb)
@@ -345,52 +373,42 @@ class Engine:
                 return act
             return f
 
+        fwd_mem, bwd_mem = act_delta(+1), act_delta(-1)
         for w in order:
             vs = w.chunk * pp + p.stage
-            layers = plan.layers_of(p.stage, w.chunk)
+            segs = self._chunk_segments(p, w.chunk, w.phase)
             if w.phase == "F":
                 if vs > 0:
                     yield self._recv_event(p.pid, "F", vs, w.microbatch)
-                    yield from self._pp_gather(p, "act", w.microbatch)
+                    if progs.pp_gather:
+                        yield from self._pp_gather(p, "act", w.microbatch)
                 if w.chunk in start_gathers:
                     yield start_gathers.pop(w.chunk)
-                segs = []
-                if vs == 0:
-                    segs.append(("embed", -1, progs.embed_fwd))
-                segs += [(f"L{layer} fwd", layer, progs.layer(layer)[0]) for layer in layers]
-                if vs == last_vs:
-                    segs.append(("head", -1, progs.head_fwd))
                 if plan.zero == 3:
-                    yield from self._zero3_pass(p, segs, "fwd", w.microbatch, act_delta(+1))
+                    yield from self._zero3_pass(p, segs, "fwd", w.microbatch, fwd_mem)
+                elif self._in_network(p, segs):
+                    yield from self._run_segments(p, segs, "fwd", w.microbatch, fwd_mem)
                 else:
-                    yield from self._run_segments(p, segs, "fwd", w.microbatch, act_delta(+1))
+                    yield self._segments_folded(p, segs, "fwd", w.microbatch, fwd_mem)
                 if vs < last_vs:
                     self._send(p, "F", vs, w.microbatch)
             else:
                 if vs < last_vs:
                     yield self._recv_event(p.pid, "B", vs, w.microbatch)
-                    yield from self._pp_gather(p, "grad", w.microbatch)
-                segs = []
-                if vs == last_vs:
-                    segs.append(("head", -1, progs.head_bwd))
-                    if plan.act_bytes_head_transient:  # from the start of the head's backward
-                        self.mem.append((env.now, p.pid, plan.act_bytes_head_transient,
-                                         "activations"))
-                for layer in reversed(layers):
-                    _, bwd, rec = progs.layer(layer)
-                    if rec:
-                        segs.append((f"L{layer} recompute", layer, rec))
-                    segs.append((f"L{layer} bwd", layer, bwd))
-                if vs == 0:
-                    segs.append(("embed", -1, progs.embed_bwd))
+                    if progs.pp_gather:
+                        yield from self._pp_gather(p, "grad", w.microbatch)
+                if vs == last_vs and plan.act_bytes_head_transient:
+                    # the loss's working set, from the start of the head's backward
+                    self.mem.append((env.now, p.pid, plan.act_bytes_head_transient,
+                                     "activations"))
                 last_mb = w.microbatch == m - 1
                 if plan.zero == 3:
-                    yield from self._zero3_pass(p, segs, "bwd", w.microbatch, act_delta(-1))
+                    yield from self._zero3_pass(p, segs, "bwd", w.microbatch, bwd_mem)
                 elif last_mb and plan.overlap_grad_reduce:
                     # Gradients of the last micro-batch complete layer by layer: launch buckets.
                     for seg in segs:
                         yield from self._run_segments(p, [seg], _kind(seg[0]), w.microbatch,
-                                                      act_delta(-1))
+                                                      bwd_mem)
                         if "recompute" in seg[0]:
                             continue
                         expert = self._expert_grad_bytes(seg)
@@ -407,7 +425,7 @@ class Engine:
                                                        stream)  # fmt: skip
                             bk[w.chunk] = 0.0
                 else:
-                    yield from self._run_backward_segments(p, segs, w.microbatch, act_delta(-1))
+                    yield from self._run_backward_segments(p, segs, w.microbatch, bwd_mem)
                     if last_mb:
                         done = [s for s in segs if "recompute" not in s[0]]
                         expert = sum(self._expert_grad_bytes(s) for s in done)
@@ -431,16 +449,46 @@ class Engine:
             # e.g. PyTorch DDP copies the reduced buckets back into the parameters' .grad
             fin = plan.grad_finalize(p)
             if fin:
-                yield from self._segments_folded(p, [("grad finalize", -1, fin)], "bwd", -1, None)
+                yield self._segments_folded(p, [("grad finalize", -1, fin)], "bwd", -1, None)
         # Optimizer step on this GPU's shard.
         opt = plan.optimizer_program(p)
-        yield from self._segments_folded(p, [("optimizer", -1, opt)], "optimizer", -1, None)
+        yield self._segments_folded(p, [("optimizer", -1, opt)], "optimizer", -1, None)
         if plan.zero in (1, 2) and not plan.overlap_param_gather:
             evs = []
             for c in range(v):
                 evs.extend(self._param_gathers(p, c * pp + p.stage, c))
             yield env.all_of(evs)
         p.end_s = env.now
+
+    def _chunk_segments(self, p: Proc, chunk: int, phase: str) -> list:
+        """The (label, layer, program) segments of a forward (``"F"``) or backward pass of
+        model chunk ``chunk`` on ``p``'s stage (the same for every micro-batch: built once)."""
+        key = (p.pid, chunk, phase)
+        hit = self._segs_cache.get(key)
+        if hit is not None:
+            return hit
+        plan, progs = self.plan, p.programs
+        vs, last_vs = chunk * plan.pp + p.stage, plan.pp * plan.virtual_stages - 1
+        layers = plan.layers_of(p.stage, chunk)
+        segs = []
+        if phase == "F":
+            if vs == 0:
+                segs.append(("embed", -1, progs.embed_fwd))
+            segs += [(f"L{layer} fwd", layer, progs.layer(layer)[0]) for layer in layers]
+            if vs == last_vs:
+                segs.append(("head", -1, progs.head_fwd))
+        else:
+            if vs == last_vs:
+                segs.append(("head", -1, progs.head_bwd))
+            for layer in reversed(layers):
+                _, bwd, rec = progs.layer(layer)
+                if rec:
+                    segs.append((f"L{layer} recompute", layer, rec))
+                segs.append((f"L{layer} bwd", layer, bwd))
+            if vs == 0:
+                segs.append(("embed", -1, progs.embed_bwd))
+        self._segs_cache[key] = segs
+        return segs
 
     def _param_gathers(self, p: Proc, vs: int, c: int) -> list[simpy.Event]:
         """ZeRO-1/2: issue the all-gathers of virtual stage ``vs``'s updated parameters: the
@@ -463,17 +511,22 @@ class Engine:
             yield from self._run_segments(p, [seg], "pp_comm", mb)
 
     def _run_backward_segments(self, p, segs, mb, mem_after):
-        """Backward segments; a recompute allocates, the layer's backward frees."""
-        f = mem_after
-        # Recompute and backward rows carry their own kinds.
-        run: list = []
-        for seg in segs:
-            if run and _kind(run[-1][0]) != _kind(seg[0]):
-                yield from self._run_segments(p, run, _kind(run[-1][0]), mb, f)
-                run = []
-            run.append(seg)
-        if run:
-            yield from self._run_segments(p, run, _kind(run[-1][0]), mb, f)
+        """Backward segments; a recompute allocates, the layer's backward frees. Recompute
+        and backward rows carry their own kinds: each run of one kind is one timeout."""
+        hit = self._runs_cache.get(id(segs))
+        if hit is None:  # (keeps the segments alive, so their id is not reused)
+            runs: list = []
+            for seg in segs:
+                if runs and runs[-1][0] == _kind(seg[0]):
+                    runs[-1][1].append(seg)
+                else:
+                    runs.append((_kind(seg[0]), [seg]))
+            hit = self._runs_cache[id(segs)] = (segs, runs)
+        for kind, run in hit[1]:
+            if self._in_network(p, run):
+                yield from self._run_segments(p, run, kind, mb, mem_after)
+            else:
+                yield self._segments_folded(p, run, kind, mb, mem_after)
 
     def _grad_bytes(self, seg, vs: int) -> float:
         """Gradient bytes (per TP rank, reduce dtype) a backward segment completes."""
@@ -571,7 +624,7 @@ class Engine:
         bucket, scaling, casting), on the compute stream."""
         prog = self.plan.grad_prep(nbytes) if self.plan.grad_prep else ()
         if prog and self.plan.group_size.get(stream, 1) > 1:
-            yield from self._segments_folded(p, [(label, -1, prog)], "bwd", -1, None)
+            yield self._segments_folded(p, [(label, -1, prog)], "bwd", -1, None)
 
     def _dp_bucket(self, p: Proc, op: str, nbytes: float, bucket_id: list[int], stream="dp"):
         """Issue a gradient bucket's reduction on ``stream`` (``dp``: over cp x dp; ``edp``:
@@ -602,6 +655,7 @@ class Engine:
         members = spec.key[0][1]
         if len(entry) == len(members):
             del self._rdv[spec.key]
+            self._dp_starting += spec.stream in DP_STREAMS
             self.env.process(self._run_collective(spec, entry))
         return done
 
@@ -614,6 +668,7 @@ class Engine:
         p0 = entry[0][0]
         shares_gpu = spec.stream in DP_STREAMS
         if shares_gpu:
+            self._dp_starting -= 1
             self._dp_running += 1
             for p, *_ in entry:
                 self._inflight[p.pid] += 1
@@ -644,13 +699,56 @@ class Engine:
         """Send activations (F) to the next or gradients (B) to the previous virtual stage."""
         dst_vs = vs + 1 if phase == "F" else vs - 1
         dst = self.plan.peer(p, phase, dst_vs)
-        spec = CommSpec("pp", "pp_comm", "send", self.plan.pp_bytes, ("pp", p.pid, dst),
-                        f"{'act' if phase == 'F' else 'grad'} mb{mb} -> vs{dst_vs}", -1, mb)
+        name = f"{'act' if phase == 'F' else 'grad'} mb{mb} -> vs{dst_vs}"
         recv = self._recv_event(dst, phase, dst_vs, mb)
         prev = self._last_done.get((p.pid, "pp"))
+        if self._static_send_now(p, dst, prev):
+            self._send_static(p, dst, name, mb, recv)
+            return
+        spec = CommSpec("pp", "pp_comm", "send", self.plan.pp_bytes, ("pp", p.pid, dst), name,
+                        -1, mb)
         done = self.env.event()
         self._last_done[(p.pid, "pp")] = done
         self.env.process(self._run_send(p, dst, spec, prev, done, recv))
+
+    def _static_send_now(self, p: Proc, dst: int, prev) -> bool:
+        """Whether a send issued now starts now and takes its static (folded) cost for sure:
+        its stream is free, and it would not join the flow network -- never for its links, or
+        only beside DP / ZeRO traffic while none is running or about to start at this instant
+        (a collective process created but not started yet). :meth:`_run_send` would decide
+        the same when it starts, at this instant; this path spares its process and events."""
+        plan = self.plan
+        if plan.detail != "folded" or (prev is not None and not prev.processed):
+            return False
+        ways = self._send_ways.get((p.pid, dst))
+        if ways is None:  # (in the network beside DP traffic, without)
+            net = plan.send_in_network
+            ways = self._send_ways[(p.pid, dst)] = (
+                (False, False) if net is None else (net(p, dst, True), net(p, dst, False)))
+        if not ways[0]:
+            return True
+        return not ways[1] and self._dp_running == 0 and self._dp_starting == 0
+
+    def _send_static(self, p: Proc, dst: int, name: str, mb: int, recv: simpy.Event) -> None:
+        """:meth:`_run_send` without a process: its records made now (its end is known), the
+        receive event itself scheduled at the send's end (as a Timeout is) and kept as the
+        stream's last send."""
+        hit = self._send_static_cache.get((p.pid, dst))
+        if hit is None:  # (the log's spec: what link accounting reads -- stream, op, bytes)
+            spec = CommSpec("pp", "pp_comm", "send", self.plan.pp_bytes, ("pp", p.pid, dst),
+                            "send")  # fmt: skip
+            hit = self._send_static_cache[(p.pid, dst)] = (
+                spec, self.plan.comm_time(spec, p), self.plan.procs[dst].comm_iv["pp_in"])
+        spec, dur, pp_in = hit
+        start = self.env.now
+        end = start + dur  # the time SimPy gives the event below
+        self._row(p, "pp", "pp_comm", name, start, end, spec.nbytes, 0.0, -1, mb)
+        self.comm_log.append((p, spec))
+        pp_in.append((start, end))
+        recv._ok = True
+        recv._value = None
+        self.env.schedule(recv, NORMAL, dur)
+        self._last_done[(p.pid, "pp")] = recv
 
     def _run_send(self, p: Proc, dst: int, spec: CommSpec, prev, done, recv):
         env = self.env
