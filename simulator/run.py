@@ -36,7 +36,7 @@ from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
 from simulator.network.collectives import CollectiveModel
 from simulator.network.innetwork import in_network_constants, nvls_available
-from simulator.network.topology import Topology, load_fabrics
+from simulator.network.topology import Topology, link_ends, load_fabrics
 from simulator.reliability import reliability_summary
 from simulator.report.io import first_non_finite
 from simulator.report.summary import GiB, breakdown, imbalance_parts, memory_peak
@@ -414,15 +414,14 @@ def _links_table(engine: Engine, machine: Machine, net, step: float) -> pd.DataF
             net.link_busy_s if net is not None else 0.0
         )
     idx = np.nonzero(nbytes)[0]
-    names, kinds, at = topo.link_names, topo.link_kinds, idx.tolist()
-    names = [names[i] for i in at]
-    ends = [n.partition("->") for n in names]
+    kinds, at = topo.link_kinds, idx.tolist()
+    src, dst = link_ends(topo.link_names, idx)  # (named only now: Topology.link_names)
     df = pd.DataFrame(
         {
-            "link": names,
+            "link": [a + "->" + b for a, b in zip(src, dst, strict=True)],
             "kind": [kinds[i] for i in at],
-            "src": [e[0] for e in ends],
-            "dst": [e[2] for e in ends],
+            "src": src,
+            "dst": dst,
             "capacity_GBps": topo.capacity[idx] / 1e9,
             "bytes": nbytes[idx].astype(float),
             "busy_s": busy[idx].astype(float),

@@ -42,6 +42,7 @@ Modelling choices (documented here once):
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from functools import cache, cached_property
 from pathlib import Path
@@ -62,6 +63,120 @@ FABRICS_FILE = Path(__file__).with_name("fabrics.yaml")
 
 #: Link kinds, in the order their ids are allocated.
 LINK_KINDS = ("nvlink", "pcie", "nic", "leaf_up", "leaf_down", "spine_up", "spine_down")
+
+
+class Names(Sequence):
+    """Names made on demand: item ``j`` is the concatenation of ``parts``, each a string or a
+    sequence indexed by ``j`` (``Names("gpu", range(8))[3] == "gpu3"``). A 131,072-GPU fabric
+    has ~800,000 links; a run names only those it reports."""
+
+    def __init__(self, *parts):
+        self.parts = parts
+        self.n = min(len(q) for q in parts if not isinstance(q, str))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(self.n))]
+        if not -self.n <= j < self.n:
+            raise IndexError(j)
+        return "".join(q if isinstance(q, str) else str(q[j]) for q in self.parts)
+
+    def take(self, js: np.ndarray) -> list[str]:
+        """``[self[j] for j in js]``, a part at a time."""
+        cols = [q if isinstance(q, str) else np.asarray(q)[js].tolist() for q in self.parts]
+        if len(cols) == 2 and isinstance(cols[0], str):  # "gpu", "leaf", ...: one number
+            return [f"{cols[0]}{v}" for v in cols[1]]
+        if len(cols) == 4 and isinstance(cols[0], str) and isinstance(cols[2], str):
+            a, c = cols[0], cols[2]  # "nic<tray>.<rail>"
+            return [f"{a}{v}{c}{w}" for v, w in zip(cols[1], cols[3], strict=True)]
+        out = [""] * len(js)
+        for q in self.parts:
+            if isinstance(q, str):
+                out = [a + q for a in out]
+            else:
+                out = [a + str(v) for a, v in zip(out, np.asarray(q)[js].tolist(), strict=True)]
+        return out
+
+
+class Picked(Sequence):
+    """``names[index[j]]`` for each ``j``, on demand."""
+
+    def __init__(self, names: Sequence[str], index):
+        self.names, self.index = names, index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        return self.names[self.index[j]]
+
+    def take(self, js: np.ndarray) -> list[str]:
+        """``[self[j] for j in js]``."""
+        return take_names(self.names, np.asarray(self.index)[js])
+
+
+class LinkNames(Sequence):
+    """``"src->dst"`` by link id, over the blocks of links the fabric added (each a sequence
+    of source names and one of destination names), named only when asked."""
+
+    def __init__(self):
+        self.bases: list[int] = []
+        self.blocks: list[tuple[Sequence[str], Sequence[str]]] = []
+        self.n = 0
+
+    def add(self, src: Sequence[str], dst: Sequence[str]) -> None:
+        """Append ``len(src)`` links, ``src[j]->dst[j]``."""
+        self.bases.append(self.n)
+        self.blocks.append((src, dst))
+        self.n += len(src)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        i = int(i) % self.n
+        b = bisect_right(self.bases, i) - 1
+        src, dst = self.blocks[b]
+        j = i - self.bases[b]
+        return f"{src[j]}->{dst[j]}"
+
+    def ends(self, ids: np.ndarray) -> tuple[list[str], list[str]]:
+        """The source and destination names of links ``ids`` (ascending), block by block."""
+        ids = np.asarray(ids, dtype=np.int64)
+        cuts = np.searchsorted(ids, self.bases[1:] + [self.n])
+        src: list[str] = []
+        dst: list[str] = []
+        lo = 0
+        for base, (s, d), hi in zip(self.bases, self.blocks, cuts.tolist(), strict=True):
+            js = ids[lo:hi] - base
+            src += take_names(s, js)
+            dst += take_names(d, js)
+            lo = hi
+        return src, dst
+
+
+def take_names(names: Sequence[str], js: np.ndarray) -> list[str]:
+    """``[names[j] for j in js]`` for a list, :class:`Names` or :class:`Picked`."""
+    if isinstance(names, Names | Picked):
+        return names.take(js)
+    return [names[j] for j in js.tolist()]
+
+
+def link_ends(link_names: Sequence[str], ids: np.ndarray) -> tuple[list[str], list[str]]:
+    """Source and destination names of links ``ids`` (ascending ids)."""
+    if isinstance(link_names, LinkNames):
+        return link_names.ends(ids)
+    ends = [link_names[i].partition("->") for i in np.asarray(ids).tolist()]
+    return [e[0] for e in ends], [e[2] for e in ends]
 
 
 @cache
@@ -226,39 +341,39 @@ class Topology:
     def _build_links(self) -> None:
         cfg, k, N = self.cfg, self.gpus_per_node, self.nodes
         G = self.n_gpus
-        names: list[str] = []
+        names = LinkNames()
         kinds: list[str] = []
+        kind_ids: list[np.ndarray] = []
         caps: list[np.ndarray] = []
         lats: list[np.ndarray] = []
         hop = cfg.nvlink_latency_us * 1e-6
 
-        def add(src: list[str], dst: list[str], kind: str, cap, lat) -> int:
-            base = len(names)
-            names.extend(f"{s}->{d}" for s, d in zip(src, dst, strict=True))
-            kinds.extend([kind] * len(src))
-            caps.append(np.broadcast_to(np.asarray(cap, float), (len(src),)).copy())
-            lats.append(np.broadcast_to(np.asarray(lat, float), (len(src),)).copy())
+        def add(src: Sequence[str], dst: Sequence[str], kind: str, cap, lat) -> int:
+            base, n = len(names), len(src)
+            if len(dst) != n:
+                raise ValueError(f"{n} link sources, {len(dst)} destinations")
+            names.add(src, dst)
+            kinds.extend([kind] * n)
+            kind_ids.append(np.full(n, LINK_KINDS.index(kind), dtype=np.int64))
+            caps.append(np.broadcast_to(np.asarray(cap, float), (n,)).copy())
+            lats.append(np.broadcast_to(np.asarray(lat, float), (n,)).copy())
             return base
 
-        gname = [f"gpu{g}" for g in range(G)]
+        gname = Names("gpu", range(G))
         node_of = np.arange(G) // k
         self.intra = cfg.intra_node
         # intra-node fabric
         if cfg.intra_node in ("nvswitch", "pcie"):
-            sw = [f"{'nvsw' if cfg.intra_node == 'nvswitch' else 'pcisw'}{n}" for n in node_of]
+            sw = Names("nvsw" if cfg.intra_node == "nvswitch" else "pcisw", node_of)
             kind = "nvlink" if cfg.intra_node == "nvswitch" else "pcie"
             bw = self.nvlink_Bps if kind == "nvlink" else self.pcie_Bps
             self._up = add(gname, sw, kind, bw, hop / 2)
             self._down = add(sw, gname, kind, bw, hop / 2)
         else:  # mesh: k*(k-1) directed links per node
             self._mesh = len(names)
-            src, dst = [], []
-            for n in range(N):
-                for i in range(k):
-                    for j in range(k):
-                        if i != j:
-                            src.append(gname[n * k + i])
-                            dst.append(gname[n * k + j])
+            i, j = np.nonzero(~np.eye(k, dtype=bool))  # (i, j), i != j, in row order
+            first = np.arange(N)[:, None] * k  # node n's GPUs: n * k + 0 .. k - 1
+            src, dst = (Names("gpu", (first + x).ravel()) for x in (i, j))
             add(src, dst, "nvlink", self.nvlink_Bps / max(k - 1, 1), hop)
         # inter-node fabric
         m = self.nics_per_node
@@ -267,7 +382,7 @@ class Topology:
             self._build_network(add, N, m)
         self.link_names = names
         self.link_kinds = kinds
-        self._kind_id = np.array([LINK_KINDS.index(kd) for kd in kinds], dtype=np.int64)
+        self._kind_id = np.concatenate(kind_ids) if kind_ids else np.zeros(0, dtype=np.int64)
         self.n_links = len(names)
         self.capacity = np.concatenate(caps) if caps else np.zeros(0)
         self.latency = np.concatenate(lats) if lats else np.zeros(0)
@@ -277,20 +392,21 @@ class Topology:
         """NICs, leaves and the spine (and core, tiers: 3) tiers; see the module docstring."""
         cfg, k = self.cfg, self.gpus_per_node
         G = self.n_gpus
-        gname = [f"gpu{g}" for g in range(G)]
+        gname = Names("gpu", range(G))
         nic_lat = cfg.nic_latency_us * 1e-6
         sw_lat = cfg.switch_latency_us * 1e-6
         mt, T = int(cfg.nics_per_node), self.trays_per_domain
         # NIC i of domain n sits on tray n*T + i // mt, rail i % mt (named by its tray)
         tray_of = [n * T + i // mt for n in range(N) for i in range(m)]
         rail_of = [i % mt for _ in range(N) for i in range(m)]
-        nics = [f"nic{t}.{r}" for t, r in zip(tray_of, rail_of, strict=True)]
+        nics = Names("nic", tray_of, ".", rail_of)
         if cfg.intra_node == "pcie":  # NICs hang off the node's PCIe switch
-            psw = [f"pcisw{n}" for n in range(N) for _ in range(m)]
+            psw = Names("pcisw", np.arange(N * m) // m)
             self._pcie_up = add(psw, nics, "pcie", self.pcie_Bps, nic_lat)
             self._pcie_down = add(nics, psw, "pcie", self.pcie_Bps, nic_lat)
         else:  # one PCIe link per GPU to its own NIC (DGX: GPU and NIC share a PCIe switch)
-            own = [nics[g // k * m + self.nic_index(g % k)] for g in range(G)]
+            g = np.arange(G)
+            own = Picked(nics, g // k * m + (g % k) * m // k)  # NIC of GPU g (nic_index)
             self._pcie_up = add(gname, own, "pcie", self.pcie_Bps, nic_lat)
             self._pcie_down = add(own, gname, "pcie", self.pcie_Bps, nic_lat)
         per_leaf = int(cfg.nodes_per_leaf)
@@ -304,7 +420,7 @@ class Topology:
             leaf_of = [t // per_leaf for t in tray_of]
             self.n_leaves = -(-self.physical_nodes // per_leaf)
         self._leaf_of_nic = np.asarray(leaf_of)
-        leaves = [f"leaf{x}" for x in leaf_of]
+        leaves = Names("leaf", leaf_of)
         self._nic_up = add(nics, leaves, "nic", self.nic_Bps, sw_lat)
         self._nic_down = add(leaves, nics, "nic", self.nic_Bps, 0.0)
         self.n_pods = 0
