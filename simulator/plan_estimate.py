@@ -22,7 +22,9 @@ optimizer's memory-bound step; the ZeRO-1/2 parameter all-gather after it; ZeRO-
 per-layer gathers where they exceed the layer's compute, and its per-layer gradient
 reduce-scatters where the backward cannot hide them. DP and PP collectives are priced by
 the collective model on the real concurrent groups of one stage (above 32 MiB by linear
-interpolation between two exact costings). Checked against the engine on Llama-2-70B /
+interpolation between two exact costings), with the engine's algorithm choice: the lowest
+predicted time among ring, tree and, where the fabric has them, NVLS, NVLS Tree and CollNet
+(:meth:`~simulator.network.collectives.CollectiveModel.cost`; ``tests/test_plan_nvls.py``). Checked against the engine on Llama-2-70B /
 1,024 H100 (tests and the helper's report): within about 6 % (slightly pessimistic) for
 TP/PP/ZeRO-0..2 layouts; optimistic by up to ~10-40 % for ZeRO-3, whose parameter
 gathers and gradient reduce-scatters share links in the engine but not here. The ranking
