@@ -10,19 +10,23 @@ first point runs before the last is generated.
 * :func:`run_local` -- a :class:`~concurrent.futures.ProcessPoolExecutor` whose workers die
   with this process (:func:`die_with_parent`);
 * :func:`run_ray` -- Ray tasks: ``ray.init(address)``, or without an address a local Ray
-  instance. ray is imported only here.
+  instance whose processes end with this one, also on ``kill -9``
+  (:mod:`simulator.ray_reaper`). ray is imported only here.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from simulator import ray_reaper
 from simulator.errors import ConfigError
 
 #: Tasks submitted and not yet finished, per worker (one running, one queued).
@@ -105,9 +109,9 @@ def run_ray(
         raise ConfigError(
             "--engine ray needs the ray package (pip install 'ray>=2.9')", file="--engine"
         ) from None
-    started = False
+    started, reaper = False, None
     if not ray.is_initialized():
-        _init_ray(ray, workers, address)
+        reaper = _init_ray(ray, workers, address)
         started = True
     remote = ray.remote(num_cpus=1, max_retries=0)(fn)
     it = iter(tasks)
@@ -132,10 +136,29 @@ def run_ray(
                 pass
         if started:
             ray.shutdown()
+        if reaper is not None:
+            reaper.stdin.close()  # the reaper ends whatever of the local instance is left
 
 
-def _init_ray(ray, workers: int, address: str | None) -> None:
-    """Connect to the cluster at ``address``, or start a local instance of ``workers`` CPUs."""
+def _start_reaper(marker: str) -> subprocess.Popen | None:
+    """Start :mod:`simulator.ray_reaper` for the processes marked ``marker`` (Linux)."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    env = {k: v for k, v in os.environ.items() if k != ray_reaper.VAR}
+    script = Path(ray_reaper.__file__)
+    return subprocess.Popen(
+        [sys.executable, str(script), marker, str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,  # a Ctrl-C meant for the sweep does not stop the cleanup
+    )
+
+
+def _init_ray(ray, workers: int, address: str | None) -> subprocess.Popen | None:
+    """Connect to the cluster at ``address``, or start a local instance of ``workers`` CPUs
+    whose processes end with this one (:mod:`simulator.ray_reaper`; returned, or None)."""
     pkg = str(Path(__file__).resolve().parent)
     if address:
         # A remote cluster gets this package shipped with the job; its Python must have
@@ -155,12 +178,23 @@ def _init_ray(ray, workers: int, address: str | None) -> None:
                 "RAY_AUTH_MODE)",
                 file="--address",
             ) from None
-        return
+        return None
     root = str(Path(pkg).parent)
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    ray.init(
-        num_cpus=workers,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
-    )
+    marker = f"{os.getpid()}-{secrets.token_hex(8)}"
+    reaper = _start_reaper(marker)
+    os.environ[ray_reaper.VAR] = marker  # inherited by every process the head starts
+    try:
+        ray.init(
+            num_cpus=workers,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": path}},
+        )
+    except BaseException:
+        if reaper is not None:
+            reaper.stdin.close()
+        raise
+    finally:
+        os.environ.pop(ray_reaper.VAR, None)
+    return reaper

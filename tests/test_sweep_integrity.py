@@ -20,6 +20,7 @@ from simulator.cli import main
 from simulator.errors import ConfigError
 from simulator.sweep import comparable, run_sweep
 from simulator.sweep_guard import LOCK_FILE
+from simulator.sweep_table import ROW_LOG
 from tests.test_sweep import write_sweep
 
 GRID = {"topology.nic_bandwidth_Gbps": [100, 200, 400], "training.micro_batch": [1, 2]}
@@ -148,3 +149,62 @@ def test_kill_9_at_random_moments_loses_nothing(tmp_path):
     done = run_sweep(path, workers=1, out=out)
     assert done.n_points == len(done.table)
     pd.testing.assert_frame_equal(comparable(done.table), comparable(clean.table))
+
+
+def _marked(token: bytes) -> dict[int, str]:
+    """Processes whose environment holds ``token``, with their command line."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if token not in fh.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                out[int(name)] = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_kill_9_of_a_ray_sweep_leaves_no_ray_process(tmp_path):
+    """A sweep on a local Ray instance, killed with SIGKILL (its pid only) once Ray's tasks
+    have returned rows: within a bounded time no process it started (marked by an environment variable
+    every descendant inherits) is left. (Without the reaper, Ray 2.60's dashboard and
+    runtime-env agents outlived the sweep by minutes.)"""
+    pytest.importorskip("ray")
+    path = write_sweep(tmp_path, grid={"seed": list(range(400))})
+    mark = f"SIMULATOR_TEST_MARK={os.getpid()}-{random.getrandbits(64):x}"
+    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
+    cmd = [sys.executable, "-m", "simulator", "sweep", str(path), "--engine", "ray",
+           "--workers", "2", "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
+    with open(tmp_path / "log.txt", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    token = mark.encode()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            running = _marked(token).values()
+            rows = tmp_path / "out" / ROW_LOG
+            logged = rows.exists() and rows.read_bytes().count(b"\n") >= 3
+            if logged and all(any(k in c.lower() for c in running) for k in ("raylet", "agent")):
+                break  # the head and its agents run, and tasks have finished
+            time.sleep(0.2)
+        assert proc.poll() is None, (tmp_path / "log.txt").read_text()
+        started = _marked(token)
+        assert any("raylet" in c for c in started.values()), started
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while _marked(token) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _marked(token) == {}
+    finally:
+        for pid in [proc.pid, *_marked(token)]:  # leave nothing behind, pass or fail
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
