@@ -48,9 +48,12 @@ def test_variant_errors_name_the_variant(tmp_path, capsys):
     assert err.startswith("error: --variant: variant 'nokey': ")
     err = one_error(capsys, [*base, "--variant", "typo:parallelism.tpp=2"])
     assert "variant 'typo'" in err and "--variant: parallelism.tpp: no such key" in err
-    # a bad GPU name is found only when the variant is simulated
+    # a bad GPU name is found only when the variant is simulated; it is the variant's
+    # topology.gpu, not the topology file's gpu
     err = one_error(capsys, [*base, "--variant", "gpu:topology.gpu=H999"])
-    assert err.startswith("error: variant 'gpu': ") and "H999" in err
+    assert err.startswith("error: variant 'gpu': --variant: topology.gpu: unknown GPU 'H999'")
+    err = one_error(capsys, [*base, "--variant", "g:topology.gpu.hbm_GiB=-3"])
+    assert err.startswith("error: variant 'g': --variant: topology.gpu.hbm_GiB: ")
     # a key every configuration shares is still --set's
     err = one_error(capsys, [*base, "--variant", "v:parallelism.zero=2", "--set", "x.y=1"])
     assert err.startswith("error: --set: x.y: ")

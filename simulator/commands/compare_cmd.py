@@ -93,11 +93,25 @@ class Config:
         if not self.label:
             return e
         if isinstance(e, ConfigError):
-            file = "--variant" if e.file == "--set" and e.field in self.own else e.file
+            file, field = e.file, e.field
+            if file == "--set" and field in self.own:
+                file = "--variant"
+            elif self._sets_topology_field(file, field):
+                # e.g. a GPU name the variant gave, found while simulating: the topology
+                # file's ``gpu`` is the variant's ``topology.gpu``
+                file, field = "--variant", f"topology.{field}"
             return ConfigError(
-                f"variant {self.label!r}: {ConfigError(e.detail, file=file, field=e.field)}"
+                f"variant {self.label!r}: {ConfigError(e.detail, file=file, field=field)}"
             )
         return type(e)(f"variant {self.label!r}: {e}")
+
+    def _sets_topology_field(self, file: str | None, field: str | None) -> bool:
+        """Whether a topology's ``field`` (in an error from ``file``) holds a value this
+        variant set: its own ``topology.<key>`` is that field or contains it."""
+        if not field or file in (None, "--set", "--variant", "--topology"):
+            return False
+        key = f"topology.{field}"
+        return any(key == k or key.startswith(k + ".") for k in self.own)
 
 
 def split_top_level(text: str, sep: str = ",") -> list[str]:
