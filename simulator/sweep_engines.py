@@ -186,6 +186,9 @@ def _init_ray(ray, workers: int, address: str | None) -> subprocess.Popen | None
     os.environ[ray_reaper.VAR] = marker  # inherited by every process the head starts
     try:
         ray.init(
+            # "local": always a new instance; without it Ray joins the cluster named in
+            # RAY_ADDRESS or in /tmp/ray/ray_current_cluster, even a stale one
+            address="local",
             num_cpus=workers,
             include_dashboard=False,
             log_to_driver=False,

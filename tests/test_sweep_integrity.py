@@ -151,59 +151,63 @@ def test_kill_9_at_random_moments_loses_nothing(tmp_path):
     pd.testing.assert_frame_equal(comparable(done.table), comparable(clean.table))
 
 
-def _marked(token: bytes) -> dict[int, str]:
-    """Processes whose environment holds ``token``, with their command line."""
+def _session(sid: int) -> dict[int, str]:
+    """Processes of session ``sid`` (from ``/proc/PID/stat``, which no process can rewrite),
+    and the reaper of the sweep ``sid`` (in a session of its own), with their command line."""
     out = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                if token not in fh.read().split(b"\0"):
-                    continue
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[-1].split()
             with open(f"/proc/{name}/cmdline", "rb") as fh:
-                out[int(name)] = fh.read().replace(b"\0", b" ").decode(errors="replace")
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
+        reaper = "ray_reaper.py" in cmd and f" {sid}-" in cmd
+        if (int(fields[3]) == sid or reaper) and fields[0] != b"Z":
+            out[int(name)] = cmd
     return out
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 def test_kill_9_of_a_ray_sweep_leaves_no_ray_process(tmp_path):
     """A sweep on a local Ray instance, killed with SIGKILL (its pid only) once Ray's tasks
-    have returned rows: within a bounded time no process it started (marked by an environment variable
-    every descendant inherits) is left. (Without the reaper, Ray 2.60's dashboard and
-    runtime-env agents outlived the sweep by minutes.)"""
+    have returned rows and the raylet's agents run: within a bounded time no process of its
+    session (the CLI runs in a new one; Ray starts no session of its own, so every Ray
+    process is in it) is left, and its reaper has exited. (Without the reaper, Ray 2.60's
+    dashboard and runtime-env agents outlived the sweep by minutes; with a reaper that
+    found them by an environment marker, one survived in some runs: ``setproctitle``
+    overwrites part of ``/proc/PID/environ``.)"""
     pytest.importorskip("ray")
     path = write_sweep(tmp_path, grid={"seed": list(range(400))})
-    mark = f"SIMULATOR_TEST_MARK={os.getpid()}-{random.getrandbits(64):x}"
-    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
     cmd = [sys.executable, "-m", "simulator", "sweep", str(path), "--engine", "ray",
            "--workers", "2", "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
     with open(tmp_path / "log.txt", "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
-    token = mark.encode()
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            running = _marked(token).values()
+            running = _session(proc.pid).values()
             rows = tmp_path / "out" / ROW_LOG
             logged = rows.exists() and rows.read_bytes().count(b"\n") >= 3
-            if logged and all(any(k in c.lower() for c in running) for k in ("raylet", "agent")):
+            if logged and all(any(k in c for c in running) for k in ("raylet", "Agent")):
                 break  # the head and its agents run, and tasks have finished
             time.sleep(0.2)
         assert proc.poll() is None, (tmp_path / "log.txt").read_text()
-        started = _marked(token)
+        started = _session(proc.pid)
         assert any("raylet" in c for c in started.values()), started
+        assert any("ray_reaper.py" in c for c in started.values()), started
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 30
-        while _marked(token) and time.monotonic() < deadline:
+        while _session(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _marked(token) == {}
+        assert _session(proc.pid) == {}
     finally:
-        for pid in [proc.pid, *_marked(token)]:  # leave nothing behind, pass or fail
+        for pid in [proc.pid, *_session(proc.pid)]:  # leave nothing behind, pass or fail
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
