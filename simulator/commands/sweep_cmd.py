@@ -18,7 +18,7 @@ from rich.progress import (
 
 from simulator.config.load import load_sweep
 from simulator.errors import ConfigError
-from simulator.report import html, io, plots, table
+from simulator.report import html, io, plots, sweep_view, table
 from simulator.sweep import OK, SweepOutcome, check_metric, run_sweep
 
 
@@ -57,6 +57,14 @@ def register(sub) -> None:
         metavar="N",
         help="run at most N new points, then stop (a rerun continues)",
     )
+    p.add_argument(
+        "--top",
+        type=int,
+        default=sweep_view.TOP,
+        metavar="N",
+        help=f"print the best N points when there are more (default {sweep_view.TOP}; "
+        "every point is in sweep.parquet)",
+    )
     p.add_argument("--json", action="store_true", help="print the table as JSON records")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=main)
@@ -82,6 +90,8 @@ def _progress(enabled: bool) -> Progress:
 def main(args) -> int:
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"must be >= 1, got {args.workers}", file="--workers")
+    if args.top < 1:
+        raise ConfigError(f"must be >= 1, got {args.top}", file="--top")
     # Validate the sweep file before anything is drawn, so bad input gets one error line.
     check_metric(load_sweep(args.sweep), str(args.sweep))
     show = not args.no_progress and not args.json
@@ -123,12 +133,17 @@ def main(args) -> int:
         sys.stdout.write(io.dumps_json(records.to_dict(orient="records"), indent=None))
         return 0
     # 'fits' adds nothing to 'status' (ok means it fits) and is empty for invalid points.
-    shown = outcome.table.drop(columns=["fits"])
+    shown = sweep_view.best_rows(outcome.table, outcome.metric, args.top).drop(columns=["fits"])
     for k in outcome.keys:  # a point that does not set a key shows a dash
         shown[k] = shown[k].astype(object).where(shown[k].notna(), "—")
     table.print_renderable(table.sweep_table(shown, outcome.keys, outcome.metric))
     n_done = len(outcome.table)
     bad = int((outcome.table["status"] != OK).sum()) if n_done else 0
+    if len(shown) < n_done:
+        print(
+            f"the best {len(shown)} of {n_done:,} points by {outcome.metric}, best first; "
+            f"{n_done - len(shown):,} more in {outcome.path.name} (--top N shows more)"
+        )
     print(
         f"{n_done}/{outcome.n_points} points done ({outcome.n_run} run now, "
         f"{outcome.n_skipped} reused from before"
@@ -142,24 +157,28 @@ def main(args) -> int:
 
 def write_plots(outcome: SweepOutcome) -> list[Path]:
     """``sweep.png``: the metric against the swept keys (a line or a heat map), and
-    ``sweep.html``: that figure, the cost/energy trade-off and every point on one page.
+    ``sweep.html``: that figure, the cost/energy trade-off and the points on one page.
 
     Points that do not all set the same keys (an explicit ``points`` list) are plotted one
-    per x position, labelled by the keys they set."""
+    per x position, labelled by the keys they set. A large sweep is drawn reduced
+    (:mod:`simulator.report.sweep_view`: medians over the keys that matter least, the best
+    labelled points, the best rows of the page's table)."""
     df = outcome.table
     keys = [k for k in outcome.keys if k in df.columns]
     if not keys or df.empty:
         return []
     full = df.dropna(subset=keys)
-    plot_df, plot_keys = full, keys
     if len(full) < len(df):
+        view = sweep_view.labelled_view(df, outcome.metric)
         labels = []
-        for _, row in df.iterrows():
+        for _, row in view.df.iterrows():
             bits = [f"{k.split('.')[-1]}={row[k]}" for k in keys if not pd.isna(row[k])]
             labels.append(f"#{row['point_index']} " + ", ".join(bits))
-        plot_df, plot_keys = df.assign(point_label=labels), ["point_label"]
+        view = sweep_view.PlotView(view.df.assign(point_label=labels), view.keys, view.note)
+    else:
+        view = sweep_view.plot_view(full, keys, outcome.metric)
     path = outcome.out / "sweep.png"
-    plots.plot_sweep(plot_df, plot_keys, outcome.metric, path, title=outcome.name)
+    plots.plot_sweep(view.df, view.keys, outcome.metric, path, title=outcome.name, note=view.note)
     page = html.sweep_report(outcome.name, df, keys, outcome.metric, [path.read_bytes()])
     html_path = html.write_html(outcome.out / "sweep.html", page)
     outcome.written.extend([path, html_path])

@@ -31,7 +31,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter
 
 from simulator.engine.records import BREAKDOWN_KEYS, KIND_COLOURS
-from simulator.report import io
+from simulator.report import io, sweep_view
 from simulator.report.figure import KIND_LABELS, LINE_COLOURS, new_figure, styled, time_unit
 from simulator.report.table import layout_text
 
@@ -208,10 +208,12 @@ def tradeoff_png(df: pd.DataFrame, y: str, keys: Sequence[str]) -> bytes | None:
     markers = ("o", "s", "^", "D", "v", "P", "X", "*")
     first = list(dict.fromkeys(ok[keys[0]].astype(str))) if keys else ["all"]
     second = list(dict.fromkeys(ok[keys[1]].astype(str))) if len(keys) > 1 else [""]
-    for _, row in ok.iterrows():
-        a = str(row[keys[0]]) if keys else "all"
-        b = str(row[keys[1]]) if len(keys) > 1 else ""
-        ax.scatter(row["step_time_s"], row[y], s=70, zorder=3, edgecolor="white",
+    a_col = ok[keys[0]].astype(str) if keys else pd.Series("all", index=ok.index)
+    b_col = ok[keys[1]].astype(str) if len(keys) > 1 else pd.Series("", index=ok.index)
+    size = 70 if len(ok) <= 500 else 12  # thousands of points: small markers
+    for (a, b), g in ok.groupby([a_col, b_col], sort=False):  # one call per colour x marker
+        ax.scatter(g["step_time_s"], g[y], s=size, zorder=3, edgecolor="white",
+                   linewidth=0.8 if size > 20 else 0.2,
                    color=LINE_COLOURS[first.index(a) % len(LINE_COLOURS)],
                    marker=markers[second.index(b) % len(markers)])
     handles = [Line2D([], [], ls="none", marker="o", color=LINE_COLOURS[i % len(LINE_COLOURS)],
@@ -543,19 +545,26 @@ def compare_report(
 
 
 def sweep_report(
-    name: str, table: pd.DataFrame, keys: Sequence[str], metric: str, pngs: Sequence[bytes]
+    name: str,
+    table: pd.DataFrame,
+    keys: Sequence[str],
+    metric: str,
+    pngs: Sequence[bytes],
+    max_rows: int = sweep_view.HTML_ROWS,
 ) -> str:
-    """The HTML page of a sweep: every point (status, metric, step time, cost and energy
-    per million tokens), the sweep figures and the trade-off of cost (or, without prices,
-    energy) per million tokens against step time. Cells carry ``data-key``
-    ``points.<point_index>.<column>`` (the columns of ``sweep.parquet``)."""
+    """The HTML page of a sweep: every point, or the best ``max_rows`` of a larger sweep
+    (status, metric, step time, cost and energy per million tokens), the sweep figures and
+    the trade-off of cost (or, without prices, energy) per million tokens against step time
+    (every point). Cells carry ``data-key`` ``points.<point_index>.<column>`` (the columns
+    of ``sweep.parquet``)."""
     cols = [c for c in dict.fromkeys([metric, "step_time_s", "cost_per_Mtoken_usd",
                                       "energy_per_Mtoken_kWh", "memory_gib.total"])
             if c in table.columns]  # fmt: skip
     head = "".join(f"<th>{esc(k)}</th>" for k in ["#", *keys, "status", *cols, "reason"])
     kinds = {"step_time_s": "s", "tokens_per_s": "si", "mfu": "%"}
     rows = []
-    for _, row in table.iterrows():
+    listed = sweep_view.best_rows(table, metric, max_rows)
+    for _, row in listed.iterrows():
         i = int(row["point_index"])
         cells = "".join(f"<td>{esc(row[k])}</td>" for k in keys)
         cells += f"<td>{esc(row['status'])}</td>"
@@ -572,7 +581,9 @@ def sweep_report(
         f"<h1>{esc(name)}: {len(table)} points</h1>"
         + "".join(img(p, "sweep") for p in pngs)
         + ("<h2>Cost against speed</h2>" + img(trade, "trade-off") if trade else "")
-        + "<h2>Every point</h2>"
+        + ("<h2>Every point</h2>" if len(listed) == len(table) else
+           f"<h2>The best {len(listed)} of {len(table):,} points by {esc(metric)}</h2>"
+           "<p>Every point is in sweep.parquet.</p>")
         + f'<div class="wide"><table><tr>{head}</tr>' + "".join(rows) + "</table></div>"
     )
     return page(f"{name}: sweep", body)

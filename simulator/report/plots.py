@@ -452,7 +452,13 @@ def _heatmap(ax, df, keys, metric, bad):
 
 @styled
 def plot_sweep(
-    df: pd.DataFrame, keys: Sequence[str], metric: str, path: str | os.PathLike, *, title: str
+    df: pd.DataFrame,
+    keys: Sequence[str],
+    metric: str,
+    path: str | os.PathLike,
+    *,
+    title: str,
+    note: str | None = None,
 ) -> None:
     """Plot ``metric`` against the swept ``keys`` and write it to ``path`` (PNG).
 
@@ -461,7 +467,9 @@ def plot_sweep(
     of line plots (x = first key, one line per value of the second, one panel per combination
     of the rest, shared y axis). Points whose ``status`` is not ``"ok"`` (or whose metric is
     missing) are marked -- a red x under the data or a hatched cell -- with the reason from the
-    ``reason`` / ``error`` / ``message`` column.
+    ``reason`` / ``error`` / ``message`` column. ``note`` replaces the point count in the
+    subtitle (say how ``df`` was reduced from the sweep's table:
+    :func:`simulator.report.sweep_view.plot_view`).
     """
     keys = list(keys)
     if not keys:
@@ -512,7 +520,7 @@ def plot_sweep(
     n_bad = int(bad.sum())
     h_px = fig.get_figheight() * DPI
     fig.text(0.01, 1 - 10 / h_px, title, fontsize=14, weight="bold", va="top")
-    sub = f"{metric_label(metric)} over {', '.join(keys)}: {len(df)} points"
+    sub = f"{metric_label(metric)} over {', '.join(keys)}: {note or f'{len(df)} points'}"
     sub += " (lower is better)" if lower_is_better(metric) else " (higher is better)"
     if n_bad:
         sub += f"; {n_bad} infeasible or failed, marked in red"
