@@ -254,9 +254,11 @@ class Estimator:
                 else:
                     hit = coll.cost(op, tuple(groups), nbytes).time_s
             else:
-                dst = 1 % res.size("pp")
-                pairs = [(g, lay.rank({**lay.coords(g), "pp": dst})) for g in range(lay.n_gpus)
-                         if lay.coords(g)["pp"] == 0]  # fmt: skip
+                # every rank of stage 0 with its counterpart on stage 1 (rank + stride of pp)
+                pp = res.size("pp")
+                stride = lay.rank({"pp": 1}) if pp > 1 else 1
+                pairs = [(g, g + (1 % pp) * stride) for g in range(lay.n_gpus)
+                         if (g // stride) % pp == 0]  # fmt: skip
                 hit = coll.p2p_cost(pairs, nbytes).time_s
             self._coll[key] = hit
         return hit
