@@ -416,20 +416,25 @@ def _links_table(engine: Engine, machine: Machine, net, step: float) -> pd.DataF
     idx = np.nonzero(nbytes)[0]
     kinds, at = topo.link_kinds, idx.tolist()
     src, dst = link_ends(topo.link_names, idx)  # (named only now: Topology.link_names)
+    names = [a + "->" + b for a, b in zip(src, dst, strict=True)]
+    util = busy[idx] / step if step else np.zeros(len(idx))
     df = pd.DataFrame(
         {
-            "link": [a + "->" + b for a, b in zip(src, dst, strict=True)],
+            "link": names,
             "kind": [kinds[i] for i in at],
             "src": src,
             "dst": dst,
             "capacity_GBps": topo.capacity[idx] / 1e9,
             "bytes": nbytes[idx].astype(float),
             "busy_s": busy[idx].astype(float),
-            "utilization": busy[idx] / step if step else np.zeros(len(idx)),
+            "utilization": util,
         },
         columns=list(LINK_COLUMNS),
     )
-    return df.sort_values(["utilization", "link"], ascending=[False, True]).reset_index(drop=True)
+    # busiest first, then by name (names are unique): numpy's sort of the names as fixed-width
+    # strings (code point order, as Python's and pandas') is ~4x faster than sort_values here
+    order = np.lexsort((np.array(names, dtype=str), -util)) if names else np.zeros(0, int)
+    return df.iloc[order].reset_index(drop=True)
 
 
 #: Largest cluster --detail full accepts.
