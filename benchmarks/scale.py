@@ -5,6 +5,7 @@
     python benchmarks/scale.py --big      # only benchmarks/workloads: 405B on 131,072 GPUs,
                                           # GPT-530B with 1,120 micro-batches per replica
     python benchmarks/scale.py --imports  # only the command line's start-up (python -X importtime)
+    python benchmarks/scale.py --plan     # only `plan` of Llama 3.1 405B on 16,384 GPUs
 
 Each case runs in a fresh subprocess so that its peak memory (max RSS) is its own. Prints, per
 case: GPUs, simulated processes, simulator wall and CPU time, peak memory, SimPy events,
@@ -107,6 +108,44 @@ def print_imports() -> None:
                   f"{', '.join(r['heavy']) or '-'}", flush=True)
 
 
+PLAN_CASES = [  # (workload, --gpus): issue 11's planning case
+    ("workloads/llama3-405b.yaml", 16384),
+]
+
+
+def plan_figures(workload: str, gpus: int) -> dict:
+    """``python -m simulator plan WORKLOAD --gpus N --json`` in a fresh process: its wall time,
+    the CPU time of it and its worker processes, the peak memory of the largest of them, and
+    the plan's own split (estimating every layout, simulating the best)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "simulator", "plan", workload, "--gpus",
+                          str(gpus), "--json"], capture_output=True, text=True, cwd=ROOT,
+                         check=True)  # fmt: skip
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = json.loads(out.stdout)
+    return {"wall_s": wall, "peak_MiB": after.ru_maxrss / 1024,
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            **{k: res["timings"][k] for k in ("estimate_s", "simulate_s", "workers")},
+            **{k: res["counts"][k] for k in ("enumerated", "estimated", "simulated")}}
+
+
+def print_plans() -> None:
+    """The planning table: one line per case of PLAN_CASES (cpu s: the plan process and its
+    workers; estimate s / simulate s: the plan's wall time in each phase)."""
+    head = (f"{'plan':<34}{'GPUs':>7}{'wall s':>8}{'cpu s':>8}{'peak MiB':>10}{'estimate s':>12}"
+            f"{'simulate s':>12}{'workers':>9}  layouts (estimated, simulated)")
+    print(head)
+    print("-" * len(head))
+    for workload, gpus in PLAN_CASES:
+        r = plan_figures(workload, gpus)
+        print(f"{Path(workload).stem:<34}{gpus:>7}{r['wall_s']:>8.1f}{r['cpu_s']:>8.1f}"
+              f"{r['peak_MiB']:>10.0f}{r['estimate_s']:>12.1f}{r['simulate_s']:>12.1f}"
+              f"{r['workers']:>9}  {r['enumerated']:,} ({r['estimated']:,}, {r['simulated']})",
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ladder", action="store_true", help="only the GPU-count ladder")
@@ -114,6 +153,8 @@ def main() -> None:
                     help="only benchmarks/workloads (Llama 3.1 405B on 131,072 GPUs, three tiers; "
                     "GPT-530B with 1,120 micro-batches per replica)")
     ap.add_argument("--imports", action="store_true", help="only the start-up of the CLI")
+    ap.add_argument("--plan", action="store_true",
+                    help="only `plan` of Llama 3.1 405B on 16,384 GPUs (every layout)")
     ap.add_argument("--all-microbatches", action="store_true",
                     help="simulate every micro-batch (no steady-state extrapolation)")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -123,6 +164,9 @@ def main() -> None:
         return
     if a.imports:
         print_imports()
+        return
+    if a.plan:
+        print_plans()
         return
     cases: list[tuple[str, str, list[str]]] = []
     if not a.ladder and not a.big:
