@@ -104,7 +104,8 @@ def test_every_shipped_suite_is_found_and_loads():
 
     found = {p.relative_to(p.parents[1]).as_posix() if p.parent.name != "validation"
              else p.name for p in default_suites()}
-    assert {"moe/parallel-folding.yaml", "moe/qwen3-zoo-h100.yaml", "heldout/suite.yaml",
+    assert {"moe/parallel-folding.yaml", "moe/qwen3-zoo-h100.yaml", "moe/nemo-mbridge-moe.yaml",
+            "heldout/suite.yaml",
             "published.yaml"} <= found
     assert not any(name.startswith("node8/") for name in found)  # cases without measurements
     for path in default_suites():

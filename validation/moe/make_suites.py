@@ -10,6 +10,7 @@ Rows are skipped (and listed in the suite's ``skipped``) when their layout is no
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -27,6 +28,9 @@ SYSTEMS = {
     "GB300": ("../../topologies/gb300-nvl72.yaml", 4),
     "B200": ("../../topologies/dgx-b200.yaml", 8),
 }
+#: NVL72 racks as jobs of 64 or 256 GPUs use them: 64 GPUs (16 of 18 trays) per rack, the
+#: rack count not being published (the same rule as validation/published-blackwell.yaml).
+RACK_GPUS = {"GB200": 64, "GB300": 64}
 
 
 def _assumed(row: dict, key: str):
@@ -48,6 +52,11 @@ def _model(row: dict) -> dict:
                 "shared_experts": moe.get("shared_experts") or 0,
                 "dense_layers": moe.get("dense_layers") or 0},
     }  # fmt: skip
+    groups = re.search(r"(\d+) groups, top-(\d+) groups", str(moe.get("router") or ""))
+    if "sigmoid" in str(moe.get("router") or ""):  # DeepSeek-V3's group-limited router
+        out["moe"]["router"] = "sigmoid"
+        if groups:
+            out["moe"].update(router_groups=int(groups[1]), router_group_top_k=int(groups[2]))
     if moe.get("shared_expert_ffn_hidden"):
         out["moe"]["shared_ffn_hidden"] = moe["shared_expert_ffn_hidden"]
     if m.get("head_dim") and m["head_dim"] * m["heads"] != m["hidden"]:
@@ -107,14 +116,20 @@ def _case(row: dict, rules: dict) -> dict | None:
         work["training"]["overlap_moe_expert_parallel_comm"] = True
     if "capacity factor 1.0" in str(p.get("token_dropping") or ""):
         work["model"]["moe"]["capacity_factor"] = 1.0
+    for key, value in rules.get("training", {}).items():
+        if key != "fp8_recipe" or work["training"]["precision"] == "fp8":
+            work["training"][key] = value
     measured = rules["measured"](row)
     if measured is None:
         return None
+    sets = {"topology.nodes": hw["n_gpus"] // per_node}
+    if hw["gpu"] in RACK_GPUS:
+        sets["topology.nvlink_domain_gpus"] = RACK_GPUS[hw["gpu"]]
     return {
         "name": row["name"],
         "source": f"{row['source']['title']} ({row['source']['url']}), {row['source']['where']}",
         "workload": work,
-        "set": {"topology.nodes": hw["n_gpus"] // per_node},
+        "set": sets,
         "measured": measured,
         "not_modelled": rules["not_modelled"](row),
     }
@@ -176,21 +191,46 @@ SOURCES = {
     },
     "nemo-mbridge-moe": {
         "prefix": ("nemo-", "mbridge-"),
-        # written once the Blackwell clusters (GB200/GB300 NVL72, DGX B200) are described
         "min_cases": 3,
         "metric": "step_time_s",
-        "tolerance": (0.35, 0.6),
-        "about": "NeMo / Megatron-Bridge performance summaries, MoE rows: step time derived as "
-        "global tokens / (tokens per s per GPU x GPUs).",
+        # set after the first run (MAPE 17.9 %, worst -32.0 %): a regression guard, not an
+        # accuracy claim; the issue's 10 % target is not met
+        "tolerance": (0.25, 0.40),
+        "role_note": "no suite used these rows before 2026-11-26 (issue 10 had kept them out); "
+        "first run at 9f96594, before any model change that day: 9 cases, MAPE 17.9 %, bias "
+        "-13.0 % (Mixtral 8x22B at 64K tokens with CP 8 -29 % and -32 %, Mixtral 8x7B -23 % and "
+        "-13 %, DeepSeek-V3 GB200 -23 %, GB300 -7 %, H100 FP8 +20 %; Qwen3 GB300 +2 %, GB200 "
+        "-12 %). Looked at since, so a development set. Under the one rule below DeepSeek-V3 "
+        "does not fit on GB200 (211 of 173 GiB) or H100 (84 of 80): the recipes must "
+        "recompute or offload something the pages do not say.",
+        "about": "NeMo / Megatron-Bridge performance summaries, MoE rows (DeepSeek-V3, "
+        "Qwen3-235B-A22B, Mixtral 8x7B / 8x22B on DGX H100, DGX B200, GB200 and GB300 NVL72): "
+        "step time derived as global tokens / (tokens per s per GPU x GPUs).",
         "assumptions": [
-            "GB200 / GB300 NVL72 and DGX B200 as the repository's topologies, H100 as DGX H100.",
-            "Unstated recompute: none; unstated ETP: 1; FP8 rows as Transformer Engine FP8.",
-            "Forced-balanced routing (the pages' footnote): uniform expert load.",
+            "One rule for unstated settings, every row (the same as "
+            "validation/published-blackwell.yaml for NeMo's dense rows): distributed optimizer "
+            "(ZeRO-1) with overlapped gradient reduce-scatter and parameter all-gather, bf16 "
+            "gradient reduction, no activation recomputation, sequence parallelism with TP, "
+            "interleaved 1F1B with the published VP (a layer count that does not divide: the "
+            "extra layers on the virtual stages after the first, never the last), fused (Transformer Engine) kernels, FP8 rows "
+            "as per-tensor current scaling (the pages' FP8 recipe); expert TP 1, the NCCL "
+            "all-to-all dispatcher, no all-to-all overlap, uniform expert load (the pages' "
+            "forced-balanced routing footnote; dropless).",
+            "DGX H100 as topologies/dgx-h100-ndr-fattree.yaml, DGX B200 as "
+            "topologies/dgx-b200.yaml, GB200 / GB300 NVL72 as topologies/gb200-nvl72.yaml / "
+            "gb300-nvl72.yaml with 64 GPUs per rack (16 of 18 trays, nvlink_domain_gpus: 64; "
+            "the rack count is not published).",
+            "DeepSeek-V3 as the rows' model (MLA, 1 shared + 256 routed experts, first 3 "
+            "layers dense); its multi-token-prediction module (the H100 row, MTP depth 1) "
+            "is not simulated.",
         ],
         "recompute": lambda p: "none",
+        "training": {"fp8_recipe": "current", "grad_reduce_dtype": "bf16",
+                     "overlap_grad_reduce": True, "overlap_param_gather": True},  # fmt: skip
         "measured": _step_from_tokens,
-        "not_modelled": lambda r: "CUDA graphs, HybridEP/DeepEP dispatchers, FP8 "
-        "blockwise/MXFP8 recipes (run as per-tensor FP8)",
+        "not_modelled": lambda r: "CUDA graphs, TP communication overlap (userbuffers), "
+        "HybridEP/DeepEP dispatchers, the recipes' recompute and all-to-all overlap settings"
+        + ("; the MTP module" if (r["model"].get("mtp_depth") or 0) > 0 else ""),
     },
 }
 
@@ -211,8 +251,8 @@ def main(argv: list[str]) -> int:
         suite = {
             "name": f"moe-{name}",
             "role": "development",
-            "role_note": "generated by validation/moe/make_suites.py; looked at while the MoE "
-            "model was built (no constant fitted on it)",
+            "role_note": "generated by validation/moe/make_suites.py; " + rule.get(
+                "role_note", "looked at while the MoE model was built (no constant fitted on it)"),
             "about": rule["about"],
             "assumptions": rule["assumptions"],
             "skipped": skipped,
