@@ -47,7 +47,7 @@ from simulator.engine.program import (
     build_stage_programs,
     program_time,
 )
-from simulator.hardware.precision import pricing_dtype, weight_bytes
+from simulator.hardware.precision import moe_dispatch_bytes, pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import memory as mem
 from simulator.model import moe_sizes
@@ -273,7 +273,8 @@ class Estimator:
             if self.work.model.moe is not None:
                 moe_kw = dict(ep=res.ep, etp=res.etp, expert_load=t.moe_expert_load,
                               dispatcher=t.moe_dispatcher,
-                              overlap_ep=t.overlap_moe_expert_parallel_comm)  # fmt: skip
+                              overlap_ep=t.overlap_moe_expert_parallel_comm,
+                              dispatch_bytes=moe_dispatch_bytes(t))  # fmt: skip
 
             def comm_cost(dim: str, op: str, nbytes: float) -> float:
                 return self._cost(op, dim, res, nbytes)
@@ -296,7 +297,8 @@ class Estimator:
         if hit is None:
             t = self.work.training
             ops = tf.optimizer_ops(
-                local_params, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype
+                local_params, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
+                moments_dtype=t.optimizer_moments_dtype,
             )
             pr = Pricer(self.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
             hit = sum(pr.time(op) for op in ops)
@@ -325,7 +327,8 @@ class Estimator:
         last = pp * v - 1
         worst = 0.0
         skw = dict(zero=cand.zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
-                   kernels=t.kernels, weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0])
+                   kernels=t.kernels, weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0],
+                   moments_dtype=t.optimizer_moments_dtype)
         for s in range(pp):
             dense, expert = self._stage_local(res, s)
             states = mem.model_state_bytes(dense, dp=_shard(res), **skw).total

@@ -260,6 +260,10 @@ def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
                    "(accepted here: core_attn)")
     if mods and "moe_act" in mods and m.moe is None:
         raise fail("training.recompute_modules", "moe_act needs model.moe")
+    if t.moe_dispatch_dtype == "fp8" and t.precision not in ("fp8", "mxfp8"):
+        raise fail("training.moe_dispatch_dtype",
+                   f"fp8 sends the tokens quantised for FP8 expert GEMMs, but precision is "
+                   f"{t.precision} (accepted: bf16; fp8 with precision fp8 or mxfp8)")
     if m.moe is None:
         if ep > 1 or etp > 1:
             raise fail(
@@ -269,6 +273,9 @@ def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
             )
         if t.moe_expert_load is not None:
             raise fail("training.moe_expert_load", "needs model.moe (the model is dense)")
+        if t.moe_dispatch_dtype != "bf16":
+            raise fail("training.moe_dispatch_dtype", "needs model.moe (the model is dense; "
+                       "accepted: bf16)")
         return 1, 1, 1
     moe = m.moe
     if par.tp > 1 and not par.sequence_parallel:

@@ -308,6 +308,12 @@ class TrainingConfig(Frozen):
         "live); none: no DDP reducer, the script all-reduces one transient flat bucket at a time",
     )
     optimizer: Literal["adam"] = "adam"
+    optimizer_moments_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="dtype of Adam's first and second moments; the master weights stay fp32 "
+        "(bf16: DeepSeek-V3, arXiv:2412.19437 Sec. 3.3.3, 4 + 2 + 2 bytes per parameter "
+        "instead of 4 + 4 + 4)",
+    )
     kernels: Literal["fused", "eager"] = Field(
         "fused",
         description="fused: Megatron-LM / Transformer Engine kernels (fused norms, RoPE, "
@@ -332,6 +338,13 @@ class TrainingConfig(Frozen):
         False,
         description="Megatron-Core's switch: the EP all-to-all of one micro-batch overlaps "
         "the compute of another (combined 1F1B)",
+    )
+    moe_dispatch_dtype: Literal["bf16", "fp8"] = Field(
+        "bf16",
+        description="dtype of the tokens an MoE all-to-all sends to the experts (the forward "
+        "dispatch and the output gradients of the backward combine); fp8: quantised in the "
+        "precision recipe's format with its scales, as DeepSeek-V3 (arXiv:2412.19437 Sec. "
+        "3.3.3; needs precision fp8 or mxfp8); the combine stays bf16",
     )
 
     @model_validator(mode="after")

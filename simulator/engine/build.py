@@ -29,7 +29,7 @@ from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_pr
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
-from simulator.hardware.precision import pricing_dtype, weight_bytes
+from simulator.hardware.precision import moe_dispatch_bytes, pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import memory as mem
 from simulator.model import moe_sizes
@@ -308,7 +308,8 @@ class _Builder:
         t = self.t
         return dict(ep=self.ep, etp=self.etp, expert_load=t.moe_expert_load,
                     dispatcher=t.moe_dispatcher,
-                    overlap_ep=t.overlap_moe_expert_parallel_comm)  # fmt: skip
+                    overlap_ep=t.overlap_moe_expert_parallel_comm,
+                    dispatch_bytes=moe_dispatch_bytes(t))  # fmt: skip
 
     def _make_procs(self) -> None:
         lay, inner = self.lay, self.job.inner_dims
@@ -386,7 +387,7 @@ class _Builder:
         t, zero = self.t, self.par.zero
         dense, expert = self.stage_local(p.stage)
         kw = dict(zero=zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
-                  kernels=t.kernels,
+                  kernels=t.kernels, moments_dtype=t.optimizer_moments_dtype,
                   weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0])  # fmt: skip
         ms = mem.model_state_bytes(dense, dp=self.shard, **kw)
         mx = mem.model_state_bytes(expert, dp=self.edp, **kw)
@@ -404,7 +405,8 @@ class _Builder:
         dense, expert = self.stage_local(p.stage)
         z = self.par.zero >= 1
         local = dense / (self.shard if z else 1) + expert / (self.edp if z else 1)
-        ops = tf.optimizer_ops(local, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype)
+        ops = tf.optimizer_ops(local, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
+                               moments_dtype=t.optimizer_moments_dtype)
         pr = Pricer(self.job.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
         return tuple(pr.part(op) for op in ops)
 

@@ -150,3 +150,15 @@ def weight_bytes(training, param_bytes: int) -> tuple[float | None, float]:
     if training.fp8_param_gather:
         return rec.weight_bytes, rec.operand_bytes
     return param_bytes + rec.weight_bytes, float(param_bytes)
+
+
+def moe_dispatch_bytes(training) -> float | None:
+    """Bytes per element of the tokens an MoE all-to-all sends towards the experts
+    (``training.moe_dispatch_dtype``): None for bf16 (the activations' own dtype); for fp8 the
+    recipe's operand with its scales (:attr:`Recipe.operand_bytes`: 1 + 4/128 for DeepSeek-V3's
+    1x128 tiles with an fp32 scale each, arXiv:2412.19437 Sec. 3.3.3; 1 + 1/32 for MXFP8; 1
+    for per-tensor scaling, whose one scale per tensor is negligible). The tokens are quantised
+    before the dispatch instead of before the expert GEMM, so no kernel is added."""
+    if training.moe_dispatch_dtype != "fp8":
+        return None
+    return recipe(training.precision, training.fp8_recipe).operand_bytes

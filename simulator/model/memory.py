@@ -77,6 +77,7 @@ def model_state_bytes(
     grad_dtype: str = "bf16",
     kernels: str = "fused",
     weight_bytes: float | None = None,
+    moments_dtype: str = "fp32",
 ) -> ModelStateBytes:
     """Weights, gradients and Adam state of ``n_params`` parameters on one GPU.
 
@@ -92,6 +93,10 @@ def model_state_bytes(
     the gradients, stage 3 also the weights (ZeRO Figure 1: ``(2 + 2 + 12/N)`` bytes per
     parameter at stage 1, ``(2 + 14/N)`` at 2, ``16/N`` at 3).
 
+    ``moments_dtype="bf16"`` keeps Adam's m and v in bf16 and the master weights in fp32, as
+    DeepSeek-V3 does (arXiv:2412.19437, Section 3.3.3): ``4 + 2 + 2`` bytes of optimizer state
+    per parameter instead of ``4 + 4 + 4`` (``2 + 2`` without a master copy).
+
     ``kernels="eager"`` with ZeRO-3 is PyTorch FSDP: with a 2-byte ``param_dtype`` (FSDP's
     ``MixedPrecision(param_dtype=bf16)``) the sharded parameters stay fp32 and are the
     optimizer's own (4/N), the 2-byte copy exists only while a unit is gathered (the engine's
@@ -104,12 +109,13 @@ def model_state_bytes(
     _check_kernels(kernels)
     p = dtype_bytes(param_dtype, "training.param_dtype")
     g = dtype_bytes(grad_dtype, "training.grad_reduce_dtype")
+    mv = 2 * dtype_bytes(moments_dtype, "training.optimizer_moments_dtype")
     if p == FP32:
-        w, g, o = FP32, FP32, 2 * FP32
+        w, g, o = FP32, FP32, mv
     elif kernels == "eager" and zero == 3:
-        w, o = FP32, 2 * FP32
+        w, o = FP32, mv
     else:
-        w, o = p, 3 * FP32
+        w, o = p, FP32 + mv
     if weight_bytes is not None and p != FP32 and not (kernels == "eager" and zero == 3):
         w = weight_bytes
     return ModelStateBytes(

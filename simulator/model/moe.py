@@ -237,13 +237,17 @@ def moe_forward_ops(
     d: int,
     dispatcher: str = "alltoall",
     grouped: bool = True,
+    dispatch_bytes: float | None = None,
 ) -> list[Op | Comm]:
     """Kernels and collectives of one MoE block's forward on the busiest EP rank, after the
     attention's residual add: ``norm2, router, router_topk, permute, [count exchange,
     dispatch, etp gather], expert fc1, act, fc2, [etp scatter, combine], unpermute, [shared
     expert], residual2``. ``grouped=False`` computes the experts one after another (eager
-    PyTorch); the memory-bound kernels read and write the token copies they move."""
+    PyTorch); the memory-bound kernels read and write the token copies they move.
+    ``dispatch_bytes``: bytes per element of the tokens sent towards the experts (FP8
+    dispatch, :func:`simulator.hardware.precision.moe_dispatch_bytes`; default ``d``)."""
     moe, h = model.moe, model.hidden
+    q = d if dispatch_bytes is None else dispatch_bytes
     t, k, E = loc.tokens, moe.top_k, moe.experts
     R = sum(loc.expert_tokens)  # copies this rank's experts compute
     R_ep = R / etp  # copies this rank received through the all-to-all (before ETP gather)
@@ -256,7 +260,7 @@ def moe_forward_ops(
     if dispatcher == "allgather":
         full = ep * etp * t
         ops += [
-            Comm("moe_gather", "all_gather", "ep", full * h * d),
+            Comm("moe_gather", "all_gather", "ep", full * h * q),
             mem_op("permute", "moe", (full + R) * h * d),
         ]
     else:
@@ -264,10 +268,10 @@ def moe_forward_ops(
         if ep > 1:
             ops += [
                 Comm("moe_counts", "all_to_all", "ep", ep * (E // ep) * 8.0),
-                Comm("moe_dispatch", "all_to_all", "ep", t * k * h * d, None if loc.uniform else loc.busiest_share),
+                Comm("moe_dispatch", "all_to_all", "ep", t * k * h * q, None if loc.uniform else loc.busiest_share),
             ]
         if etp > 1:
-            ops.append(Comm("moe_etp_gather", "all_gather", "etp", R * h * d))
+            ops.append(Comm("moe_etp_gather", "all_gather", "etp", R * h * q))
         if ep > 1 and loc.local_experts > 1:
             ops.append(mem_op("sort_chunks", "moe", 2 * R_ep * h * d))
     ops += _expert_ops(model, loc, d, grouped)
@@ -321,22 +325,31 @@ def moe_backward_ops(
     d: int,
     dispatcher: str = "alltoall",
     grouped: bool = True,
+    dispatch_bytes: float | None = None,
 ) -> list[Op | Comm]:
     """The forward reversed: each GEMM's dgrad and wgrad, every collective's conjugate (an
     all-to-all stays an all-to-all with the gradients, an all-gather becomes a reduce-scatter
     and back), memory-bound kernels at 1.5x their forward bytes (they read the saved input and
     the incoming gradient), except the permutations, whose backward is the other permutation.
-    The count exchange is not repeated."""
+    The count exchange is not repeated. ``dispatch_bytes`` (FP8 dispatch): the combine's
+    conjugates send the output gradients towards the experts, quantised as the forward
+    dispatch is; the dispatch's conjugates return the input gradients in ``d`` (DeepSeek-V3,
+    arXiv:2412.19437 Sec. 3.3.3: the activation gradient before the down-projection in FP8,
+    both combines in BF16)."""
     fwd = moe_forward_ops(
         model, loc, tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=grouped
     )
     conj = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}
+    towards_experts = ("moe_combine", "moe_scatter", "moe_etp_scatter")
     out: list[Op | Comm] = []
     for op in reversed(fwd):
         if isinstance(op, Comm):
             if op.name != "moe_counts":
+                nbytes = op.nbytes
+                if dispatch_bytes is not None and op.name in towards_experts:
+                    nbytes = op.nbytes * dispatch_bytes / d
                 out.append(Comm(op.name, conj.get(op.collective, op.collective), op.dim,
-                                op.nbytes, op.share))  # fmt: skip
+                                nbytes, op.share))  # fmt: skip
         elif op.kind == "gemm":
             # dgrad and wgrad; a grouped GEMM keeps its real tokens' FLOPs
             out += [

@@ -88,6 +88,7 @@ def layer_ops(
     expert_load: tuple[float, ...] | None = None,
     dispatcher: str = "alltoall",
     overlap_ep: bool = False,
+    dispatch_bytes: float | None = None,
 ) -> list[Op]:
     """One layer's forward (or backward) on one rank of an MoE and/or MLA model: kernels and
     collectives over ``tp``, ``cp``, ``ep`` and ``etp`` (module docstring)."""
@@ -113,16 +114,17 @@ def layer_ops(
         norm2 = [op for op in mlp if op.name.startswith("norm2")]
         res2 = [op for op in mlp if op.name.startswith("residual2")]
         body = _moe_body(local, b, tp, d, backward, kernels, param_dtype, ep, etp,
-                         expert_load, dispatcher, overlap_ep)  # fmt: skip
+                         expert_load, dispatcher, overlap_ep, dispatch_bytes)  # fmt: skip
         mlp = [*res2, *body, *norm2] if backward else [*norm2, *body, *res2]
     return [*mlp, *att] if backward else [*att, *mlp]
 
 
 def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, dispatcher,
-              overlap_ep) -> list[Op]:  # fmt: skip
+              overlap_ep, dispatch_bytes=None) -> list[Op]:  # fmt: skip
     """The MoE block between norm2 and residual2, its collectives as comm ops."""
     loc = moe.moe_local(model, b, tp, 1, ep, etp, load)
-    kw = dict(tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=kernels == "fused")
+    kw = dict(tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=kernels == "fused",
+              dispatch_bytes=dispatch_bytes)  # fmt: skip
     block = (moe.moe_backward_ops if backward else moe.moe_forward_ops)(model, loc, **kw)
     body: list[Op] = []
     for op in block:

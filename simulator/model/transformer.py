@@ -377,21 +377,25 @@ def head_backward_ops(
     return _master_weights(ops, d, False) if P == FP32 else list(ops)
 
 
-def optimizer_ops(n_params_local: float, *, param_dtype: str, grad_dtype: str) -> list[Op]:
+def optimizer_ops(
+    n_params_local: float, *, param_dtype: str, grad_dtype: str, moments_dtype: str = "fp32"
+) -> list[Op]:
     """The optimizer step of the parameters this rank updates, memory-bound.
 
     ``grad_norm`` (for gradient clipping) reads every gradient once. ``adam`` (a multi-tensor
     fused Adam) with bf16/fp16 working weights reads grad, fp32 master, m, v and writes
     master, m, v and the working copy: g + 12 + 12 + p bytes per parameter (Rajbhandari et al.
     2020, ZeRO, Section 3.1: 16 bytes of state per parameter); with fp32 weights (AMP) there
-    is no master copy: read g, p, m, v, write p, m, v (g + 24).
+    is no master copy: read g, p, m, v, write p, m, v (g + 24). ``moments_dtype="bf16"``
+    (DeepSeek-V3) reads and writes m and v at 2 bytes: g + 8 + 8 + p (g + 16 with AMP).
     """
     p = dtype_bytes(param_dtype, "training.param_dtype")
     g = dtype_bytes(grad_dtype, "training.grad_reduce_dtype")
+    mv = 2 * dtype_bytes(moments_dtype, "training.optimizer_moments_dtype")
     if p == FP32:
-        g, per = FP32, FP32 + 6 * FP32
+        g, per = FP32, FP32 + 2 * (FP32 + mv)
     else:
-        per = g + 24 + p
+        per = g + 2 * (FP32 + mv) + p
     return [
         mem_op("grad_norm", "optimizer", n_params_local * g),
         mem_op("adam", "optimizer", n_params_local * per),
