@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 from simulator.config.checks import Resolved, resolve
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.build import GRAD_DIMS, MOE_DIMS, Machine, make_layout
+from simulator.engine.combined import chain_items, pair_schedule
 from simulator.engine.program import (
     Pricer,
     StagePrograms,
@@ -72,13 +73,13 @@ LINEAR_FROM, LINEAR_TO = float(2**25), float(2**30)
 
 @lru_cache(maxsize=4096)
 def _inflight_profile(
-    name: str, stage: int, pp: int, m: int, v: int
+    name: str, stage: int, pp: int, m: int, v: int, combine: bool = False
 ) -> tuple[tuple[int, ...], ...]:
     """Per chunk, how many (micro-batch, chunk) forwards are in flight at each forward's end,
     reduced to the Pareto-maximal count vectors (the weighted peak is attained on one)."""
     live = [0] * v
     points: set[tuple[int, ...]] = set()
-    for w in schedule(name, stage, pp, m, v):
+    for w in schedule(name, stage, pp, m, v, combine):
         if w.phase == "F":
             live[w.chunk] += 1
             points.add(tuple(live))
@@ -92,16 +93,18 @@ def _inflight_profile(
     return tuple(sorted(pareto))
 
 
-def peak_inflight_bytes(name: str, stage: int, pp: int, m: int, v: int, chunk_bytes) -> float:
+def peak_inflight_bytes(name: str, stage: int, pp: int, m: int, v: int, chunk_bytes,
+                        combine: bool = False) -> float:  # fmt: skip
     """Largest sum of in-flight activation bytes on ``stage`` (``chunk_bytes[c]`` per
-    micro-batch of chunk ``c``), at the end of a forward pass."""
-    if name == "1f1b" and v == 1:
+    micro-batch of chunk ``c``), at the end of a forward pass (``combine``: the combined 1F1B
+    order, :func:`simulator.parallel.schedules.schedule`)."""
+    if name == "1f1b" and v == 1 and not combine:
         return min(pp - stage, m) * chunk_bytes[0]
     if name == "gpipe":
         return m * chunk_bytes[0]
     return max(
         sum(n * b for n, b in zip(p, chunk_bytes, strict=True))
-        for p in _inflight_profile(name, stage, pp, m, v)
+        for p in _inflight_profile(name, stage, pp, m, v, combine)
     )
 
 
@@ -154,6 +157,8 @@ class Estimator:
         self._acts: dict[tuple, tuple[float, float]] = {}
         # a DP / ZeRO collective beside compute takes longer (the engine's rule, interference.py)
         self.slow = slowdown_fn(load_fabrics()["nccl"], machine.gpu.name)
+        # kernels slowed beside a collective (the engine's StepPlan.interference)
+        self.interference = float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0))
 
     # ---- helpers
 
@@ -273,7 +278,6 @@ class Estimator:
             if self.work.model.moe is not None:
                 moe_kw = dict(ep=res.ep, etp=res.etp, expert_load=t.moe_expert_load,
                               dispatcher=t.moe_dispatcher,
-                              overlap_ep=t.overlap_moe_expert_parallel_comm,
                               dispatch_bytes=moe_dispatch_bytes(t))  # fmt: skip
 
             def comm_cost(dim: str, op: str, nbytes: float) -> float:
@@ -341,12 +345,32 @@ class Estimator:
                 b += act_embed if vs == 0 else 0.0
                 b += act_head if vs == last else 0.0
                 chunk.append(b)
-            acts = peak_inflight_bytes(cand.pp_schedule, s, pp, res.microbatches, v, tuple(chunk))
+            acts = peak_inflight_bytes(cand.pp_schedule, s, pp, res.microbatches, v, tuple(chunk),
+                                       self._combine(res))  # fmt: skip
             # The backward after that peak re-runs a layer (recompute) first; on the last
             # stage the LM head's backward frees its activations before that.
             freed = act_head if s == pp - 1 else 0.0
             worst = max(worst, states + acts + max(0.0, act_rc - freed))
         return worst
+
+    def _combine(self, res: Resolved) -> bool:
+        """Whether the candidate runs combined 1F1B (the overlap switch with ep > 1)."""
+        t, m = self.work.training, self.work.model
+        return bool(t.overlap_moe_expert_parallel_comm and m.moe is not None and res.ep > 1)
+
+    def _pair_s(self, progs: StagePrograms, res: Resolved, vs: int) -> float:
+        """A steady-state combined 1F1B step of virtual stage ``vs``: one micro-batch's
+        forward beside another's backward (:func:`simulator.engine.combined.pair_schedule`)."""
+        n_first, n_rest = self._first_layers(res, vs)
+        kinds = [progs.layer(0)] * n_first + [progs.layer(progs.first_layers)] * n_rest
+        f = [("", -1, fwd) for fwd, _, _ in kinds]
+        b = [("", -1, part) for _, bwd, rec in reversed(kinds) for part in (rec, bwd) if part]
+        if vs == 0:
+            f, b = [("", -1, progs.embed_fwd), *f], [*b, ("", -1, progs.embed_bwd)]
+        if vs == res.size("pp") * res.virtual_stages - 1:
+            f, b = [*f, ("", -1, progs.head_fwd)], [("", -1, progs.head_bwd), *b]
+        i = self.interference
+        return pair_schedule(chain_items(f, 1.0, i), chain_items(b, 1.0, i), i).total
 
     def _first_layers(self, res: Resolved, vs: int) -> tuple[int, int]:
         """(leading dense layers, other layers) of virtual stage ``vs`` (an MoE model's first
@@ -509,6 +533,8 @@ class Estimator:
             gx.append(g_)
             F.append(f)
             B.append(b)
+            if self._combine(res):  # steady-state steps: forward beside backward
+                f = sum(self._pair_s(progs, res, c * pp + s) for c in range(v)) - b
             T.append(f + b)
             comp.append(c_)
             tpc.append(x)

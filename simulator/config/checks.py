@@ -264,6 +264,15 @@ def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
         raise fail("training.moe_dispatch_dtype",
                    f"fp8 sends the tokens quantised for FP8 expert GEMMs, but precision is "
                    f"{t.precision} (accepted: bf16; fp8 with precision fp8 or mxfp8)")
+    if t.overlap_moe_expert_parallel_comm:
+        if m.moe is None:
+            raise fail("training.overlap_moe_expert_parallel_comm",
+                       "needs model.moe (the model is dense; accepted: false)")
+        if par.zero == 3 or par.pp_schedule == "gpipe" or t.moe_dispatcher != "alltoall":
+            raise fail("training.overlap_moe_expert_parallel_comm",
+                       "combined 1F1B is modelled with pp_schedule 1f1b or interleaved, zero "
+                       "0-2 and moe_dispatcher alltoall (as Megatron-Core runs it), got "
+                       f"{par.pp_schedule}, zero {par.zero}, {t.moe_dispatcher}")
     if m.moe is None:
         if ep > 1 or etp > 1:
             raise fail(

@@ -308,7 +308,6 @@ class _Builder:
         t = self.t
         return dict(ep=self.ep, etp=self.etp, expert_load=t.moe_expert_load,
                     dispatcher=t.moe_dispatcher,
-                    overlap_ep=t.overlap_moe_expert_parallel_comm,
                     dispatch_bytes=moe_dispatch_bytes(t))  # fmt: skip
 
     def _make_procs(self) -> None:
@@ -662,6 +661,7 @@ class _Builder:
             virtual_stages=self.v,
             microbatches=self.job.microbatches,
             schedule_name=par.pp_schedule,
+            ep_overlap=moe_sizes.ep_overlap(self.job.work),
             layers_of=self.lay.layers_of,
             zero=par.zero,
             overlap_grad_reduce=t.overlap_grad_reduce,

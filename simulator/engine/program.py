@@ -270,7 +270,7 @@ def build_stage_programs(
     and ``param_dtype`` select the op lists of :mod:`simulator.model.transformer` (fused or
     eager kernels; fp32 master weights add per-micro-batch weight casts and gradient
     accumulation); ``cp`` and ``cp_comm`` the context-parallel attention. For an MoE or MLA
-    model (``moe_kw``: ``ep``, ``etp``, ``expert_load``, ``dispatcher``, ``overlap_ep``) the
+    model (``moe_kw``: ``ep``, ``etp``, ``expert_load``, ``dispatcher``, ``dispatch_bytes``) the
     layers come from :func:`simulator.model.moe_layer.layer_ops`: ``layer_*`` are the MoE
     layers' programs and ``first_*`` those of the leading dense layers.
     """

@@ -31,8 +31,9 @@ from heapq import heappush
 import simpy
 from simpy.events import NORMAL
 
+from simulator.engine.combined import CombinedSteps
 from simulator.engine.program import Part, Program, StagePrograms, program_time
-from simulator.parallel.schedules import schedule
+from simulator.parallel.schedules import Work, combined, schedule
 
 #: Streams of the data-parallel communicators (gradient reductions and ZeRO gathers: dense over
 #: cp x dp, routed experts over edp), which share the GPU with compute (interference).
@@ -147,6 +148,10 @@ class StepPlan:
     expert_bytes: Callable[[int], tuple[float, float]] | None = None
     #: the routed experts' part of :attr:`stage_param_bytes` (ZeRO-1/2 gather over edp)
     stage_expert_param_bytes: Callable[[int], float] | None = None
+    #: combined 1F1B (``overlap_moe_expert_parallel_comm``): one more warm-up forward, and
+    #: each steady-state forward run beside the backward of another micro-batch
+    #: (:mod:`simulator.engine.combined`)
+    ep_overlap: bool = False
 
     def layer_bytes(self, layer: int) -> tuple[float, float, float]:
         """(activation, gradient, parameter) bytes of global layer ``layer`` on one rank."""
@@ -155,7 +160,7 @@ class StepPlan:
         return self.layer_sizes(layer)
 
 
-class Engine:
+class Engine(CombinedSteps):
     """Run one training step of a :class:`StepPlan`."""
 
     def __init__(self, plan: StepPlan, env: CountingEnvironment | None = None):
@@ -346,8 +351,9 @@ class Engine:
         progs = p.programs
         pp, v = plan.pp, plan.virtual_stages
         last_vs = pp * v - 1
-        order = schedule(plan.schedule_name, p.stage, pp, plan.microbatches, v)
         m = plan.microbatches
+        order = schedule(plan.schedule_name, p.stage, pp, m, v, plan.ep_overlap)
+        steps = combined(order, m) if plan.ep_overlap else order
         buckets: dict[int, float] = defaultdict(float)
         ebuckets: dict[int, float] = defaultdict(float)  # routed experts' gradients (edp)
         bucket_id = [0]
@@ -374,7 +380,10 @@ class Engine:
             return f
 
         fwd_mem, bwd_mem = act_delta(+1), act_delta(-1)
-        for w in order:
+        for w in steps:
+            if not isinstance(w, Work):  # a combined step (forward, backward)
+                yield from self._pair(p, w, act_delta, start_gathers)
+                continue
             vs = w.chunk * pp + p.stage
             segs = self._chunk_segments(p, w.chunk, w.phase)
             if w.phase == "F":

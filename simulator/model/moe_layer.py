@@ -15,9 +15,9 @@ Where the expert load is uneven the dispatch and combine are priced as the busie
 sees them: a uniform all-to-all of ``nbytes * ep * share`` moves, into the busiest rank, what
 it receives in the uneven one (:class:`~simulator.model.moe.MoELocal`).
 
-``overlap_ep``: Megatron-Core's ``overlap_moe_expert_parallel_comm`` (and DeepSeek's DualPipe)
-run one micro-batch's dispatch and combine beside another's compute; here each all-to-all
-overlaps the compute part that follows it (the engine charges only what sticks out).
+Megatron-Core's ``overlap_moe_expert_parallel_comm`` (and DeepSeek's DualPipe) run one
+micro-batch's dispatch and combine beside another's compute: that is a schedule, not a property
+of the layer (:mod:`simulator.engine.combined`); here every all-to-all waits for its inputs.
 """
 
 from __future__ import annotations
@@ -87,7 +87,6 @@ def layer_ops(
     etp: int = 1,
     expert_load: tuple[float, ...] | None = None,
     dispatcher: str = "alltoall",
-    overlap_ep: bool = False,
     dispatch_bytes: float | None = None,
 ) -> list[Op]:
     """One layer's forward (or backward) on one rank of an MoE and/or MLA model: kernels and
@@ -114,13 +113,13 @@ def layer_ops(
         norm2 = [op for op in mlp if op.name.startswith("norm2")]
         res2 = [op for op in mlp if op.name.startswith("residual2")]
         body = _moe_body(local, b, tp, d, backward, kernels, param_dtype, ep, etp,
-                         expert_load, dispatcher, overlap_ep, dispatch_bytes)  # fmt: skip
+                         expert_load, dispatcher, dispatch_bytes)  # fmt: skip
         mlp = [*res2, *body, *norm2] if backward else [*norm2, *body, *res2]
     return [*mlp, *att] if backward else [*att, *mlp]
 
 
 def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, dispatcher,
-              overlap_ep, dispatch_bytes=None) -> list[Op]:  # fmt: skip
+              dispatch_bytes=None) -> list[Op]:  # fmt: skip
     """The MoE block between norm2 and residual2, its collectives as comm ops."""
     loc = moe.moe_local(model, b, tp, 1, ep, etp, load)
     kw = dict(tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=kernels == "fused",
@@ -130,9 +129,7 @@ def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, di
     for op in block:
         if isinstance(op, moe.Comm):
             nbytes = op.nbytes * (op.share * ep if op.share is not None else 1.0)
-            big = op.collective == "all_to_all" and op.name != "moe_counts"
-            body.append(mc.comm_op(op.name, op.collective, op.dim, nbytes,
-                                   overlap=overlap_ep and big))  # fmt: skip
+            body.append(mc.comm_op(op.name, op.collective, op.dim, nbytes))
         elif op.name not in ("norm2", "residual2"):
             body.append(op)
     if param_dtype == "fp32":

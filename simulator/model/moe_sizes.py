@@ -32,6 +32,14 @@ def recompute_modules(t: TrainingConfig) -> frozenset[str]:
     return frozenset(t.recompute_modules or ("core_attn",))
 
 
+def ep_overlap(work) -> bool:
+    """Whether the step runs combined 1F1B (``training.overlap_moe_expert_parallel_comm``
+    with an all-to-all to hide: an MoE model with ep > 1; :mod:`simulator.engine.combined`)."""
+    t = work.training
+    return bool(t.overlap_moe_expert_parallel_comm and work.model.moe is not None
+                and work.parallelism.ep > 1)  # fmt: skip
+
+
 def is_moe_layer(model: ModelConfig, layer: int) -> bool:
     """Whether global layer ``layer`` has an MoE block (the first ``dense_layers`` do not)."""
     return model.moe is not None and layer >= model.moe.dense_layers

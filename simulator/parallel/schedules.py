@@ -42,13 +42,13 @@ def one_f_one_b(stage: int, pp: int, m: int) -> list[Work]:
     return order
 
 
-def interleaved(stage: int, pp: int, m: int, v: int) -> list[Work]:
+def interleaved(stage: int, pp: int, m: int, v: int, extra: int = 0) -> list[Work]:
     """Megatron-LM's interleaved 1F1B; needs ``m % pp == 0``."""
     total = m * v
     if m == pp:
         warmup = total
     else:
-        warmup = min((pp - stage - 1) * 2 + (v - 1) * pp, total)
+        warmup = min((pp - stage - 1) * 2 + (v - 1) * pp + extra, total)
 
     def chunk(k: int, forward: bool) -> int:
         c = (k % (pp * v)) // pp
@@ -75,13 +75,44 @@ SCHEDULES = {
 }
 
 
-def schedule(name: str, stage: int, pp: int, m: int, v: int = 1) -> list[Work]:
-    """The work order of ``stage`` for schedule ``name`` (a key of :data:`SCHEDULES`)."""
+def schedule(name: str, stage: int, pp: int, m: int, v: int = 1, combine: bool = False) -> list[Work]:
+    """The work order of ``stage`` for schedule ``name`` (a key of :data:`SCHEDULES`).
+
+    ``combine``: the order Megatron-Core runs with ``overlap_moe_expert_parallel_comm``
+    (schedules.py, which pairs only in its interleaved path; 1F1B is that path with one model
+    chunk): the interleaved warm-up ``2 (pp - stage - 1) + (v - 1) pp`` plus one forward, so
+    that each steady-state forward and the backward after it belong to independent
+    micro-batches and a stage's paired step does not wait on its neighbour's paired step
+    (:func:`combined` turns them into steps)."""
+    if combine and name in ("1f1b", "interleaved"):
+        return interleaved(stage, pp, m, v if name == "interleaved" else 1, extra=1)
     try:
         fn = SCHEDULES[name]
     except KeyError:
         raise ValueError(f"unknown pipeline schedule {name!r}") from None
     return fn(stage, pp, m, v)
+
+
+def combined(order: list[Work], m: int) -> list[Work | tuple[Work, Work]]:
+    """Combined 1F1B (Megatron-Core's ``overlap_moe_expert_parallel_comm``; see
+    :mod:`simulator.engine.combined`): every forward immediately followed by a backward of
+    another micro-batch -- the steady state of a 1F1B order with one more warm-up forward --
+    becomes one step ``(forward, backward)`` that runs both together. Warm-up forwards and
+    cool-down backwards stay alone, and so does a backward of the last micro-batch (its
+    gradients fill the reduction buckets layer by layer; it is in the cool-down anyway)."""
+    out: list[Work | tuple[Work, Work]] = []
+    i = 0
+    while i < len(order):
+        w = order[i]
+        nxt = order[i + 1] if i + 1 < len(order) else None
+        if (w.phase == "F" and nxt is not None and nxt.phase == "B"
+                and nxt.microbatch != w.microbatch and nxt.microbatch != m - 1):  # fmt: skip
+            out.append((w, nxt))
+            i += 2
+        else:
+            out.append(w)
+            i += 1
+    return out
 
 
 def max_in_flight(order: list[Work]) -> int:
