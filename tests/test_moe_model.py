@@ -126,7 +126,12 @@ def test_eager_experts_run_one_after_another():
     loc = moe.moe_local(MIXTRAL, 1, 1, 1, 2, 1)
     ops = moe.moe_forward_ops(MIXTRAL, loc, tp=1, ep=2, etp=1, d=2, grouped=False)
     names = [o.name for o in ops if not isinstance(o, Comm) and o.name.startswith("expert")]
-    assert names == [f"expert_{p}_e{i}" for i in range(4) for p in ("fc1", "act", "fc2")]
+    # FeedForward as steps.py writes it: w1 and w3 on x, silu, the product, w2; then torch.cat
+    parts = ("fc1", "fc3", "act", "act_mul", "fc2")
+    assert names == [f"expert_{p}_e{i}" for i in range(4) for p in parts] + ["expert_cat"]
+    act = {o.name: o.bytes for o in ops if not isinstance(o, Comm)}
+    m, f = round(loc.expert_tokens[0]), 14336
+    assert act["expert_act_e0"] == 2 * m * f * 2 and act["expert_act_mul_e0"] == 3 * m * f * 2
     grouped = moe.moe_forward_ops(MIXTRAL, loc, tp=1, ep=2, etp=1, d=2)
     flops = sum(o.flops for o in ops if not isinstance(o, Comm))
     assert flops == pytest.approx(sum(o.flops for o in grouped if not isinstance(o, Comm)))
@@ -150,3 +155,22 @@ def test_mla_ops_flops_match_the_model_count():
     assert gem == 4096 * 2 * sum(a * b for _, a, b in mla.mla_matrices(DSV3))
     att = next(o for o in ops if o.kind == "attention")
     assert att.flops == pytest.approx(4096 * mla.mla_attention_flops_per_token(DSV3) / 2)
+
+
+def test_eager_combine_and_index_kernels_follow_the_script():
+    # steps.py: per (local expert, source rank) an arange and their cat after the count sync;
+    # the inverse permutation; zeros, weights times copies, out-of-place index_add
+    ep, t, k, h = 2, 4096, 2, 4096
+    loc = moe.moe_local(MIXTRAL, 1, 1, 1, ep, 1)
+    fwd = {o.name: o.bytes for o in moe.moe_forward_ops(MIXTRAL, loc, tp=1, ep=ep, etp=1, d=2,
+                                                        grouped=False) if not isinstance(o, Comm)}
+    assert sum(n.startswith("perm_arange") for n in fwd) == loc.local_experts * ep
+    assert fwd["combine_zeros"] == t * h * 2
+    assert fwd["combine_weight"] == 2 * t * k * h * 2 + t * k * 2
+    assert fwd["unpermute"] == (t * k * h + 4 * t * h) * 2 + t * k * 8
+    bwd = [o.name for o in moe.moe_backward_ops(MIXTRAL, loc, tp=1, ep=ep, etp=1, d=2,
+                                                grouped=False) if not isinstance(o, Comm)]
+    # views, constants and integer bookkeeping have no backward kernel; x's two input
+    # gradients (w1 and w3) are added
+    assert not any(n.startswith(("perm_", "inv_", "combine_zeros", "expert_cat")) for n in bwd)
+    assert sum(n.startswith("expert_dx_add") for n in bwd) == 4

@@ -38,6 +38,11 @@ from functools import lru_cache
 from simulator.config.schema import ModelConfig
 from simulator.model.ops import FP32, Op, gemm_grads, gemm_op, mem_op
 
+#: int64 indices (token ids, permutations)
+I64 = 8
+#: eager ops whose backward runs no kernel (views, constants, integer bookkeeping)
+NO_BACKWARD = ("expert_cat", "combine_zeros", "perm_cat", "inv_arange", "inv_scatter")
+
 #: GEMM tile rows a grouped-GEMM kernel pads each expert's token count to (CUTLASS grouped
 #: GEMM with 128-row tiles, as Transformer Engine's grouped linear uses on Hopper).
 GROUPED_TILE_M = 128
@@ -219,11 +224,19 @@ def _expert_ops(model: ModelConfig, loc: MoELocal, d: int, grouped: bool) -> lis
         m = round(m)
         if m < 1:
             continue
-        ops += [
-            gemm_op(f"expert_fc1_e{i}", "moe", m, h, fc1_out, d),
-            mem_op(f"expert_act_e{i}", "moe", m * per_tok),
-            gemm_op(f"expert_fc2_e{i}", "moe", m, f, h, d),
-        ]
+        if model.activation != "swiglu":
+            ops += [
+                gemm_op(f"expert_fc1_e{i}", "moe", m, h, fc1_out, d),
+                mem_op(f"expert_act_e{i}", "moe", m * per_tok),
+            ]
+        else:  # w2(silu(w1 x) * w3 x): two GEMMs on x, silu, the product (eager modules)
+            ops += [
+                gemm_op(f"expert_fc1_e{i}", "moe", m, h, f, d),
+                gemm_op(f"expert_fc3_e{i}", "moe", m, h, f, d),
+                mem_op(f"expert_act_e{i}", "moe", 2 * m * f * d),
+                mem_op(f"expert_act_mul_e{i}", "moe", 3 * m * f * d),
+            ]
+        ops.append(gemm_op(f"expert_fc2_e{i}", "moe", m, f, h, d))
     return ops
 
 
@@ -272,9 +285,13 @@ def moe_forward_ops(
             ]
         if etp > 1:
             ops.append(Comm("moe_etp_gather", "all_gather", "etp", R * h * q))
+        if ep > 1 and not grouped:
+            ops += _eager_index_ops("perm", loc.local_experts * ep, R_ep)
         if ep > 1 and loc.local_experts > 1:
             ops.append(mem_op("sort_chunks", "moe", 2 * R_ep * h * d))
     ops += _expert_ops(model, loc, d, grouped)
+    if not grouped:  # torch.cat of the experts' outputs
+        ops.append(mem_op("expert_cat", "moe", 2 * R * h * d))
     if dispatcher == "allgather":
         ops += [
             mem_op("unpermute", "moe", (R + ep * etp * t) * h * d),
@@ -283,14 +300,42 @@ def moe_forward_ops(
     else:
         if etp > 1:
             ops.append(Comm("moe_etp_scatter", "reduce_scatter", "etp", R * h * d))
+        if ep > 1 and not grouped:
+            ops += _eager_index_ops("inv", 2, R_ep)
         if ep > 1 and loc.local_experts > 1:
             ops.append(mem_op("unsort_chunks", "moe", 2 * R_ep * h * d))
         if ep > 1:
             ops.append(Comm("moe_combine", "all_to_all", "ep", t * k * h * d, None if loc.uniform else loc.busiest_share))
-        ops.append(mem_op("unpermute", "moe", (k * t * h + t * h) * d + t * k * FP32))
+        if grouped:
+            ops.append(mem_op("unpermute", "moe", (k * t * h + t * h) * d + t * k * FP32))
+        else:
+            ops += _eager_combine_ops(t, k, h, d)
     ops += _shared_expert_ops(model, t, tp, d)
     ops.append(mem_op("residual2", "moe", 3 * t * h * d))
     return ops
+
+
+def _eager_index_ops(name: str, count: int, rows: float) -> list[Op]:
+    """Plain PyTorch's index bookkeeping around the exchange (benchmarks/device/steps.py):
+    ``perm``: one ``torch.arange`` per (local expert, source rank) piece and their
+    ``torch.cat`` (``count`` = pieces); ``inv``: the inverse permutation, an ``arange`` and an
+    index write. ``rows`` int64 indices in all; launched after the counts' host sync."""
+    if name == "perm":
+        return [*(mem_op(f"perm_arange{i + 1}", "moe", rows / count * I64) for i in range(count)),
+                mem_op("perm_cat", "moe", 2 * rows * I64)]  # fmt: skip
+    return [mem_op("inv_arange", "moe", rows * I64), mem_op("inv_scatter", "moe", 3 * rows * I64)]
+
+
+def _eager_combine_ops(t: int, k: int, h: int, d: int) -> list[Op]:
+    """Plain PyTorch's combine (steps.py): the routing weights gathered into the received
+    order and cast, a zero output, the copies scaled by their weights, and an out-of-place
+    ``index_add`` (copy the zeros, read the scaled copies, add into their token rows)."""
+    return [
+        mem_op("combine_w", "moe", t * k * (FP32 + I64 + FP32 + d)),
+        mem_op("combine_zeros", "moe", t * h * d),
+        mem_op("combine_weight", "moe", 2 * t * k * h * d + t * k * d),
+        mem_op("unpermute", "moe", (t * k * h + 4 * t * h) * d + t * k * I64),
+    ]
 
 
 def _shared_expert_ops(model: ModelConfig, t: int, tp: int, d: int) -> list[Op | Comm]:
@@ -357,6 +402,13 @@ def moe_backward_ops(
                    bytes=g.bytes, backward=True)
                 for g in gemm_grads(op, d)
             ]  # fmt: skip
+            if op.name.startswith("expert_fc1_e") and any(
+                    o.name == "expert_fc3" + op.name[len("expert_fc1"):] for o in fwd):
+                # x fed w1 and w3: autograd adds their two input gradients
+                out.append(mem_op("expert_dx_add" + op.name[len("expert_fc1"):], "moe",
+                                  3 * op.m * op.k * d, True))
+        elif op.name in NO_BACKWARD or op.name.startswith("perm_arange"):
+            continue
         elif op.name in ("permute", "unpermute", "sort_chunks", "unsort_chunks"):
             out.append(mem_op(op.name, op.block, op.bytes, True))
         else:
