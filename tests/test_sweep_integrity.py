@@ -192,7 +192,7 @@ def test_kill_9_of_a_ray_sweep_leaves_no_ray_process(tmp_path):
         while time.monotonic() < deadline and proc.poll() is None:
             running = _session(proc.pid).values()
             rows = tmp_path / "out" / ROW_LOG
-            logged = rows.exists() and rows.read_bytes().count(b"\n") >= 3
+            logged = rows.exists() and rows.read_bytes().count(b"\n") >= 1
             if logged and all(any(k in c for c in running) for k in ("raylet", "Agent")):
                 break  # the head and its agents run, and tasks have finished
             time.sleep(0.2)
