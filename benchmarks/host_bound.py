@@ -46,8 +46,8 @@ def main() -> int:
         if r["rank"] == 0:
             kernels[r["case"]] = r["kernels"]
     tmp = tempfile.mkdtemp(prefix="host_bound_")
-    print(f"{'case':24s} {'measured':>9s} {'simulated':>9s} {'sim ops':>8s} {'comm':>5s} "
-          f"{'real kernels':>12s} {'us/sim op':>9s}")
+    print(f"{'case':24s} {'measured':>9s} {'simulated':>9s} {'error':>7s} {'sim ops':>8s} "
+          f"{'comm':>5s} {'real kernels':>12s} {'us/sim op':>9s}")
     for case, suite in CASES.items():
         sets = TINY + (["model.moe.ffn_hidden=512"] if "moe" in case else [])
         cmd = [sys.executable, "-m", "simulator", "run", f"validation/{suite}.yaml",
@@ -58,10 +58,11 @@ def main() -> int:
             continue
         sim = json.loads(r.stdout)["step_time_s"]
         ev = pd.read_parquet(f"{tmp}/{case}/events.parquet")
-        parts = [x for p in ev[ev.gpu == 0].parts if p for x in p.split(";")]
+        parts = [x for p in ev[ev.gpu == 0].parts if p for x in p.split(";")
+                 if not x.startswith(("host_bound_wait", "host_launch_wait"))]
         comm = sum(1 for x in parts if x.startswith(COMM))
         m = meas[case]
-        print(f"{case:24s} {m * 1e3:7.1f}ms {sim * 1e3:7.2f}ms {len(parts):8d} {comm:5d} "
+        print(f"{case:24s} {m * 1e3:7.1f}ms {sim * 1e3:7.2f}ms {sim / m - 1:+7.1%} {len(parts):8d} {comm:5d} "
               f"{kernels[case]:12d} {m / len(parts) * 1e6:9.1f}")
     return 0
 

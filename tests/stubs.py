@@ -14,6 +14,8 @@ class StubGpu:
     name: str = "stub"
     kernel_launch_s: float = 0.0
     hbm_GiB: float = 80.0
+    host_op_s: float = 0.0  # no host time: the closed forms count GPU work only
+    host_collective_s: float = 0.0
 
     def peak_flops(self, dtype):
         return RATE

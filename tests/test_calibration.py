@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.calibrate import compute, interference, launch, memory, network
+from simulator.calibrate import compute, host, interference, launch, memory, network
 
 
 @pytest.mark.parametrize("mod", [interference, launch, memory], ids=lambda m: m.__name__)
@@ -48,3 +48,19 @@ def _close(name: str, refit: float, shipped: float) -> bool:
 def test_kernel_parameters_equal_their_refit(kind):
     for name, (refit, shipped) in compute.refit((kind,)).items():
         assert _close(name, refit, shipped), (name, refit, shipped)
+
+
+def test_host_costs_equal_their_refit():
+    """host_op_s and host_collective_s are the least-squares fit of the host-bound steps on the
+    simulator's op counts (six simulations of tiny configurations), at the shipped rounding."""
+    for name, (refit, shipped) in host.refit().items():
+        assert refit == pytest.approx(shipped, rel=1e-9), name
+
+
+def test_host_fit_explains_the_dense_host_bound_steps():
+    """The fitted costs reproduce each dense host-bound step within 7 % (measured residuals
+    2-6 %): one host rate per kernel and one per collective call describe that code."""
+    op_s, coll_s, rows = host.fit()
+    for case, (measured, kernels, colls) in rows.items():
+        assert (op_s * kernels + coll_s * colls) / measured == pytest.approx(1.0, abs=0.07), case
+    assert 30e-6 < op_s < 60e-6 and 100e-6 < coll_s < 400e-6

@@ -56,6 +56,13 @@ SHAPES = {
     # 2K sequences.
     "N": dict(layers=6, hidden=2560, ffn=3072, heads=20, kv_heads=4, vocab=32000, seq=2048,
               experts=8, top_k=2),
+    # Third held-out batch (heldout-freeze-3): 16 layers, hidden 3072, GQA 24/8, ffn 8192,
+    # GPT-NeoX vocabulary, 2K sequences (a Llama-3.2-3B-like layer).
+    "E": dict(layers=16, hidden=3072, ffn=8192, heads=24, kv_heads=8, vocab=50304, seq=2048),
+    # Third held-out MoE shape: 6 layers, hidden 3072, GQA 24/8, 8 experts (ffn 2048), top-2,
+    # 1K sequences.
+    "P": dict(layers=6, hidden=3072, ffn=2048, heads=24, kv_heads=8, vocab=32000, seq=1024,
+              experts=8, top_k=2),
     # MoE: 4 layers, every FFN a mixture of 8 SwiGLU experts (ffn 4096), top-2.
     "M": dict(layers=4, hidden=2048, ffn=4096, heads=16, kv_heads=8, vocab=32000, seq=4096,
               experts=8, top_k=2),
@@ -87,6 +94,15 @@ CASES = {
     "h2_tp2dp2_D": dict(shape="D", world=4, tp=2, dp=2, scheme="tp", mb=1, n_mb=2),
     "h2_ddp4_D": dict(shape="D", world=4, dp=4, scheme="ddp", mb=1, n_mb=2),
     "h2_moe_ep2dp2_N": dict(shape="N", world=4, ep=2, scheme="moe", mb=2, n_mb=4),
+    # Third held-out batch (issue 12): written before heldout-freeze-3, measured after it.
+    "h3_tp4sp_E": dict(shape="E", world=4, tp=4, scheme="tp", sp=True, mb=1, n_mb=4),
+    "h3_moe_ep4_P": dict(shape="P", world=4, ep=4, scheme="moe", mb=4, n_mb=2),
+    "h3_tp2dp2_E": dict(shape="E", world=4, tp=2, dp=2, scheme="tp", mb=2, n_mb=2),
+    "h3_ddp4_E": dict(shape="E", world=4, dp=4, scheme="ddp", mb=2, n_mb=2),
+    "h3_pp2dp2_E": dict(shape="E", world=4, pp=2, dp=2, scheme="pp", schedule="1f1b", mb=1,
+                        n_mb=8),
+    "h3_tp4_E": dict(shape="E", world=4, tp=4, scheme="tp", mb=2, n_mb=2),
+    "h3_moe_ep2dp2_P": dict(shape="P", world=4, ep=2, scheme="moe", mb=4, n_mb=2),
     # MoE (issue 10): uniform and skewed routing measured in one process each.
     "moe_ep1": dict(shape="M", world=1, ep=1, scheme="moe", mb=1, n_mb=4),
     "moe_ep2": dict(shape="M", world=2, ep=2, scheme="moe", mb=1, n_mb=4),
@@ -107,6 +123,7 @@ CASES = {
 }
 HELDOUT_4 = [k for k in CASES if k.startswith("ho_")]
 HELDOUT_2 = [k for k in CASES if k.startswith("h2_")]
+HELDOUT_3 = [k for k in CASES if k.startswith("h3_")]
 MOE = [k for k in CASES if k.startswith("moe_")]
 NODE_8 = [k for k in CASES if k.startswith("x8_")]
 

@@ -216,7 +216,11 @@ def host_launch(ops: Sequence[Op], prog: Program, pr: Pricer) -> Program:
     if not any(p.kind == HOST_SYNC for p in prog):
         return prog
     gpu = pr.cm.gpu
-    launch = [gpu.host_gemm_launch_s if op.kind == "gemm" else gpu.host_launch_s for op in ops]
+    if gpu.host_op_s > 0.0:  # the host's time per kernel of eager model code (measured)
+        launch = [gpu.host_collective_s if op.kind == "comm" else gpu.host_op_s for op in ops]
+    else:
+        launch = [gpu.host_gemm_launch_s if op.kind == "gemm" else gpu.host_launch_s
+                  for op in ops]
     out = []
     for i, p in enumerate(prog):
         if p.kind != HOST_SYNC:
@@ -227,6 +231,20 @@ def host_launch(ops: Sequence[Op], prog: Program, pr: Pricer) -> Program:
         if idle > 0.0:
             out.append(Part("host_launch_wait", "compute", idle))
     return tuple(out)
+
+
+def host_floor(prog: Program, op_s: float, collective_s: float) -> Program:
+    """An eager program cannot finish before its host has issued it: ``op_s`` of host time per
+    kernel of eager model code and ``collective_s`` per collective call (measured, gpus.yaml).
+    When that exceeds the program's GPU time, the GPU idles for the difference, a
+    ``host_bound_wait`` part at the end (steady state: the host's lead over the GPU carries
+    from one program to the next only while the GPU is the slower one)."""
+    if op_s <= 0.0 and collective_s <= 0.0:
+        return prog
+    host = sum(collective_s if p.kind == "comm" else op_s for p in prog
+               if p.kind != HOST_SYNC and p.name != "host_launch_wait")
+    idle = host - program_time(prog)[0]
+    return prog + (Part("host_bound_wait", "compute", idle),) if idle > 0.0 else prog
 
 
 def launch_idle(parts: Sequence[tuple[float, Part]]) -> float:
@@ -275,6 +293,13 @@ def build_stage_programs(
     layers' programs and ``first_*`` those of the leading dense layers.
     """
     pr = Pricer(cm, dtype, kernels, param_dtype)
+    eager = kernels == "eager"
+
+    def host(prog: Program) -> Program:
+        if not eager:
+            return prog
+        return host_floor(prog, cm.gpu.host_op_s, cm.gpu.host_collective_s)
+
     kw = dict(
         micro_batch=micro_batch, tp=tp, sequence_parallel=sp, kernels=kernels,
         param_dtype=param_dtype, cp=cp,
@@ -290,7 +315,7 @@ def build_stage_programs(
             f = ml.layer_ops(model, backward=False, moe_layer=moe_layer, **mkw)
             fp = host_launch(f, price(f, pr, comm_cost), pr)
             b = ml.layer_ops(model, backward=True, moe_layer=moe_layer, **mkw)
-            return fp, host_launch(b, price(b, pr, comm_cost), pr), _recompute(
+            return host(fp), host(host_launch(b, price(b, pr, comm_cost), pr)), _recompute(
                 f, fp, recompute, pr, recompute_modules)  # fmt: skip
 
         dense_first = model.moe.dense_layers if model.moe is not None else 0
@@ -301,18 +326,19 @@ def build_stage_programs(
     else:
         fwd_ops = mc.layer_ops(model, backward=False, **lkw)
         layer_fwd = price(fwd_ops, pr, comm_cost)
-        layer_bwd = price(mc.layer_ops(model, backward=True, **lkw), pr, comm_cost)
+        layer_bwd = host(price(mc.layer_ops(model, backward=True, **lkw), pr, comm_cost))
         layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr, recompute_modules)
+        layer_fwd = host(layer_fwd)
     return StagePrograms(
         layer_fwd,
         layer_bwd,
         layer_re,
-        price(mc.embedding_ops(model, backward=False, **kw), pr, comm_cost),
-        price(mc.embedding_ops(model, backward=True, **kw), pr, comm_cost),
-        price(mc.head_ops(model, backward=False, tp_input_dtype=tp_input_dtype, **kw), pr,
-              comm_cost),
-        price(mc.head_ops(model, backward=True, tp_input_dtype=tp_input_dtype, **kw), pr,
-              comm_cost),
+        host(price(mc.embedding_ops(model, backward=False, **kw), pr, comm_cost)),
+        host(price(mc.embedding_ops(model, backward=True, **kw), pr, comm_cost)),
+        host(price(mc.head_ops(model, backward=False, tp_input_dtype=tp_input_dtype, **kw), pr,
+                   comm_cost)),
+        host(price(mc.head_ops(model, backward=True, tp_input_dtype=tp_input_dtype, **kw), pr,
+                   comm_cost)),
         **first,
     )
 

@@ -126,6 +126,12 @@ class GPUSpec:
     #: product): what bounds a GPU that waits on its host after a synchronisation (gpus.yaml)
     host_launch_s: float = 0.0
     host_gemm_launch_s: float = 0.0
+    #: host time per kernel of eager PyTorch model code in a training step, and per collective
+    #: call from it (module calls, autocast, autograd recording and its engine, custom autograd
+    #: functions, process-group calls): an eager program cannot run faster than its host
+    #: issues it (gpus.yaml)
+    host_op_s: float = 0.0
+    host_collective_s: float = 0.0
     #: NVLink generation (3 Ampere, 4 Hopper, 5 Blackwell); None for a GPU without NVLink
     nvlink_generation: int | None = None
     #: NVLink line rate per GPU per direction (links x signalling rate); what a topology uses
@@ -383,7 +389,7 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
             field=f"{field}.runtime_reserved_GiB",
         )
     values["runtime_reserved_GiB"] = float(reserved)
-    for key in ("host_launch_s", "host_gemm_launch_s"):
+    for key in ("host_launch_s", "host_gemm_launch_s", "host_op_s", "host_collective_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
     for key in ("nvlink_line_GBps", "nic_Gbps", "pcie_GBps"):
