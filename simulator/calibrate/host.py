@@ -46,31 +46,36 @@ COMM = ("tp_", "~tp_", "ep_", "moe_dispatch", "moe_combine", "cp_")
 WAITS = ("host_bound_wait", "host_launch_wait")
 
 
-def counts(workload: str, out_dir: str) -> tuple[int, int]:
-    """(kernels, collective calls) GPU 0 runs in one step of ``workload`` at the tiny widths."""
-    cmd = [sys.executable, "-m", "simulator", "run", str(REPO / workload), "--out", out_dir]
-    for s in TINY:
+def simulate_tiny(workload: str, out_dir: str, extra: tuple[str, ...] = ()
+                  ) -> tuple[float, int, int]:
+    """(simulated step time, kernels, collective calls) of GPU 0 in one step of ``workload``
+    at the tiny widths (``extra``: more ``--set`` overrides, e.g. the MoE expert FFN)."""
+    cmd = [sys.executable, "-m", "simulator", "run", str(REPO / workload), "--out", out_dir,
+           "--json"]
+    for s in TINY + extra:
         cmd += ["--set", s]
-    subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
+    p = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
     ev = pd.read_parquet(f"{out_dir}/events.parquet", columns=["gpu", "parts"])
     names = [x.rsplit(":", 1)[0] for p in ev[ev.gpu == 0].parts if p for x in p.split(";")]
     names = [n for n in names if n not in WAITS]
     comm = sum(1 for n in names if n.startswith(COMM))
-    return len(names) - comm, comm
+    return json.loads(p.stdout)["step_time_s"], len(names) - comm, comm
+
+
+def measured() -> dict[str, float]:
+    """{case: measured step time} of the tiny steps."""
+    return {r["case"]: r["step_time_s"]
+            for r in (json.loads(x) for x in DATA.read_text().splitlines() if x.strip())}
 
 
 @functools.lru_cache(maxsize=1)
 def fit() -> tuple[float, float, dict[str, tuple[float, int, int]]]:
     """(host_op_s, host_collective_s, {case: (measured step, kernels, collectives)})."""
-    meas = {}
-    for line in DATA.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            meas[r["case"]] = r["step_time_s"]
+    meas = measured()
     rows = {}
     with tempfile.TemporaryDirectory(prefix="calibrate_host_") as tmp:
         for case, workload in DENSE.items():
-            k, c = counts(workload, f"{tmp}/{case}")
+            _, k, c = simulate_tiny(workload, f"{tmp}/{case}")
             rows[case] = (meas[case], k, c)
     a = np.array([[k / m, c / m] for m, k, c in rows.values()])
     x, *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
