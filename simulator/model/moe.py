@@ -429,14 +429,22 @@ def moe_activation_bytes(
     recompute: str = "none",
     modules: frozenset[str] = frozenset(),
     gemm_in: int | None = None,
+    grouped: bool = True,
 ) -> float:
-    """What an MoE block keeps for its backward on the busiest rank, per micro-batch (fused
-    kernels): the norm input and the router's input (``t x h``), the routing weights and map
-    (fp32 and a byte per expert), the dispatched copies the expert GEMMs read (``R x h``), the
-    activation's input (``R x fc1_out``) and fc2's input (``R x ffn``), the combined copies the
-    unpermute multiplies by the routing weights (``t*top_k x h``), and the shared experts'
-    inputs of their GEMMs. ``R`` is the busiest rank's copies, ``top_k*t`` with uniform load.
-    ``full`` recomputation keeps only the layer's input (counted with the attention).
+    """What an MoE block keeps for its backward on the busiest rank, per micro-batch: the norm
+    input and the router's input (``t x h``), the routing weights and map (fp32 and a byte per
+    expert), the dispatched copies the expert GEMMs read (``R x h``), the activation's input
+    (``R x fc1_out``) and fc2's input (``R x ffn``), and the shared experts' inputs of their
+    GEMMs. ``R`` is the busiest rank's copies, ``top_k*t`` with uniform load. ``full``
+    recomputation keeps only the layer's input (counted with the attention).
+
+    Where the routing weights are applied: fused kernels (``grouped``) apply them inside the
+    experts' activation, on the dispatched copies (Megatron-Core's ``TEGroupedMLP`` passes
+    ``permuted_probs`` to ``weighted_bias_swiglu_impl``, whose backward saves only its input
+    and the weights; DeepSeek-V3 caches the SwiGLU input and recomputes its output,
+    arXiv:2412.19437, Section 3.3.3), so the un-permutation is a plain sum that keeps nothing.
+    Eager code (``grouped=False``) scales the combined copies by the weights after the
+    exchange, and keeps them (``t*top_k x h``) for the weights' gradient.
 
     ``modules`` (selective recomputation, Megatron-Core's recompute modules): ``moe_act``
     drops fc2's input (the activation's output, recomputed from its input), ``layernorm`` the
@@ -453,7 +461,7 @@ def moe_activation_bytes(
     n += 0 if "layernorm" in modules else t * h * g  # norm output: the router's input
     n += R * h * g + R * fc1_out * g  # dispatched copies (fc1 input), activation input
     n += 0 if "moe_act" in modules else R * f * g  # fc2 input
-    n += t * k * h * d
+    n += 0 if grouped else t * k * h * d  # the combined copies the weights multiply
     if moe.shared_experts:
         fs = moe.shared_experts * moe.shared_ffn // tp
         fs1 = 2 * fs if model.activation == "swiglu" else fs

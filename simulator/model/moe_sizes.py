@@ -93,5 +93,6 @@ def layer_activation_bytes(
                                         gemm_in=g)  # fmt: skip
     if is_moe_layer(local, layer):
         loc = moe_math.moe_local(local, t.micro_batch, tp, 1, ep, etp, t.moe_expert_load)
-        mlp = moe_math.moe_activation_bytes(local, loc, tp=tp, d=d, modules=mods, gemm_in=g)
+        mlp = moe_math.moe_activation_bytes(local, loc, tp=tp, d=d, modules=mods, gemm_in=g,
+                                            grouped=t.kernels == "fused")  # fmt: skip
     return attn + norm2 + mlp
