@@ -42,6 +42,7 @@ from simulator.config.checks import Resolved, resolve
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.build import GRAD_DIMS, MOE_DIMS, Machine, make_layout
 from simulator.engine.combined import chain_items, pair_schedule
+from simulator.engine.dispatch import DEEPEP, routed_cost
 from simulator.engine.program import (
     Pricer,
     StagePrograms,
@@ -246,7 +247,11 @@ class Estimator:
             if kind in ("ep", "etp", "edp"):
                 sizes = {"etp": res.etp, "ep": res.ep, "edp": res.edp, "pp": res.size("pp")}
                 moe_lay = Layout.of(sizes, MOE_DIMS)
-                hit = coll.cost(op, tuple(moe_lay.groups(kind, {"pp": (0,)})), nbytes).time_s
+                groups = tuple(moe_lay.groups(kind, {"pp": (0,)}))
+                if op == DEEPEP:
+                    hit = routed_cost(coll, self.work.model.moe, groups, nbytes).time_s
+                else:
+                    hit = coll.cost(op, groups, nbytes).time_s
             elif kind == "tp":
                 groups = lay.groups("tp", {"pp": (0,)})
                 local = [g for g in groups if max(g) < gpn]

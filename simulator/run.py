@@ -33,6 +33,7 @@ from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import pricing_dtype, split_dtype
 from simulator.model import comm as mc
 from simulator.model import moe as moe_math
+from simulator.model import moe_routing
 from simulator.model import transformer as tf
 from simulator.network.collectives import CollectiveModel
 from simulator.network.innetwork import in_network_constants, nvls_available
@@ -364,7 +365,10 @@ def moe_summary(job, machine: Machine, res: Resolved) -> dict:
     """The MoE part of the summary: the expert layout (ep, etp, edp, experts per rank),
     whether every EP group stays inside one NVLink domain, the busiest EP rank's share
     (``imbalance``: its routed copies over the mean rank's), the fraction of copies dropped by
-    ``capacity_factor``, and the all-to-all bytes one rank sends per MoE layer and direction."""
+    ``capacity_factor``, the all-to-all bytes one rank sends per MoE layer and direction, the
+    expected distinct GPUs and NVLink domains a token's experts sit on (uniform routing,
+    :mod:`simulator.model.moe_routing`) and the bytes one rank sends across the network per
+    MoE layer and direction with the workload's dispatcher (bf16)."""
     m, t = job.work.model, job.work.training
     moe_lay = job.layout_of("ep")
     ep, etp = moe_lay.size("ep"), job.layout_of("etp").size("etp")
@@ -375,6 +379,16 @@ def moe_summary(job, machine: Machine, res: Resolved) -> dict:
     local = mc.cp_local(m, res.size("cp"))
     loc = moe_math.moe_local(local, t.micro_batch, res.size("tp"), 1, ep, etp,
                              t.moe_expert_load)  # fmt: skip
+    # where a token's experts live (uniform routing; moe_routing): distinct GPUs and NVLink
+    # domains, and the token vectors a rank sends across the network per token
+    units = tuple(topo.node_of(g) for g in groups[0]) if groups else (0,)
+    gpus, domains = moe_routing.expected_distinct(m.moe, ep, units) if groups else (1.0, 1.0)
+    if t.moe_dispatcher == "deepep" and groups:
+        crossing = moe_routing.inter_node_tokens_per_rank(m.moe, ep, units)
+    elif t.moe_dispatcher == "alltoall":  # every copy to a rank of another domain crosses
+        crossing = m.moe.top_k * sum(u != units[0] for u in units) / len(units)
+    else:  # all-gather: every rank's tokens to every other rank of the group
+        crossing = sum(u != units[0] for u in units)
     return {
         "ep": ep,
         "etp": etp,
@@ -387,6 +401,10 @@ def moe_summary(job, machine: Machine, res: Resolved) -> dict:
         "alltoall_bytes_per_rank_per_layer": moe_math.alltoall_bytes_per_rank(
             loc.tokens, m.moe.top_k, m.hidden, 2, ep  # tokens dispatched in bf16
         ),
+        "dispatcher": t.moe_dispatcher,
+        "gpus_per_token": gpus,
+        "nvlink_domains_per_token": domains,
+        "network_bytes_per_rank_per_layer": crossing * loc.tokens * m.hidden * 2,  # bf16
     }
 
 

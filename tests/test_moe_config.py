@@ -64,8 +64,8 @@ def test_model_defaults():
          "training.moe_expert_load", [">= 0"]),
         ({**BASE_WORK, "parallelism": {**BASE_WORK["parallelism"], "ep": 2}}, "parallelism.ep",
          ["model.moe is not set"]),
-        (moe_work(training={"moe_dispatcher": "deepep"}), "training.moe_dispatcher",
-         ["'alltoall' or 'allgather'"]),
+        (moe_work(training={"moe_dispatcher": "flex"}), "training.moe_dispatcher",
+         ["'alltoall', 'allgather' or 'deepep'"]),
     ],
 )  # fmt: skip
 def test_bad_moe_layouts(tmp_path, capsys, work, field, words):

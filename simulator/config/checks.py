@@ -268,10 +268,10 @@ def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
         if m.moe is None:
             raise fail("training.overlap_moe_expert_parallel_comm",
                        "needs model.moe (the model is dense; accepted: false)")
-        if par.zero == 3 or par.pp_schedule == "gpipe" or t.moe_dispatcher != "alltoall":
+        if par.zero == 3 or par.pp_schedule == "gpipe" or t.moe_dispatcher == "allgather":
             raise fail("training.overlap_moe_expert_parallel_comm",
                        "combined 1F1B is modelled with pp_schedule 1f1b or interleaved, zero "
-                       "0-2 and moe_dispatcher alltoall (as Megatron-Core runs it), got "
+                       "0-2 and moe_dispatcher alltoall or deepep (as Megatron-Core runs it), got "
                        f"{par.pp_schedule}, zero {par.zero}, {t.moe_dispatcher}")
     if m.moe is None:
         if ep > 1 or etp > 1:

@@ -144,6 +144,12 @@ class MoEConfig(Frozen):
                 f"router_group_top_k={self.router_group_top_k} exceeds "
                 f"router_groups={self.router_groups}"
             )
+        pool = (self.router_group_top_k or self.router_groups) * self.experts // self.router_groups
+        if self.top_k > pool:
+            raise ValueError(
+                f"top_k={self.top_k} exceeds the {pool} experts of the "
+                f"{self.router_group_top_k} groups a token may use"
+            )
         return self
 
     @property
@@ -326,10 +332,13 @@ class TrainingConfig(Frozen):
     tokens: PositiveFloat | None = Field(
         None, description="tokens of the whole training run, for time/cost to train", le=1e18
     )
-    moe_dispatcher: Literal["alltoall", "allgather"] = Field(
+    moe_dispatcher: Literal["alltoall", "allgather", "deepep"] = Field(
         "alltoall",
         description="token dispatch of an MoE layer (Megatron's --moe-token-dispatcher-type): "
-        "all-to-all over the EP group, or all-gather of every token and reduce-scatter back",
+        "all-to-all over the EP group, or all-gather of every token and reduce-scatter back; "
+        "deepep: DeepEP's node-aware all-to-all (Megatron's flex dispatcher with DeepEP, as "
+        "DeepSeek-V3): a token crosses the network once per destination node and NVLink once "
+        "per destination GPU",
     )
     moe_expert_load: tuple[Float, ...] | None = Field(
         None, description="share of routed tokens per expert (sums to 1); default uniform"

@@ -25,6 +25,7 @@ import simpy
 from simulator.config.checks import Resolved
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.contention import contention_modes
+from simulator.engine.dispatch import DEEPEP, routed_cost, routed_steps
 from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_programs
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.hardware.catalog import GPUSpec
@@ -211,6 +212,8 @@ class _Comm:
     def cost(self, op: str, groups: list[tuple[int, ...]], nbytes: float) -> CollectiveCost:
         if op == "send_recv":
             return self.coll.p2p_cost([pr for g in groups for pr in ring_pairs(g)], nbytes)
+        if op == DEEPEP:
+            return routed_cost(self.coll, self.job.work.model.moe, groups, nbytes)
         return self.coll.cost(op, tuple(groups), nbytes)
 
     def part_cost(self, p: Proc, part: Part) -> CollectiveCost:
@@ -219,12 +222,14 @@ class _Comm:
     def launch_s(self, op: str, group) -> float:
         if op == "send_recv":  # one launch for the send to the successor
             return self.coll.launch_s("send", tuple(group[:2])) if len(group) > 1 else 0.0
-        return self.coll.launch_s(op, group)
+        return self.coll.launch_s("all_to_all" if op == DEEPEP else op, group)
 
     def steps(self, op: str, groups: list[tuple[int, ...]], nbytes: float) -> list[Step]:
         """The flow sets of ``op`` on ``groups`` (bundled: identical steps merged)."""
         if op == "send_recv":
             return self.coll.bundles("send", [pr for g in groups for pr in ring_pairs(g)], nbytes)
+        if op == DEEPEP:
+            return routed_steps(self.coll, self.job.work.model.moe, groups, nbytes)
         return self.coll.bundles(op, tuple(groups), nbytes)
 
 
@@ -597,7 +602,7 @@ class _Builder:
         else:
             groups, op = [self.comm.group_of(_stream_dims(spec.stream), p.gpu)], spec.op
         yield self.env.timeout(self.comm.launch_s(op, groups[0]))
-        if op == "send_recv":
+        if op in ("send_recv", DEEPEP):
             steps = self.comm.steps(op, groups, spec.nbytes)
         else:
             steps = self.job.machine.collectives.steps(op, groups[0], spec.nbytes)

@@ -14,7 +14,8 @@ transformer/moe``) and MoE Parallel Folding (Liu et al. 2025, arXiv:2504.14960):
   MoE models, so ``tokens = b*s/(tp*cp)`` tokens of a micro-batch enter the router on each
   rank. Each EP rank holds ``experts/ep`` experts (expert ``e`` on rank ``e // (experts/ep)``),
   each split ``etp`` ways along its inner width.
-* Dispatch (``moe_dispatcher: alltoall``): every rank permutes its ``tokens*top_k`` token copies
+* Dispatch (``moe_dispatcher: alltoall``; ``deepep`` the same path with DeepEP's node-aware
+  exchange, :mod:`simulator.model.moe_routing`): every rank permutes its ``tokens*top_k`` token copies
   by expert, exchanges the per-expert counts, sends each EP peer the copies routed to its
   experts (``all_to_all``), all-gathers them over ETP, runs its experts, and reverses the path
   (reduce-scatter over ETP, ``all_to_all`` combine, unpermute with the routing weights).
@@ -42,6 +43,11 @@ from simulator.model.ops import FP32, Op, gemm_grads, gemm_op, mem_op
 I64 = 8
 #: eager ops whose backward runs no kernel (views, constants, integer bookkeeping)
 NO_BACKWARD = ("expert_cat", "combine_zeros", "perm_cat", "inv_arange", "inv_scatter")
+
+#: The collective of a node-aware dispatch or combine (``moe_dispatcher: deepep``): ``nbytes``
+#: is one vector per token of the rank, spread as :func:`simulator.model.moe_routing.
+#: node_aware_split` says (the engine prices it with that split).
+DEEPEP = "deepep"
 
 #: GEMM tile rows a grouped-GEMM kernel pads each expert's token count to (CUTLASS grouped
 #: GEMM with 128-row tiles, as Transformer Engine's grouped linear uses on Hopper).
@@ -264,6 +270,10 @@ def moe_forward_ops(
     t, k, E = loc.tokens, moe.top_k, moe.experts
     R = sum(loc.expert_tokens)  # copies this rank's experts compute
     R_ep = R / etp  # copies this rank received through the all-to-all (before ETP gather)
+    # deepep: node-aware dispatch, each token once per destination GPU and across the network
+    # once per destination node (its traffic: simulator.model.moe_routing); nbytes counts the
+    # rank's tokens, the collective's split their destinations
+    a2a, copies = (DEEPEP, 1) if dispatcher == DEEPEP else ("all_to_all", k)
     ops: list[Op | Comm] = [
         mem_op("norm2", "moe", 2 * t * h * d),
         gemm_op("router", "moe", t, h, E, d),
@@ -281,7 +291,7 @@ def moe_forward_ops(
         if ep > 1:
             ops += [
                 Comm("moe_counts", "all_to_all", "ep", ep * (E // ep) * 8.0),
-                Comm("moe_dispatch", "all_to_all", "ep", t * k * h * q, None if loc.uniform else loc.busiest_share),
+                Comm("moe_dispatch", a2a, "ep", t * copies * h * q, None if loc.uniform else loc.busiest_share),
             ]
         if etp > 1:
             ops.append(Comm("moe_etp_gather", "all_gather", "etp", R * h * q))
@@ -305,7 +315,7 @@ def moe_forward_ops(
         if ep > 1 and loc.local_experts > 1:
             ops.append(mem_op("unsort_chunks", "moe", 2 * R_ep * h * d))
         if ep > 1:
-            ops.append(Comm("moe_combine", "all_to_all", "ep", t * k * h * d, None if loc.uniform else loc.busiest_share))
+            ops.append(Comm("moe_combine", a2a, "ep", t * copies * h * d, None if loc.uniform else loc.busiest_share))
         if grouped:
             ops.append(mem_op("unpermute", "moe", (k * t * h + t * h) * d + t * k * FP32))
         else:

@@ -311,19 +311,10 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
         hit = self._cost_cache.get(key)
         if hit is not None:
             return hit
-        tr = []
-        for g in key[1]:
-            if len(g) != n:
-                raise ValueError(f"split has {n} entries for a group of {len(g)}")
-            tr += [(a, b, nbytes * rows[i][j]) for i, a in enumerate(g) for j, b in enumerate(g)
-                   if a != b]  # fmt: skip
-        live = [g for g in key[1] if len(g) > 1]
-        if not live or not tr:
+        planned = self._a2a_v_plan(key[1], nbytes, rows)
+        if planned is None:
             return CollectiveCost(0.0, "none", 0, 0.0)
-        local = max(sum(nbytes * rows[i][j] for i in range(n) if i != j) for j in range(n))
-        ph = self._direct_phase(self._pxn(tuple(tr)), local, self.a2a_bw_fraction)
-        fluid = self._fluid(ph)
-        best = min(self.protocols, key=lambda p: fluid * self._wire(ph, p) + self._lat(ph, p))
+        ph, fluid, best = planned
         w = self._wire(ph, best)
         flows = [(self.topology.route(s, d), nb * w) for s, d, nb in ph.transfers]
         lens = [len(r) for r, _ in flows]
@@ -335,6 +326,39 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
         )
         self._cost_cache[key] = hit
         return hit
+
+    def _a2a_v_plan(self, groups, nbytes: float, rows):
+        """The one direct phase of :meth:`all_to_all_v` (PXN applied), its fluid time and
+        the protocol NCCL's tuner would pick; None when nothing moves."""
+        n = len(rows)
+        tr = []
+        for g in groups:
+            if len(g) != n:
+                raise ValueError(f"split has {n} entries for a group of {len(g)}")
+            tr += [(a, b, nbytes * rows[i][j]) for i, a in enumerate(g) for j, b in enumerate(g)
+                   if a != b and rows[i][j]]  # fmt: skip
+        if not any(len(g) > 1 for g in groups) or not tr:
+            return None
+        local = max(sum(nbytes * rows[i][j] for i in range(n) if i != j) for j in range(n))
+        ph = self._direct_phase(self._pxn(tuple(tr)), local, self.a2a_bw_fraction)
+        fluid = self._fluid(ph)
+        best = min(self.protocols, key=lambda p: fluid * self._wire(ph, p) + self._lat(ph, p))
+        return ph, fluid, best
+
+    def all_to_all_v_steps(
+        self, groups: Sequence[Sequence[int]], nbytes: float, split: Sequence
+    ) -> list[Step]:
+        """:meth:`all_to_all_v` as flow sets for a dynamic network: its one step, transfers
+        in bytes on the wire, then its latency (run alone it takes the cost's time less the
+        launch)."""
+        n = len(split)
+        rows = [tuple(r) for r in split] if isinstance(split[0], Sequence) else [tuple(split)] * n
+        planned = self._a2a_v_plan(tuple(tuple(g) for g in groups), nbytes, rows)
+        if planned is None:
+            return []
+        ph, _, best = planned
+        w = self._wire(ph, best)
+        return [Step(tuple((s, d, b * w) for s, d, b in ph.transfers), self._lat(ph, best))]
 
     def p2p_cost(self, pairs: Sequence[tuple[int, int]], nbytes: float) -> CollectiveCost:
         """Concurrent sends of ``nbytes`` each, from ``src`` to ``dst`` of every pair."""
