@@ -106,7 +106,9 @@ def expected_distinct(moe: MoEConfig, ep: int, units: Sequence[int]) -> tuple[fl
 
 
 @lru_cache(maxsize=256)
-def node_aware_split(moe: MoEConfig, ep: int, units: Sequence[int]) -> tuple[tuple[float, ...], ...]:
+def node_aware_split(
+    moe: MoEConfig, ep: int, units: Sequence[int]
+) -> tuple[tuple[float, ...], ...]:
     """The token vectors group rank ``i`` sends to rank ``j`` in a node-aware dispatch, per
     token of a rank (multiply by ``tokens * hidden * bytes``): to each other domain ``Y`` one
     crossing to the rank with its own index inside ``Y`` (probability that ``Y`` is hit);
