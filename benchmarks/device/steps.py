@@ -63,6 +63,16 @@ SHAPES = {
     # 1K sequences.
     "P": dict(layers=6, hidden=3072, ffn=2048, heads=24, kv_heads=8, vocab=32000, seq=1024,
               experts=8, top_k=2),
+    # Fourth held-out batch (heldout-freeze-4): 16 layers of a Llama-3-8B-like layer (hidden
+    # 4096, GQA 32/8, ffn 14336), 32K vocabulary, 4K sequences.
+    "F": dict(layers=16, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=32000, seq=4096),
+    # Fourth held-out batch: 8 layers, hidden 2048, MHA 16/16, ffn 8192, 64K vocabulary, 1K
+    # sequences.
+    "G": dict(layers=8, hidden=2048, ffn=8192, heads=16, kv_heads=16, vocab=65536, seq=1024),
+    # Fourth held-out MoE shape: 8 layers, hidden 1536, GQA 12/4, 8 experts (ffn 1536), top-2,
+    # 2K sequences.
+    "R": dict(layers=8, hidden=1536, ffn=1536, heads=12, kv_heads=4, vocab=32000, seq=2048,
+              experts=8, top_k=2),
     # MoE: 4 layers, every FFN a mixture of 8 SwiGLU experts (ffn 4096), top-2.
     "M": dict(layers=4, hidden=2048, ffn=4096, heads=16, kv_heads=8, vocab=32000, seq=4096,
               experts=8, top_k=2),
@@ -103,6 +113,20 @@ CASES = {
                         n_mb=8),
     "h3_tp4_E": dict(shape="E", world=4, tp=4, scheme="tp", mb=2, n_mb=2),
     "h3_moe_ep2dp2_P": dict(shape="P", world=4, ep=2, scheme="moe", mb=4, n_mb=2),
+    # Fourth held-out batch (issue 12): written before heldout-freeze-4, measured after it.
+    "h4_pp4_int2_F": dict(shape="F", world=4, pp=4, scheme="pp", schedule="interleaved", v=2,
+                          mb=1, n_mb=8),
+    "h4_tp2pp2_F": dict(shape="F", world=4, tp=2, pp=2, scheme="pp", schedule="1f1b", mb=1,
+                        n_mb=8),
+    "h4_pp4_gpipe_F": dict(shape="F", world=4, pp=4, scheme="pp", schedule="gpipe", mb=1,
+                           n_mb=8),
+    "h4_fsdp4_F_rc": dict(shape="F", world=4, dp=4, scheme="fsdp", mb=2, n_mb=2,
+                          recompute=True),
+    "h4_tp4sp_F": dict(shape="F", world=4, tp=4, scheme="tp", sp=True, mb=1, n_mb=2),
+    "h4_ddp4_G": dict(shape="G", world=4, dp=4, scheme="ddp", mb=4, n_mb=2),
+    "h4_tp2dp2_G": dict(shape="G", world=4, tp=2, dp=2, scheme="tp", mb=2, n_mb=2),
+    "h4_moe_ep4_R": dict(shape="R", world=4, ep=4, scheme="moe", mb=2, n_mb=4),
+    "h4_moe_ep2dp2_R": dict(shape="R", world=4, ep=2, scheme="moe", mb=2, n_mb=4),
     # MoE (issue 10): uniform and skewed routing measured in one process each.
     "moe_ep1": dict(shape="M", world=1, ep=1, scheme="moe", mb=1, n_mb=4),
     "moe_ep2": dict(shape="M", world=2, ep=2, scheme="moe", mb=1, n_mb=4),
@@ -124,6 +148,7 @@ CASES = {
 HELDOUT_4 = [k for k in CASES if k.startswith("ho_")]
 HELDOUT_2 = [k for k in CASES if k.startswith("h2_")]
 HELDOUT_3 = [k for k in CASES if k.startswith("h3_")]
+HELDOUT_4 = [k for k in CASES if k.startswith("h4_")]
 MOE = [k for k in CASES if k.startswith("moe_")]
 NODE_8 = [k for k in CASES if k.startswith("x8_")]
 

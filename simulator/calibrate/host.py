@@ -1,18 +1,26 @@
-"""Refit the host's time per kernel of eager model code and per collective call
-(``host_op_s``, ``host_collective_s`` in gpus.yaml).
+"""Refit the host's time per kernel of eager model code, per collective call, and to resume
+after a synchronisation (``host_op_s``, ``host_collective_s``, ``host_sync_s`` in gpus.yaml).
 
-Data: ``data/measured/tiny-h100x4/steps.jsonl``, training steps of ``benchmarks/device/steps.py``
-run with ``--tiny`` on 4x H100: each case's layers, scheme, micro-batches and layout at hidden
-256 and 128-token sequences, where the GPU work is negligible and the step time is the host's
-time to run the eager code (see that folder's README). The fit uses the dense cases (DDP, TP with
-and without sequence parallelism, TP x DP, 1F1B pipeline); MoE steps synchronise on their token
-counts (milliseconds each, more with skewed routing) and FSDP2 runs per-unit hooks: both cost
-host time that is not per kernel, and are left out. Each case is simulated at the same tiny
-configuration; its kernels (one part each in the events table of GPU 0, host waits excluded) and
-its collective calls (tensor-parallel collectives) are counted, and
-``step = host_op_s x kernels + host_collective_s x collectives`` is fitted by least squares on
-relative error. The counts are the simulator's op lists (``simulator/model/eager.py``), so a
-change to them changes the refit: ``tests/test_calibration.py`` then asks for a new one.
+Two kinds of measurement on 4x H100, each with its README:
+
+* ``data/measured/host-ops-h100x4/``: micro-benchmarks of one kind of call at a time
+  (``benchmarks/device/host_ops.py``): chains of the measured training scripts' collective
+  wrappers on tiny tensors, timed on the host clock. ``host_collective_s`` is the median host
+  time one collective call adds (forward and backward of its wrapper, with its copies), over
+  the four wrappers, ranks and chain lengths; ``host_sync_s`` the median time of an MoE count
+  synchronisation (an all-to-all of the counts, then ``.tolist()``) less that of a bare
+  collective call (which the count all-to-all is charged as).
+* ``data/measured/tiny-h100x4/`` and ``tiny3-h100x4/``: training steps of
+  ``benchmarks/device/steps.py`` run with ``--tiny`` (each case's layers, scheme, micro-batches and
+  layout at hidden 256 and 128-token sequences), where the GPU work is negligible and the step
+  time is the host's time to run the eager code. Each dense case (DDP, TP with and without
+  sequence parallelism, TP x DP, pipelines) is simulated at the same tiny configuration; its
+  kernels (one part each in the events table of GPU 0) and its collective calls are counted,
+  and ``host_op_s`` is fitted by least squares on relative error to
+  ``step = host_op_s x kernels + host_collective_s x collectives`` with ``host_collective_s``
+  from the micro-benchmarks. MoE steps (count synchronisations) and FSDP2 (per-unit hooks)
+  are left out of the fit. The counts are the simulator's op lists (``simulator/model/eager.py``),
+  so a change to them changes the refit: ``tests/test_calibration.py`` then asks for a new one.
 """
 
 from __future__ import annotations
@@ -29,7 +37,11 @@ import pandas as pd
 from simulator.calibrate import REPO
 from simulator.hardware.catalog import default_kernel_params
 
-DATA = REPO / "data/measured/tiny-h100x4/steps.jsonl"
+DATA = (REPO / "data/measured/tiny-h100x4/steps.jsonl", REPO / "data/measured/tiny3-h100x4/steps.jsonl")
+OPS = sorted((REPO / "data/measured/host-ops-h100x4").glob("host_ops_k*.jsonl"))
+#: collective calls in one chain element of each wrapper of host_ops.py
+WRAPPER_CALLS = {"copy_to_tp": 1, "reduce_from_tp": 1, "gather_scatter_seq": 4,
+                 "all_to_all_pair": 4}
 # measured case -> its workload (the full-size validation case the tiny run shrinks)
 DENSE = {
     "h2_tp4sp_D": "validation/heldout2/h2_tp4sp_D.yaml",
@@ -38,6 +50,11 @@ DENSE = {
     "ho_tp4sp_B": "validation/heldout/ho_tp4sp_B.yaml",
     "ho_tp4_B": "validation/heldout/ho_tp4_B.yaml",
     "h2_pp4_1f1b_D": "validation/heldout2/h2_pp4_1f1b_D.yaml",
+    "h3_tp4sp_E": "validation/heldout3/h3_tp4sp_E.yaml",
+    "h3_tp4_E": "validation/heldout3/h3_tp4_E.yaml",
+    "h3_tp2dp2_E": "validation/heldout3/h3_tp2dp2_E.yaml",
+    "h3_ddp4_E": "validation/heldout3/h3_ddp4_E.yaml",
+    "h3_pp2dp2_E": "validation/heldout3/h3_pp2dp2_E.yaml",
 }
 # steps.py --tiny: hidden 256, FFN 512, 8 heads (4 KV heads), vocabulary 1,024, 128 tokens
 TINY = ("model.hidden=256", "model.ffn_hidden=512", "model.heads=8", "model.kv_heads=4",
@@ -64,27 +81,40 @@ def simulate_tiny(workload: str, out_dir: str, extra: tuple[str, ...] = ()
 
 def measured() -> dict[str, float]:
     """{case: measured step time} of the tiny steps."""
-    return {r["case"]: r["step_time_s"]
-            for r in (json.loads(x) for x in DATA.read_text().splitlines() if x.strip())}
+    return {r["case"]: r["step_time_s"] for f in DATA for r in
+            (json.loads(x) for x in f.read_text().splitlines() if x.strip())}
+
+
+def micro() -> tuple[float, float]:
+    """(host_collective_s, host_sync_s) from the micro-benchmarks (module docstring)."""
+    rows = [json.loads(x) for f in OPS for x in f.read_text().splitlines() if x.strip()]
+    coll = [r["per_call_s"] / WRAPPER_CALLS[r["kind"]] for r in rows if r["kind"] in WRAPPER_CALLS]
+    sync = [r["per_call_s"] for r in rows if r["kind"] == "count_sync"]
+    bare = [r["per_call_s"] for r in rows if r["kind"] == "dist_all_reduce"]
+    return float(np.median(coll)), float(np.median(sync) - np.median(bare))
 
 
 @functools.lru_cache(maxsize=1)
 def fit() -> tuple[float, float, dict[str, tuple[float, int, int]]]:
     """(host_op_s, host_collective_s, {case: (measured step, kernels, collectives)})."""
     meas = measured()
+    coll_s, _ = micro()
     rows = {}
     with tempfile.TemporaryDirectory(prefix="calibrate_host_") as tmp:
         for case, workload in DENSE.items():
             _, k, c = simulate_tiny(workload, f"{tmp}/{case}")
             rows[case] = (meas[case], k, c)
-    a = np.array([[k / m, c / m] for m, k, c in rows.values()])
-    x, *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
-    return float(x[0]), float(x[1]), rows
+    # least squares on relative error, host_collective_s fixed: sum (op k / m + coll c / m - 1)^2
+    kk = np.array([k / m for m, k, _ in rows.values()])
+    rest = np.array([1.0 - coll_s * c / m for m, _, c in rows.values()])
+    return float(kk @ rest / (kk @ kk)), coll_s, rows
 
 
 def refit() -> dict[str, tuple[float, float]]:
     """{constant: (refitted, shipped)}, the refit rounded as shipped (0.01 us, 0.1 us)."""
     op_s, coll_s, _ = fit()
+    sync_s = micro()[1]
     d = default_kernel_params()
     return {"defaults.host_op_s": (round(op_s * 1e8) / 1e8, d["host_op_s"]),
-            "defaults.host_collective_s": (round(coll_s * 1e7) / 1e7, d["host_collective_s"])}
+            "defaults.host_collective_s": (round(coll_s * 1e7) / 1e7, d["host_collective_s"]),
+            "defaults.host_sync_s": (round(sync_s * 1e7) / 1e7, d["host_sync_s"])}

@@ -26,6 +26,7 @@ from simulator.config.checks import Resolved
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.contention import contention_modes
 from simulator.engine.dispatch import DEEPEP, routed_cost, routed_steps
+from simulator.engine.host import HostRates
 from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_programs
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.hardware.catalog import GPUSpec
@@ -620,6 +621,15 @@ class _Builder:
     #   FSDP casts the unsharded bf16 gradient to the fp32 reduce dtype (2 + 4 bytes) and
     #   pre-divides it (2 x 4 bytes).
 
+    def host_rates(self) -> HostRates | None:
+        """Eager code: the host's time per kernel, per collective call and per MoE count
+        synchronisation (gpus.yaml). Fused (Megatron) kernels: ``None``, the host stays ahead
+        of the GPU."""
+        gpu = self.job.machine.gpu
+        if self.t.kernels != "eager" or (gpu.host_op_s <= 0.0 and gpu.host_collective_s <= 0.0):
+            return None
+        return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s)
+
     def grad_work(self) -> tuple[Callable, Callable]:
         t, gb = self.t, BYTES[self.t.grad_reduce_dtype]
         if t.kernels == "eager" and self.par.zero == 3:
@@ -700,6 +710,7 @@ class _Builder:
             ),
             grad_finalize=grad_finalize,
             interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
+            host=self.host_rates(),
             comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),
             part_cost=self.comm.part_cost,
             comm_mode=lambda p: self.comm_mode.get(p.pid, "never"),

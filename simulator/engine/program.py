@@ -201,67 +201,6 @@ def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pr
     return ()
 
 
-def host_launch(ops: Sequence[Op], prog: Program, pr: Pricer) -> Program:
-    """Replace each host synchronisation of ``prog`` (priced from ``ops``, one part per op)
-    by the GPU time it costs.
-
-    Eager PyTorch launches kernels one at a time from the host (``host_launch_s`` a kernel,
-    ``host_gemm_launch_s`` a matrix product; measured, gpus.yaml). Usually the host runs ahead
-    of the GPU and launching costs the GPU nothing. At a synchronisation (``.tolist()`` of the
-    MoE token counts) the host waits until the GPU has drained; a kernel after it cannot start
-    before the host has launched it, so kernels shorter than their launch leave the GPU idle
-    until the host is ahead again. The idle time over one cycle, from the synchronisation to
-    the same point of the next layer (this program again), becomes a ``host_launch_wait``
-    part in place of the synchronisation. Fused (Megatron) programs have no synchronisation."""
-    if not any(p.kind == HOST_SYNC for p in prog):
-        return prog
-    gpu = pr.cm.gpu
-    if gpu.host_op_s > 0.0:  # the host's time per kernel of eager model code (measured)
-        launch = [gpu.host_collective_s if op.kind == "comm" else gpu.host_op_s for op in ops]
-    else:
-        launch = [gpu.host_gemm_launch_s if op.kind == "gemm" else gpu.host_launch_s
-                  for op in ops]
-    out = []
-    for i, p in enumerate(prog):
-        if p.kind != HOST_SYNC:
-            out.append(p)
-            continue
-        order = [*range(i + 1, len(prog)), *range(i)]
-        idle = launch_idle([(launch[j], prog[j]) for j in order if prog[j].kind != HOST_SYNC])
-        if idle > 0.0:
-            out.append(Part("host_launch_wait", "compute", idle))
-    return tuple(out)
-
-
-def host_floor(prog: Program, op_s: float, collective_s: float) -> Program:
-    """An eager program cannot finish before its host has issued it: ``op_s`` of host time per
-    kernel of eager model code and ``collective_s`` per collective call (measured, gpus.yaml).
-    When that exceeds the program's GPU time, the GPU idles for the difference, a
-    ``host_bound_wait`` part at the end (steady state: the host's lead over the GPU carries
-    from one program to the next only while the GPU is the slower one)."""
-    if op_s <= 0.0 and collective_s <= 0.0:
-        return prog
-    host = sum(collective_s if p.kind == "comm" else op_s for p in prog
-               if p.kind != HOST_SYNC and p.name != "host_launch_wait")
-    idle = host - program_time(prog)[0]
-    return prog + (Part("host_bound_wait", "compute", idle),) if idle > 0.0 else prog
-
-
-def launch_idle(parts: Sequence[tuple[float, Part]]) -> float:
-    """GPU idle time while a host that starts with the GPU drained launches ``(launch_s,
-    part)`` in order: a part starts when the host has launched it and the GPU has finished
-    the part before (a collective that runs beside the next kernel does not hold the GPU)."""
-    host = gpu = idle = 0.0
-    for launch_s, p in parts:
-        host += launch_s
-        if host > gpu:
-            idle += host - gpu
-            gpu = host
-        if not (p.kind == "comm" and p.overlap_next):
-            gpu += p.dur
-    return idle
-
-
 def build_stage_programs(
     *,
     model,
@@ -293,12 +232,6 @@ def build_stage_programs(
     layers' programs and ``first_*`` those of the leading dense layers.
     """
     pr = Pricer(cm, dtype, kernels, param_dtype)
-    eager = kernels == "eager"
-
-    def host(prog: Program) -> Program:
-        if not eager:
-            return prog
-        return host_floor(prog, cm.gpu.host_op_s, cm.gpu.host_collective_s)
 
     kw = dict(
         micro_batch=micro_batch, tp=tp, sequence_parallel=sp, kernels=kernels,
@@ -313,9 +246,9 @@ def build_stage_programs(
 
         def programs(moe_layer: bool) -> tuple[Program, Program, Program]:
             f = ml.layer_ops(model, backward=False, moe_layer=moe_layer, **mkw)
-            fp = host_launch(f, price(f, pr, comm_cost), pr)
+            fp = price(f, pr, comm_cost)
             b = ml.layer_ops(model, backward=True, moe_layer=moe_layer, **mkw)
-            return host(fp), host(host_launch(b, price(b, pr, comm_cost), pr)), _recompute(
+            return fp, price(b, pr, comm_cost), _recompute(
                 f, fp, recompute, pr, recompute_modules)  # fmt: skip
 
         dense_first = model.moe.dense_layers if model.moe is not None else 0
@@ -326,19 +259,18 @@ def build_stage_programs(
     else:
         fwd_ops = mc.layer_ops(model, backward=False, **lkw)
         layer_fwd = price(fwd_ops, pr, comm_cost)
-        layer_bwd = host(price(mc.layer_ops(model, backward=True, **lkw), pr, comm_cost))
+        layer_bwd = price(mc.layer_ops(model, backward=True, **lkw), pr, comm_cost)
         layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr, recompute_modules)
-        layer_fwd = host(layer_fwd)
     return StagePrograms(
         layer_fwd,
         layer_bwd,
         layer_re,
-        host(price(mc.embedding_ops(model, backward=False, **kw), pr, comm_cost)),
-        host(price(mc.embedding_ops(model, backward=True, **kw), pr, comm_cost)),
-        host(price(mc.head_ops(model, backward=False, tp_input_dtype=tp_input_dtype, **kw), pr,
-                   comm_cost)),
-        host(price(mc.head_ops(model, backward=True, tp_input_dtype=tp_input_dtype, **kw), pr,
-                   comm_cost)),
+        price(mc.embedding_ops(model, backward=False, **kw), pr, comm_cost),
+        price(mc.embedding_ops(model, backward=True, **kw), pr, comm_cost),
+        price(mc.head_ops(model, backward=False, tp_input_dtype=tp_input_dtype, **kw), pr,
+              comm_cost),
+        price(mc.head_ops(model, backward=True, tp_input_dtype=tp_input_dtype, **kw), pr,
+              comm_cost),
         **first,
     )
 

@@ -69,6 +69,7 @@ COMM_DIMS = {
 BREAKDOWN_KEYS = (
     "compute",
     *(f"{d}_comm" for d in COMM_DIMS),
+    "host",  # eager code: the GPU idle while its host issues the kernels (engine/host.py)
     "pp_bubble",
     "pp_imbalance",
     "optimizer",
@@ -86,5 +87,6 @@ KIND_COLOURS = {
     "compute": "#0072B2",
     "pp_bubble": "#DDDDDD",
     "pp_imbalance": "#AAAAAA",
+    "host": "#332288",
     "other": "#666666",
 }

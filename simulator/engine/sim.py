@@ -32,6 +32,7 @@ import simpy
 from simpy.events import NORMAL
 
 from simulator.engine.combined import CombinedSteps
+from simulator.engine.host import HostRates, program_matrix
 from simulator.engine.program import Part, Program, StagePrograms, program_time
 from simulator.parallel.schedules import Work, combined, schedule
 
@@ -70,6 +71,7 @@ class Proc:
     busy: list[tuple[float, float, float, float, str]] = field(default_factory=list)
     comm_iv: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
     end_s: float = 0.0
+    host_s: float = 0.0  # eager code: when its host has issued everything so far
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,9 @@ class StepPlan:
     #: each steady-state forward run beside the backward of another micro-batch
     #: (:mod:`simulator.engine.combined`)
     ep_overlap: bool = False
+    #: eager code: the host that issues the kernels (:mod:`simulator.engine.host`); None:
+    #: fused kernels, whose host stays ahead of the GPU
+    host: HostRates | None = None
 
     def layer_bytes(self, layer: int) -> tuple[float, float, float]:
         """(activation, gradient, parameter) bytes of global layer ``layer`` on one rank."""
@@ -174,6 +179,7 @@ class Engine(CombinedSteps):
         self._last_done: dict[tuple[int, str], simpy.Event | None] = {}
         self._pending: dict[int, list[simpy.Event]] = defaultdict(list)
         self._ptime_cache: dict[tuple[int, float], tuple[float, float, float]] = {}
+        self._host_cache: dict[tuple[int, float], tuple] = {}
         self._text_cache: dict[int, tuple] = {}  # id(program) -> (program, parts text)
         self._flops_cache: dict[int, tuple] = {}  # id(program) -> (program, FLOPs)
         #: executions of each program per process, and every collective run (for link accounting)
@@ -266,6 +272,8 @@ class Engine(CombinedSteps):
             _, total, comp, comm, flops, nparts, text = info
             runs[(pid, id(prog))] += 1
             end = t + total
+            if self.plan.host is not None:
+                end, comm = self._host_issue(p, prog, slowdown, t, end, comm)
             rows.append((p.gpu, p.label, p.stage, "compute", kind, label, t, end, 0.0, flops,
                          layer, mb, nparts, text))
             busy.append((t, end, comp, comm, kind))
@@ -276,10 +284,28 @@ class Engine(CombinedSteps):
                     self.mem.append((t, p.pid, delta, "activations"))
         return env.timeout(t - start)
 
+    def _host_issue(self, p: Proc, prog: Program, slowdown: float, start: float, end: float,
+                    comm: tuple) -> tuple[float, tuple]:
+        """Eager code: when the GPU, which would finish ``prog`` at ``end``, finishes it once
+        the host has issued it (:mod:`simulator.engine.host`), and ``comm`` with the wait as
+        ``("host", seconds)``; advances the process's host clock."""
+        key = (id(prog), slowdown)
+        hit = self._host_cache.get(key)
+        if hit is None:  # (keeps the program alive, so its id is not reused)
+            def gpu_time(parts) -> float:
+                return program_time(parts, slowdown, self.plan.interference)[0]
+
+            hit = self._host_cache[key] = (prog, program_matrix(prog, self.plan.host, gpu_time))
+        _, gh, hg, hh = hit[1]
+        done = max(end, p.host_s + gh)
+        p.host_s = max(start + hg, p.host_s + hh)
+        return done, ((*comm, ("host", done - end)) if done > end else comm)
+
     def _segment_full(self, p: Proc, label: str, layer: int, prog: Program, kind: str, mb: int):
         """Run one segment part by part, collectives through the network (full mode)."""
         env = self.env
         start = env.now
+        slowdown = self._slowdown(p)
         comp = 0.0
         comm: dict[str, float] = {}
         pending = None
@@ -306,8 +332,13 @@ class Engine(CombinedSteps):
             t0 = env.now
             yield pending[0]
             comm[pending[1]] = comm.get(pending[1], 0.0) + env.now - t0
+        waits = tuple(comm.items())
+        if self.plan.host is not None:
+            done, waits = self._host_issue(p, prog, slowdown, start, env.now, waits)
+            if done > env.now:
+                yield env.timeout(done - env.now)
         self._row(p, "compute", kind, label, start, env.now, 0.0, _flops(prog), layer, mb, prog)
-        p.busy.append((start, env.now, comp, tuple(comm.items()), kind))
+        p.busy.append((start, env.now, comp, waits, kind))
 
     def _in_network(self, p: Proc, segs) -> bool:
         """Whether these segments' collectives run in the flow network, part by part: always

@@ -34,6 +34,7 @@ KIND_LABELS = {
     "compute": "compute",
     "pp_bubble": "pipeline bubble",
     "pp_imbalance": "stage imbalance",
+    "host": "host launch",
     "other": "other",
 }
 KIND_ORDER = (

@@ -77,7 +77,7 @@ def _busy_parts(proc: Proc) -> dict[str, float]:
             out["compute"] += comp
             exposed = 0.0
             for dim, secs in comm:
-                out[f"{dim}_comm"] += secs
+                out["host" if dim == "host" else f"{dim}_comm"] += secs
                 exposed += secs
             # Anything else inside a busy interval (rounding) counts as compute.
             out["compute"] += max(0.0, (e - s) - comp - exposed)

@@ -30,6 +30,7 @@ BREAKDOWN_LABELS = {
     **{f"{d}_comm": long for d, (_, long, _) in COMM_DIMS.items()},
     "pp_bubble": "pipeline bubble",
     "pp_imbalance": "stage imbalance",
+    "host": "host launch (eager)",
     "optimizer": "optimizer",
     "other": "other",
 }

@@ -1,0 +1,107 @@
+"""The host that launches eager kernels, as a second clock beside each GPU.
+
+Eager PyTorch issues a training step from Python one kernel at a time: the host spends
+``op_s`` on each kernel of model code (module calls, autocast, autograd recording and its
+engine) and ``collective_s`` on each collective call (measured host-bound steps, gpus.yaml
+``host_op_s`` / ``host_collective_s``). The GPU runs a kernel once the host has issued it
+and the kernel before it has finished. Nothing makes the host wait for the GPU (kernel and
+NCCL launches are asynchronous; a pipeline ``recv`` makes the stream wait, not the host),
+except a synchronisation: ``.tolist()`` of the MoE token counts waits until the GPU has run
+everything issued before it.
+
+So the host runs ahead of the GPU where the GPU is the slower one, and its lead carries from
+one program (a layer's forward, a backward, the head) to the next, across pipeline waits;
+where the host is the slower one, the GPU idles between kernels. Over a program of parts
+``(h_i, g_i)`` (host time, GPU time) entered with the GPU free at ``g`` and the host at ``h``::
+
+    GPU done  g' = max(g + G, h + A)     G = the program's GPU time
+    host done h' = h + H                 H = sum of h_i
+    A = max over k of (h_1 + .. + h_k) + (GPU time of parts k .. n)
+
+(part ``k`` cannot start before the host has issued it; everything after it runs back to back
+at best). A synchronisation sets ``h' = max(g, h) + sync_s``. Each is linear in the max-plus
+algebra, so a program is a 2 x 2 max-plus matrix, and programs compose by the max-plus
+product: :func:`program_matrix` builds it once per program, the engine applies it per segment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from simulator.model.ops import HOST_SYNC
+
+NEG = -math.inf
+
+#: (gg, gh, hg, hh): ``g' = max(g + gg, h + gh)``, ``h' = max(g + hg, h + hh)``
+Matrix = tuple[float, float, float, float]
+
+IDENTITY: Matrix = (0.0, NEG, NEG, 0.0)
+
+
+@dataclass(frozen=True)
+class HostRates:
+    """The host's time per kernel of eager model code, per collective call, and to resume
+    after a synchronisation (seconds)."""
+
+    op_s: float
+    collective_s: float
+    sync_s: float
+
+    def part_s(self, part) -> float:
+        """Host time to issue one part of a program."""
+        return self.collective_s if part.kind == "comm" else self.op_s
+
+
+def compose(m1: Matrix, m2: Matrix) -> Matrix:
+    """``m1`` then ``m2`` (the max-plus product)."""
+    gg1, gh1, hg1, hh1 = m1
+    gg2, gh2, hg2, hh2 = m2
+    return (
+        max(gg1 + gg2, hg1 + gh2),
+        max(gh1 + gg2, hh1 + gh2),
+        max(gg1 + hg2, hg1 + hh2),
+        max(gh1 + hg2, hh1 + hh2),
+    )
+
+
+def apply(m: Matrix, gpu: float, host: float) -> tuple[float, float]:
+    """(GPU done, host done) after a program of matrix ``m`` entered at ``(gpu, host)``."""
+    return max(gpu + m[0], host + m[1]), max(gpu + m[2], host + m[3])
+
+
+def piece_matrix(host_s: Sequence[float], suffix_s: Sequence[float]) -> Matrix:
+    """The matrix of a run of parts without a synchronisation: ``host_s[k]`` the host time to
+    issue part ``k``, ``suffix_s[k]`` the GPU time of parts ``k`` to the end back to back."""
+    if not host_s:
+        return IDENTITY
+    issued = 0.0
+    a = NEG
+    for h, rest in zip(host_s, suffix_s, strict=True):
+        issued += h
+        a = max(a, issued + rest)
+    return (suffix_s[0], a, NEG, issued)
+
+
+def sync_matrix(sync_s: float) -> Matrix:
+    """The host waits for the GPU to drain, then spends ``sync_s`` (the copy of the counts)."""
+    return (0.0, NEG, sync_s, sync_s)
+
+
+def program_matrix(prog: Sequence, rates: HostRates, gpu_time) -> Matrix:
+    """The matrix of an eager program; ``gpu_time(parts)`` prices parts back to back on the GPU
+    (the engine's :func:`~simulator.engine.program.program_time` with its slowdown)."""
+    m = IDENTITY
+    piece: list = []
+    for p in (*prog, None):
+        if p is not None and p.kind != HOST_SYNC:
+            piece.append(p)
+            continue
+        if piece:
+            suffix = [gpu_time(piece[k:]) for k in range(len(piece))]
+            m = compose(m, piece_matrix([rates.part_s(q) for q in piece], suffix))
+            piece = []
+        if p is not None:
+            m = compose(m, sync_matrix(rates.sync_s))
+    return m
