@@ -127,6 +127,15 @@ CASES = {
     "h4_tp2dp2_G": dict(shape="G", world=4, tp=2, dp=2, scheme="tp", mb=2, n_mb=2),
     "h4_moe_ep4_R": dict(shape="R", world=4, ep=4, scheme="moe", mb=2, n_mb=4),
     "h4_moe_ep2dp2_R": dict(shape="R", world=4, ep=2, scheme="moe", mb=2, n_mb=4),
+    # The fourth batch's 2-GPU cases (written after heldout-freeze-4, predicted by its frozen
+    # checkout before measuring; for boxes of 2 GPUs).
+    "h4x2_ddp2_G": dict(shape="G", world=2, dp=2, scheme="ddp", mb=4, n_mb=2),
+    "h4x2_tp2sp_F": dict(shape="F", world=2, tp=2, scheme="tp", sp=True, mb=1, n_mb=2),
+    "h4x2_pp2_int2_F": dict(shape="F", world=2, pp=2, scheme="pp", schedule="interleaved", v=2,
+                            mb=1, n_mb=4),
+    "h4x2_fsdp2_F_rc": dict(shape="F", world=2, dp=2, scheme="fsdp", mb=2, n_mb=2,
+                            recompute=True),
+    "h4x2_moe_ep2_R": dict(shape="R", world=2, ep=2, scheme="moe", mb=2, n_mb=4),
     # MoE (issue 10): uniform and skewed routing measured in one process each.
     "moe_ep1": dict(shape="M", world=1, ep=1, scheme="moe", mb=1, n_mb=4),
     "moe_ep2": dict(shape="M", world=2, ep=2, scheme="moe", mb=1, n_mb=4),
