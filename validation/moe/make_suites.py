@@ -65,12 +65,10 @@ HYPOTHESES = {
     "zoo-qwen3-235b-h100-bf16-256-cross-node-ep-1f1b-overlap": (
         "combined 1F1B hides more of the exchange than the run gained (19.7 -> 17.6 s "
         "measured, 17.3 -> 14.2 s predicted)"),
-    "zoo-qwen3-235b-h100-bf16-256-cross-node": (
-        "DeepEP's own kernel efficiency: priced at the NIC's modelled rate (48 GB/s), its "
-        "README measures 43-47 GB/s over RDMA on a 50 GB/s NIC"),
     "mbridge-25.09-deepseek-v3-h100": (
         "fast (-32 %): the missing MTP module would add an MoE layer and a second LM head to "
-        "the last stage; DeepEP's kernel efficiency as for the ModelZoo rows"),
+        "the last stage; DeepEP is priced at the NIC's rate, as its README measures it after "
+        "its April 2025 internode optimisation (47-62 GB/s logical on a 50 GB/s NIC)"),
     "mbridge-25.11-deepseek-v3-gb200": (
         "does not fit as run here (211 of 173 GiB): the recipe must recompute or offload what "
         "the page does not say; the 25.11 GB200 BF16 preset read (e59a57360) is the base "
