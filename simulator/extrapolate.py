@@ -1,21 +1,37 @@
-"""A step of many micro-batches from three shorter simulations: the pipeline's steady state.
+"""A step of many micro-batches from shorter simulations: the pipeline's steady state.
 
 With identical micro-batches a pipeline schedule (GPipe, 1F1B, interleaved 1F1B) settles into
 a periodic steady state: after its warm-up, every further *cycle* of micro-batches (one for
 GPipe and 1F1B, ``pp`` for the interleaved schedule, whose micro-batch count must be a multiple
 of ``pp``) adds the same time to the step, and the same time to each part of the breakdown,
 while the warm-up and the tail after the last backward (cool-down, gradient reduction, optimizer,
-parameter gathers) stay as they are. So a step of ``m`` micro-batches is simulated at
-``m1 < m2 < m3`` (``m2 - m1 = m3 - m2`` = one cycle, ``m1`` at least twice the pipeline depth)
-and, where the increments ``m1 -> m2`` and ``m2 -> m3`` agree (:func:`periodic`), every
-quantity that grows with the step is extrapolated linearly from ``m3``:
+parameter gathers) stay as they are. Every quantity that grows with the step is then extended
+linearly from the two longest simulated steps ``m2 < m3`` one cycle apart:
 ``q(m) = q(m3) + (m - m3) / cycle * (q(m3) - q(m2))``. Memory follows the same rule: GPipe
 holds all ``m`` micro-batches' activations (linear in ``m``), 1F1B at most ``pp - stage`` (flat
-once ``m >= pp``), which the three points confirm. Where they disagree (a fault whose effect
-changes over time, a tail that has not settled), the caller simulates every micro-batch.
+once ``m >= pp``).
 
-The events table, trace and memory timeline of an extrapolated run are those of the ``m3``
-simulation; ``run --all-microbatches`` simulates every one.
+What shows that the two steps are in the steady state (the shortest has at least twice the
+pipeline depth in micro-batches):
+
+* 1F1B and interleaved 1F1B (two steps, ``m1 = 2 pp`` rounded to a cycle, and one cycle more):
+  each stage's order of the longer step is the shorter one's with one cycle of steady-state
+  (forward, backward) pairs inserted. :func:`one_cycle_inserted` checks that the simulation
+  did exactly that: on every process and stream, the longer step's records are the shorter
+  one's up to some point, then the inserted ones, then the rest of the shorter one's delayed
+  by the step's increment -- same kinds, layers, bytes and FLOPs, times within 1e-9 of the
+  step; the memory timeline the same. The engine being deterministic, a state that one cycle
+  leaves as it found it (only later) repeats with every further cycle, so the step of ``m`` is
+  exact, not fitted.
+* GPipe (three steps ``m1 < m2 < m3`` one cycle apart): its stages run all forwards then all
+  backwards, so a longer step inserts in two places; the increments ``m1 -> m2`` and
+  ``m2 -> m3`` of the step, every breakdown part, memory and FLOPs must agree
+  (:func:`periodic`).
+
+Where the check fails (a fault whose effect changes over time, a tail that has not settled),
+the caller simulates every micro-batch. The events table, trace and memory timeline of an
+extrapolated run are those of the longest simulated step; ``run --all-microbatches`` simulates
+every one.
 """
 
 from __future__ import annotations
@@ -23,28 +39,34 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 #: Relative agreement the increments m1 -> m2 and m2 -> m3 need before the step is extrapolated.
 PERIODIC_REL = 1e-6
 #: Below this share of a quantity's own size, a difference is floating-point noise (a part
-#: that does not grow with the micro-batches: the tail's reduction, the optimizer).
+#: that does not grow with the micro-batches: the tail's reduction, the optimizer); also the
+#: share of the step within which :func:`one_cycle_inserted` takes two record times as equal.
 NOISE_REL = 1e-9
+#: Event-table columns that must agree between a record and its counterpart one cycle on
+#: (times aside; a name carries the micro-batch index, which does not).
+SAME_EVENT = ("kind", "layer", "bytes", "flops", "coalesced", "parts")
 #: Summary figures that grow linearly with the micro-batches in the steady state.
 LINEAR_KEYS = ("step_time_s", "hardware_flops_per_step")
 
 
 def points(microbatches: int, pp: int, virtual_stages: int, schedule: str) -> tuple | None:
-    """``(m1, m2, m3)`` to simulate for a step of ``microbatches``, or None where simulating
-    every micro-batch costs about as much: fewer than twice ``m1 + m2 + m3`` (each simulation
-    also pays a fixed cost: building the step, its tables)."""
+    """The micro-batch counts to simulate for a step of ``microbatches``: ``(m1, m2)`` for
+    1F1B and the interleaved schedule, ``(m1, m2, m3)`` for GPipe (module docstring); or None
+    where simulating every micro-batch costs about as much: fewer than twice their sum (each
+    simulation also pays a fixed cost: building the step, its tables)."""
     cycle = pp if schedule == "interleaved" else 1
     m1 = cycle * math.ceil(2 * pp / cycle)
     m1 = max(m1, cycle)
-    m2, m3 = m1 + cycle, m1 + 2 * cycle
-    if microbatches < 2 * (m1 + m2 + m3) or (microbatches - m3) % cycle:
+    ms = tuple(m1 + k * cycle for k in range(3 if schedule == "gpipe" else 2))
+    if microbatches < 2 * sum(ms) or (microbatches - ms[-1]) % cycle:
         return None
-    return m1, m2, m3
+    return ms
 
 
 def series(summaries: Sequence[Mapping]) -> dict[str, list[float]]:
@@ -69,23 +91,69 @@ def periodic(values: Sequence[float]) -> bool:
 
 
 def extend(values: Sequence[float], ms: Sequence[int], m: int) -> float:
-    """``q(m)`` from ``q(m2), q(m3)`` of a periodic series (see the module docstring)."""
-    _, m2, m3 = ms
-    _, b, c = values
+    """``q(m)`` from the last two points of a periodic series (see the module docstring)."""
+    m2, m3 = ms[-2:]
+    b, c = values[-2:]
     return c + (m - m3) / (m3 - m2) * (c - b)
+
+
+def one_cycle_inserted(short: pd.DataFrame, long: pd.DataFrame, keys: Sequence[str],
+                       times: Sequence[str], same: Sequence[str], shift: float,
+                       tol: float) -> bool:  # fmt: skip
+    """Whether table ``long`` is table ``short`` with rows inserted at one place in each group
+    of ``keys`` (a process and stream): the group's rows, in the tables' order, are the
+    short group's first rows, then any number of new ones, then the short group's remaining
+    rows with every column of ``times`` later by ``shift``; columns ``same`` equal throughout,
+    times within ``tol``."""
+    gs = short.groupby(list(keys), sort=False).indices
+    gl = long.groupby(list(keys), sort=False).indices
+    if gs.keys() != gl.keys():
+        return False
+    codes = [pd.factorize(pd.concat([short[c], long[c]], ignore_index=True))[0] for c in same]
+    both = np.column_stack(codes) if codes else np.zeros((len(short) + len(long), 0), int)
+    a_s, a_l = both[: len(short)], both[len(short):]
+    t_s, t_l = short[list(times)].to_numpy(float), long[list(times)].to_numpy(float)
+    for key, i_s in gs.items():
+        i_l = gl[key]
+        n, extra = len(i_s), len(i_l) - len(i_s)
+        if extra < 0:
+            return False
+        head = i_l[:n]
+        match = (a_l[head] == a_s[i_s]).all(1) & (np.abs(t_l[head] - t_s[i_s]) <= tol).all(1)
+        cut = n if match.all() else int(np.argmin(match))  # rows before: as in the short step
+        tail_l, tail_s = i_l[cut + extra:], i_s[cut:]
+        if not ((a_l[tail_l] == a_s[tail_s]).all()
+                and (np.abs(t_l[tail_l] - t_s[tail_s] - shift) <= tol).all()):  # fmt: skip
+            return False
+    return True
+
+
+def steady(short, long) -> bool:
+    """Whether the simulated step ``long`` (a :class:`~simulator.run.SimResult`) is ``short``
+    with one steady-state cycle inserted (:func:`one_cycle_inserted` on its events table and
+    memory timeline), and ends with the same critical process."""
+    s, lg = short.summary, long.summary
+    if s["critical_process"] != lg["critical_process"]:
+        return False
+    shift, tol = lg["step_time_s"] - s["step_time_s"], NOISE_REL * lg["step_time_s"]
+    return one_cycle_inserted(
+        short.events, long.events, ("proc", "stream"), ("start_s", "end_s"), SAME_EVENT, shift, tol
+    ) and one_cycle_inserted(
+        short.memory, long.memory, ("proc",), ("t_s",), ("delta_bytes", "what"), shift, tol
+    )
 
 
 def extend_links(tables: Sequence[pd.DataFrame], ms: Sequence[int], m: int,
                  step: float) -> pd.DataFrame:  # fmt: skip
     """The links table of the ``m``-micro-batch step: bytes and busy time of every link
-    extrapolated from the ``m2`` and ``m3`` steps' tables, utilisation over ``step``."""
-    t2, t3 = tables[1].set_index("link"), tables[2].set_index("link")
+    extrapolated from the last two steps' tables, utilisation over ``step``."""
+    t2, t3 = tables[-2].set_index("link"), tables[-1].set_index("link")
     out = t3.copy()
     for col in ("bytes", "busy_s"):
         prev = t2[col].reindex(t3.index).fillna(0.0)
-        out[col] = [extend((0.0, b, c), ms, m) for b, c in zip(prev, t3[col], strict=True)]
+        out[col] = [extend((b, c), ms, m) for b, c in zip(prev, t3[col], strict=True)]
     out["utilization"] = out["busy_s"] / step if step else 0.0
-    out = out.reset_index()[list(tables[2].columns)]
+    out = out.reset_index()[list(tables[-1].columns)]
     return out.sort_values(["utilization", "link"], ascending=[False, True]).reset_index(
         drop=True
     )

@@ -27,6 +27,7 @@ from simulator.extrapolate import (
     points,
     series,
     settle_pipeline_parts,
+    steady,
 )
 from simulator.hardware.catalog import GPUSpec, load_gpu
 from simulator.hardware.compute import ComputeModel
@@ -103,7 +104,7 @@ def simulate(
 
     ``env`` (a fresh :class:`CountingEnvironment`) lets a caller watch the simulation run
     (its ``now`` and ``n_events``) from another thread, for a progress bar. In folded detail a
-    step of many micro-batches is extrapolated from three shorter ones where the pipeline
+    step of many micro-batches is extrapolated from two or three shorter ones where the pipeline
     reaches a periodic steady state (:mod:`simulator.extrapolate`; the summary's
     ``extrapolated`` says from which); ``extrapolate=False`` simulates every micro-batch."""
     if extrapolate and detail == "folded" and env is None:
@@ -118,7 +119,7 @@ def simulate(
 
 
 def _simulate_extrapolated(
-    loaded: LoadedWorkload, res: Resolved, ms: tuple[int, int, int], machine: Machine | None
+    loaded: LoadedWorkload, res: Resolved, ms: tuple[int, ...], machine: Machine | None
 ) -> SimResult | None:
     """The step from simulations of ``ms`` micro-batches (:mod:`simulator.extrapolate`), or
     None when they are not in a periodic steady state."""
@@ -133,7 +134,10 @@ def _simulate_extrapolated(
         runs.append(_simulate_every(short, machine=machine))
     sums = [r.summary for r in runs]
     values = series(sums)
-    if len({s["critical_process"] for s in sums}) > 1 or not all(
+    if len(ms) == 2:  # one cycle inserted, record by record
+        if not steady(*runs):
+            return None
+    elif len({s["critical_process"] for s in sums}) > 1 or not all(
         periodic(v) for v in values.values()
     ):
         return None
