@@ -63,7 +63,7 @@ def test_extrapolated_equals_every_microbatch(tmp_path, case):
     sched = par.get("pp_schedule", "1f1b")
     cycle = par["pp"] if sched == "interleaved" else 1
     ms = points(10**6, par["pp"], par.get("virtual_stages", 1), sched)
-    m = 2 * sum(ms) + 3 * cycle  # just long enough to be extrapolated
+    m = 6 * (ms[0] + cycle)  # just long enough to be extrapolated
     lw = _workload(tmp_path, par, training, faults, m)
     ex = simulate(lw).summary
     full = simulate(lw, extrapolate=False).summary
@@ -151,7 +151,8 @@ def test_points_and_periodicity():
     assert points(1120, 35, 3, "interleaved") == (70, 105)
     assert points(1000, 4, 1, "1f1b") == (8, 9)
     assert points(1000, 4, 1, "gpipe") == (8, 9, 10)
-    assert points(33, 4, 1, "1f1b") is None  # short enough to simulate in full
+    assert points(53, 4, 1, "1f1b") is None  # short enough to simulate in full
+    assert points(54, 4, 1, "1f1b") == (8, 9)
     assert points(1001, 4, 2, "interleaved") is None  # not a whole number of cycles
     assert periodic([1.0, 2.0, 3.0]) and not periodic([1.0, 2.0, 3.1])
     assert periodic([5.0, 5.0, 5.0 + 1e-12])  # a part that does not grow: float noise

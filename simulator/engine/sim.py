@@ -256,9 +256,10 @@ class Engine(CombinedSteps):
 
     # -------------------------------------------------------------------------------- compute
 
-    def _segments_folded(self, p: Proc, segs, kind: str, mb: int, mem_after) -> simpy.Event:
+    def _segments_folded(self, p: Proc, segs, kind, mb: int, mem_after) -> simpy.Event:
         """Segments back to back as one timeout (returned, for the caller to wait on); rows
-        and memory recorded now, at their exact offsets."""
+        and memory recorded now, at their exact offsets. ``kind`` None: each backward
+        segment's own (``recompute`` or ``bwd``)."""
         env = self.env
         t = start = env.now
         slowdown = self._slowdown(p)
@@ -274,9 +275,10 @@ class Engine(CombinedSteps):
             end = t + total
             if self.plan.host is not None:
                 end, comm = self._host_issue(p, prog, slowdown, t, end, comm)
-            rows.append((p.gpu, p.label, p.stage, "compute", kind, label, t, end, 0.0, flops,
+            k = kind or _kind(label)
+            rows.append((p.gpu, p.label, p.stage, "compute", k, label, t, end, 0.0, flops,
                          layer, mb, nparts, text))
-            busy.append((t, end, comp, comm, kind))
+            busy.append((t, end, comp, comm, k))
             t = end
             if mem_after is not None:
                 delta = mem_after(label, layer)
@@ -343,14 +345,7 @@ class Engine(CombinedSteps):
     def _in_network(self, p: Proc, segs) -> bool:
         """Whether these segments' collectives run in the flow network, part by part: always
         in full detail; folded, where they share links with traffic in flight."""
-        for seg in segs:
-            prog = seg[2]
-            hit = self._comm_cache.get(id(prog))
-            if hit is None:  # (the cache keeps the program alive, so its id is not reused)
-                hit = self._comm_cache[id(prog)] = (prog, any(q.kind == "comm" for q in prog))
-            if hit[1]:
-                break
-        else:
+        if not self._has_comm(segs):
             return False
         if p.coords is not None:
             return True
@@ -365,6 +360,33 @@ class Engine(CombinedSteps):
             if last is not None and not last.triggered:
                 return True
         return mode == "always" and self._dp_running > 0
+
+    def _settled(self, p: Proc, segs) -> bool:
+        """Whether ``segs`` run now would be priced as they are now until they end, so that
+        one timeout runs them all: folded, no collective of ``p``'s on a data-parallel
+        communicator issued and unfinished (only ``p`` could issue one, and it is computing;
+        so its kernels' slowdown stays), none of their collectives in the flow network now,
+        and none that traffic of other processes starting meanwhile would move there."""
+        if p.coords is not None or self._in_network(p, segs):
+            return False
+        for q in ("dp", "edp"):
+            last = self._last_done.get((p.pid, q))
+            if last is not None and not last.triggered:
+                return False
+        mode = self.plan.comm_mode(p) if self.plan.comm_mode else "never"
+        return mode != "always" or not self._has_comm(segs)
+
+    def _has_comm(self, segs) -> bool:
+        """Whether a program of ``segs`` has a collective (cached per program; the cache
+        keeps the program alive, so its id is not reused)."""
+        for seg in segs:
+            prog = seg[2]
+            hit = self._comm_cache.get(id(prog))
+            if hit is None:
+                hit = self._comm_cache[id(prog)] = (prog, any(q.kind == "comm" for q in prog))
+            if hit[1]:
+                return True
+        return False
 
     def _run_segments(self, p: Proc, segs, kind: str, mb: int, mem_after=None):
         if not self._in_network(p, segs):
@@ -552,7 +574,11 @@ class Engine(CombinedSteps):
 
     def _run_backward_segments(self, p, segs, mb, mem_after):
         """Backward segments; a recompute allocates, the layer's backward frees. Recompute
-        and backward rows carry their own kinds: each run of one kind is one timeout."""
+        and backward rows carry their own kinds: each run of one kind is one timeout, or the
+        whole pass one where nothing can change its pricing before it ends (:meth:`_settled`)."""
+        if self._settled(p, segs):
+            yield self._segments_folded(p, segs, None, mb, mem_after)
+            return
         hit = self._runs_cache.get(id(segs))
         if hit is None:  # (keeps the segments alive, so their id is not reused)
             runs: list = []
