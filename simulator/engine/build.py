@@ -746,10 +746,11 @@ def folded_link_bytes(engine, coll: CollectiveModel, n_links: int):
             if part.kind == "comm":
                 cost = engine.plan.part_cost(p, part)
                 runs_of.setdefault(id(cost), [cost, 0])[1] += runs
-    for cost, runs in runs_of.values():
-        cost.add_to(out, runs)
     for p, spec in engine.comm_log:
         if spec.stream != "pp" or spec.op == "send_flows":
             continue  # collectives that ran in the flow network: it counted them
-        engine.plan.comm_cost(spec, p).add_to(out)
+        cost = engine.plan.comm_cost(spec, p)
+        runs_of.setdefault(id(cost), [cost, 0])[1] += 1
+    for cost, runs in runs_of.values():
+        cost.add_to(out, runs)
     return out

@@ -178,6 +178,7 @@ class Engine(CombinedSteps, PipelineSends):
         #: (id(program), slowdown) -> (program, total, compute, comm, FLOPs, parts, parts text)
         self._seg_info: dict[tuple[int, float], tuple] = {}
         self._comm_cache: dict[int, tuple] = {}  # id(program) -> (program, has a collective)
+        self._segs_comm: dict[int, bool] = {}  # id(cached segments) -> has a collective
         #: (pid, dst pid) -> whether its sends run in the flow network (beside DP traffic,
         #: without), and (spec, time, receiver's intervals) of its static sends
         self._send_ways: dict[tuple[int, int], tuple[bool, bool]] = {}
@@ -353,18 +354,24 @@ class Engine(CombinedSteps, PipelineSends):
         communicator issued and unfinished (only ``p`` could issue one, and it is computing;
         so its kernels' slowdown stays), none of their collectives in the flow network now,
         and none that traffic of other processes starting meanwhile would move there."""
-        if p.coords is not None or self._in_network(p, segs):
+        if p.coords is not None:
             return False
         for q in ("dp", "edp"):
             last = self._last_done.get((p.pid, q))
             if last is not None and not last.triggered:
                 return False
-        mode = self.plan.comm_mode(p) if self.plan.comm_mode else "never"
-        return mode != "always" or not self._has_comm(segs)
+        # (then :meth:`_in_network` is False now, and stays so but in mode ``always``)
+        if not self._has_comm(segs):
+            return True
+        return (self.plan.comm_mode(p) if self.plan.comm_mode else "never") != "always"
 
     def _has_comm(self, segs) -> bool:
-        """Whether a program of ``segs`` has a collective (cached per program; the cache
-        keeps the program alive, so its id is not reused)."""
+        """Whether a program of ``segs`` has a collective (cached per program, and per list
+        of the segment caches; each cache keeps what it is keyed by alive, so that no id is
+        reused)."""
+        known = self._segs_comm.get(id(segs))
+        if known is not None:
+            return known
         for seg in segs:
             prog = seg[2]
             hit = self._comm_cache.get(id(prog))
@@ -536,6 +543,7 @@ class Engine(CombinedSteps, PipelineSends):
             if vs == 0:
                 segs.append(("embed", -1, progs.embed_bwd))
         self._segs_cache[key] = segs
+        self._segs_comm[id(segs)] = self._has_comm(segs)
         return segs
 
     def _param_gathers(self, p: Proc, vs: int, c: int) -> list[simpy.Event]:
@@ -574,6 +582,8 @@ class Engine(CombinedSteps, PipelineSends):
                 else:
                     runs.append((_kind(seg[0]), [seg]))
             hit = self._runs_cache[id(segs)] = (segs, runs)
+            for _, run in runs:
+                self._segs_comm[id(run)] = self._has_comm(run)
         for kind, run in hit[1]:
             if self._in_network(p, run):
                 yield from self._run_segments(p, run, kind, mb, mem_after)

@@ -29,8 +29,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
+from simulator.config.yaml_safe import read_package_yaml
 from simulator.errors import ConfigError
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -204,8 +203,7 @@ _MERGED = ("peak_tflops", "sources", "gemm", "attention", "memory_access")  # ov
 
 @functools.lru_cache(maxsize=1)
 def _catalog_raw() -> dict[str, Any]:
-    with open(CATALOG_FILE) as fh:
-        return yaml.safe_load(fh)
+    return read_package_yaml(CATALOG_FILE)
 
 
 @functools.cache

@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import yaml
 
 from simulator.config.schema import LinkFault, TopologyConfig
+from simulator.config.yaml_safe import read_package_yaml
 from simulator.errors import ConfigError, PlanError
 
 if TYPE_CHECKING:  # the hardware catalog is only needed for the annotation
@@ -184,8 +184,7 @@ def load_fabrics(path: str | None = None) -> dict[str, Any]:
     """The calibration constants of ``fabrics.yaml`` (per-link-kind efficiency, NCCL protocol
     latencies, launch overhead), parsed once."""
     p = Path(path) if path else FABRICS_FILE
-    with open(p) as f:
-        data = yaml.safe_load(f)
+    data = read_package_yaml(p)
     for key in ("links", "nccl"):
         if key not in data:
             raise ConfigError(f"missing section {key!r}", file=str(p), field=key)
