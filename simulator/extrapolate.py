@@ -42,6 +42,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from simulator.report.links import LinkLoads
+
 #: Relative agreement the increments m1 -> m2 and m2 -> m3 need before the step is extrapolated.
 PERIODIC_REL = 1e-6
 #: Below this share of a quantity's own size, a difference is floating-point noise (a part
@@ -145,20 +147,12 @@ def steady(short, long) -> bool:
     )
 
 
-def extend_links(tables: Sequence[pd.DataFrame], ms: Sequence[int], m: int,
-                 step: float) -> pd.DataFrame:  # fmt: skip
-    """The links table of the ``m``-micro-batch step: bytes and busy time of every link
-    extrapolated from the last two steps' tables, utilisation over ``step``."""
-    t2, t3 = tables[-2].set_index("link"), tables[-1].set_index("link")
-    out = t3.copy()
-    for col in ("bytes", "busy_s"):
-        prev = t2[col].reindex(t3.index).fillna(0.0)
-        out[col] = [extend((b, c), ms, m) for b, c in zip(prev, t3[col], strict=True)]
-    out["utilization"] = out["busy_s"] / step if step else 0.0
-    out = out.reset_index()[list(tables[-1].columns)]
-    return out.sort_values(["utilization", "link"], ascending=[False, True]).reset_index(
-        drop=True
-    )
+def extend_links(loads: Sequence[LinkLoads], ms: Sequence[int], m: int,
+                 step: float) -> LinkLoads:  # fmt: skip
+    """The link loads of the ``m``-micro-batch step: bytes and busy time of every link
+    extrapolated from the last two steps' (as :func:`extend`), utilisation over ``step``."""
+    m2, m3 = ms[-2:]
+    return loads[-1].extended(loads[-2], (m - m3) / (m3 - m2), step)
 
 
 def settle_pipeline_parts(bd: dict[str, float], step: float) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,7 @@ from simulator.config.checks import Resolved, resolve
 from simulator.config.load import LoadedWorkload
 from simulator.cost import cost_summary
 from simulator.engine.build import Machine, build_plan, folded_link_bytes, make_job
-from simulator.engine.records import EVENT_COLUMNS, LINK_COLUMNS, MEMORY_COLUMNS
+from simulator.engine.records import EVENT_COLUMNS, MEMORY_COLUMNS
 from simulator.engine.sim import CountingEnvironment, Engine
 from simulator.errors import ConfigError
 from simulator.extrapolate import (
@@ -38,21 +39,28 @@ from simulator.model import moe_routing
 from simulator.model import transformer as tf
 from simulator.network.collectives import CollectiveModel
 from simulator.network.innetwork import in_network_constants, nvls_available
-from simulator.network.topology import Topology, link_ends, load_fabrics
+from simulator.network.topology import Topology, load_fabrics
 from simulator.reliability import reliability_summary
 from simulator.report.io import first_non_finite
+from simulator.report.links import LinkLoads
 from simulator.report.summary import GiB, breakdown, imbalance_parts, memory_peak
 
 
 @dataclass
 class SimResult:
-    """Everything a run produced: the summary dict and the three tables."""
+    """Everything a run produced: the summary dict and the three tables (the links table
+    made from ``loads`` when first asked for)."""
 
     summary: dict
     events: pd.DataFrame
     memory: pd.DataFrame
-    links: pd.DataFrame
+    loads: LinkLoads
     extras: dict = field(default_factory=dict)
+
+    @cached_property
+    def links(self) -> pd.DataFrame:
+        """The links table (:meth:`~simulator.report.links.LinkLoads.table`)."""
+        return self.loads.table()
 
 
 def make_machine(loaded: LoadedWorkload) -> Machine:
@@ -161,8 +169,8 @@ def _simulate_extrapolated(
     fits = s["memory_gib"]["total"] <= s["memory_gib"]["capacity"]
     s["fits"] = bool(fits)
     s["warnings"] = _warnings(machine, s["memory_gib"], runs[-1].extras.get("worst_proc", ""))
-    links = extend_links([r.links for r in runs], ms, m, step)
-    s["busiest_links"] = _busiest(links)
+    links = extend_links([r.loads for r in runs], ms, m, step)
+    s["busiest_links"] = links.busiest()
     for k in ("training", "reliability"):
         s.pop(k, None)
     _add_totals(s, loaded, machine)
@@ -268,7 +276,7 @@ def _simulate_every(
     mem_gib, worst_proc = memory_peak(
         memory, machine.gpu.hbm_GiB * GiB, getattr(machine.gpu, "runtime_reserved_GiB", 0.0) * GiB
     )
-    links = _links_table(engine, machine, net, step)
+    links = _link_loads(engine, machine, net, step)
 
     m, t = work.model, work.training
     n = res.n_gpus
@@ -303,7 +311,7 @@ def _simulate_every(
         "detail": detail,
         "simulated_processes": len(procs),
         "critical_process": crit.label,
-        "busiest_links": _busiest(links),
+        "busiest_links": links.busiest(),
         "warnings": _warnings(machine, mem_gib, worst_proc),
         "extrapolated": None,
     }
@@ -421,7 +429,7 @@ def _memory_table(mem_rows, procs) -> pd.DataFrame:
     return df[list(MEMORY_COLUMNS)]
 
 
-def _links_table(engine: Engine, machine: Machine, net, step: float) -> pd.DataFrame:
+def _link_loads(engine: Engine, machine: Machine, net, step: float) -> LinkLoads:
     topo = machine.topology
     if not topo.n_links:
         nbytes = busy = np.zeros(0)
@@ -435,28 +443,7 @@ def _links_table(engine: Engine, machine: Machine, net, step: float) -> pd.DataF
         busy = static / np.maximum(topo.capacity, 1e-30) + (
             net.link_busy_s if net is not None else 0.0
         )
-    idx = np.nonzero(nbytes)[0]
-    kinds, at = topo.link_kinds, idx.tolist()
-    src, dst = link_ends(topo.link_names, idx)  # (named only now: Topology.link_names)
-    names = [a + "->" + b for a, b in zip(src, dst, strict=True)]
-    util = busy[idx] / step if step else np.zeros(len(idx))
-    df = pd.DataFrame(
-        {
-            "link": names,
-            "kind": [kinds[i] for i in at],
-            "src": src,
-            "dst": dst,
-            "capacity_GBps": topo.capacity[idx] / 1e9,
-            "bytes": nbytes[idx].astype(float),
-            "busy_s": busy[idx].astype(float),
-            "utilization": util,
-        },
-        columns=list(LINK_COLUMNS),
-    )
-    # busiest first, then by name (names are unique): numpy's sort of the names as fixed-width
-    # strings (code point order, as Python's and pandas') is ~4x faster than sort_values here
-    order = np.lexsort((np.array(names, dtype=str), -util)) if names else np.zeros(0, int)
-    return df.iloc[order].reset_index(drop=True)
+    return LinkLoads.of(topo, nbytes, busy, step)
 
 
 #: Largest cluster --detail full accepts.
@@ -470,12 +457,12 @@ FULL_DETAIL_MAX_UNITS = 65_536
 LINK_SERIES_MAX_LINKS = 20_000
 
 
-def _link_series(net, links: pd.DataFrame, k: int = 8) -> pd.DataFrame | None:
+def _link_series(net, links: LinkLoads, k: int = 8) -> pd.DataFrame | None:
     """Utilisation over time of the ``k`` links that carried the most bytes through the flow
     network (columns link, t_s, utilization), from its re-share history. In folded mode that
     is the data-parallel / ZeRO traffic; TP collectives and pipeline sends are priced
     statically and appear in ``links`` only."""
-    if net is None or not net.history or links.empty:
+    if net is None or not net.history or not len(links.ids):
         return None
     order = np.argsort(-np.asarray(net.link_bytes), kind="stable")
     top = [int(i) for i in order[:k] if net.link_bytes[i] > 0]
@@ -491,17 +478,3 @@ def _link_series(net, links: pd.DataFrame, k: int = 8) -> pd.DataFrame | None:
     # Keep a point only where a link's utilisation changes.
     df = df[df.groupby("link")["utilization"].diff().fillna(1.0) != 0.0]
     return df.reset_index(drop=True)
-
-
-def _busiest(links: pd.DataFrame, k: int = 5) -> list[dict]:
-    out = []
-    for row in links.head(k).itertuples(index=False):
-        out.append(
-            {
-                "link": row.link,
-                "kind": row.kind,
-                "utilization": round(float(row.utilization), 6),
-                "bytes": float(row.bytes),
-            }
-        )
-    return out
