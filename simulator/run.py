@@ -160,7 +160,7 @@ def _simulate_extrapolated(
     step = s["step_time_s"]
     settle_pipeline_parts(s["breakdown_s"], step)
     why, imb = s.pop("pp_imbalance_from", None), s["breakdown_s"].get("pp_imbalance", 0.0)
-    if why is not None and imb > 0:  # the m3 step's split, scaled to the extended imbalance
+    if why is not None and imb > 0:  # the last step's split, scaled to the extended imbalance
         scale = imb / sum(why["parts_s"].values())
         s["pp_imbalance_from"] = {**why, "parts_s": {k: v * scale for k, v in
                                                      why["parts_s"].items()}}  # fmt: skip

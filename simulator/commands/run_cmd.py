@@ -36,7 +36,7 @@ def register(sub) -> None:
     p.add_argument(
         "--all-microbatches", action="store_true",
         help="simulate every micro-batch (by default a step of many micro-batches is "
-        "extrapolated from three shorter ones in the pipeline's steady state)",
+        "extrapolated from two shorter ones in the pipeline's steady state)",
     )
     p.add_argument("--no-files", action="store_true", help="write no result files")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (--detail full)")

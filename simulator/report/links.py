@@ -93,7 +93,7 @@ class LinkLoads:
     def extended(self, prev: LinkLoads, ratio: float, step_s: float) -> LinkLoads:
         """These loads extended linearly from ``prev``'s, those of a step one schedule cycle
         shorter: ``q + ratio (q - q_prev)`` per link (0 where ``prev`` had none), over a step
-        of ``step_s`` (:func:`simulator.extrapolate.extend`, ``ratio = (m - m3) / cycle``)."""
+        of ``step_s`` (:func:`simulator.extrapolate.extend`: ``ratio = (m - m3) / cycle``)."""
         pos = np.searchsorted(prev.ids, self.ids)
         pos = np.minimum(pos, max(len(prev.ids) - 1, 0))
         hit = (prev.ids[pos] == self.ids) if len(prev.ids) else np.zeros(len(self.ids), bool)
