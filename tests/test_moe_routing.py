@@ -141,3 +141,14 @@ def test_deepep_moves_fewer_bytes_across_nodes_and_full_detail_agrees(tmp_path):
     both = _run(tmp_path, "training.moe_dispatcher=deepep",
                 "training.overlap_moe_expert_parallel_comm=true")  # fmt: skip
     assert both["step_time_s"] < dep["step_time_s"]
+
+
+def test_uneven_domains_still_deliver_every_hit():
+    # 12 ranks over domains of 8 and 4: each rank's tokens cross to the other domain once
+    # (with its hit probability), whichever rank of it receives them
+    units = (0,) * 8 + (1,) * 4
+    moe = MoEConfig(experts=24, top_k=4, ffn_hidden=8)
+    split = mr.node_aware_split(moe, 12, units)
+    ranks, by_unit = mr.hit_probabilities(moe, 12, units)
+    crossings = sum(split[i][j] for i in range(12) for j in range(12) if units[i] != units[j])
+    assert crossings == pytest.approx(8 * by_unit[1] + 4 * by_unit[0])

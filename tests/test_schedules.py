@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.parallel.schedules import max_in_flight, schedule
+from simulator.parallel.schedules import TABLE2_MEMORY, max_in_flight, schedule, table2_bubble
 
 
 @pytest.mark.parametrize("name,pp,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1),
@@ -42,3 +42,16 @@ def test_interleaved_warmup_matches_megatron():
     # The first chunk of micro-batches 0..pp-1 runs before chunk 1.
     assert [(w.microbatch, w.chunk) for w in order[:pp + 1]] == [
         (0, 0), (1, 0), (2, 0), (3, 0), (0, 1)]
+
+
+def test_table2_bubbles_of_deepseek_v3():
+    # arXiv:2412.19437 Table 2 at PP 16 with F = 1, B = 2, W = 1 and F&B = 2.5 (ms):
+    # 1F1B 15 x 3 = 45; ZB1P 15 x (3 - 2) = 15; DualPipe 7 x (2.5 + 2 - 3) = 10.5
+    assert table2_bubble("1f1b", 16, 1.0, 2.0) == 45.0
+    assert table2_bubble("zb1p", 16, 1.0, 2.0, 1.0) == 15.0
+    assert table2_bubble("dualpipe", 16, 1.0, 2.0, 1.0, 2.5) == 10.5
+    # two ranks: DualPipe's two directions fill each other's bubble
+    assert table2_bubble("dualpipe", 2, 1.0, 2.0, 0.5, 2.5) == 0.0
+    assert TABLE2_MEMORY["dualpipe"](16) == (2, 17) and TABLE2_MEMORY["1f1b"](16) == (1, 16)
+    with pytest.raises(ValueError, match="even"):
+        table2_bubble("dualpipe", 3, 1.0, 2.0)

@@ -111,35 +111,30 @@ def node_aware_split(
 ) -> tuple[tuple[float, ...], ...]:
     """The token vectors group rank ``i`` sends to rank ``j`` in a node-aware dispatch, per
     token of a rank (multiply by ``tokens * hidden * bytes``): to each other domain ``Y`` one
-    crossing to the rank with its own index inside ``Y`` (probability that ``Y`` is hit);
-    inside its domain, to each rank ``j`` the tokens of its own and those it forwards for the
-    same-index rank of every other domain (``n_domains`` times ``j``'s hit probability). The
-    combine is the same traffic in the opposite direction (the matrix is its own transpose
-    where every domain holds as many ranks). Needs every domain to hold as many ranks of the
-    group (the layouts do)."""
+    crossing, with ``Y``'s hit probability, to the rank of ``Y`` with its own index inside its
+    domain (modulo ``Y``'s ranks, where domains hold different numbers), which forwards it to
+    each other rank of ``Y`` with that rank's hit probability; inside its own domain, to each
+    rank with its hit probability. Where every domain holds as many ranks, a rank sends a
+    peer of its domain ``n_domains`` times the peer's hit probability (its own tokens and
+    those it forwards) and the matrix is its own transpose: the combine, the same path
+    backwards, moves the same bytes."""
     ranks, by_unit = hit_probabilities(moe, ep, units)
-    order: dict[int, list[int]] = {}
+    members: dict[int, list[int]] = {}
     for r, u in enumerate(units):
-        order.setdefault(u, []).append(r)
-    sizes = {len(v) for v in order.values()}
-    if len(sizes) != 1:
-        raise ValueError("every NVLink domain must hold as many ranks of the EP group")
-    n = len(order)
-    pos = {r: i for rs in order.values() for i, r in enumerate(rs)}
-    out = []
+        members.setdefault(u, []).append(r)
+    pos = {r: i for rs in members.values() for i, r in enumerate(rs)}
+    out = [[0.0] * ep for _ in range(ep)]
     for i in range(ep):
-        row = []
-        for j in range(ep):
-            if i == j:
-                row.append(0.0)
-            elif units[i] == units[j]:
-                row.append(n * ranks[j])
-            elif pos[i] == pos[j]:
-                row.append(by_unit[units[j]])
-            else:
-                row.append(0.0)
-        out.append(tuple(row))
-    return tuple(out)
+        for u, rs in members.items():
+            if u == units[i]:
+                for b in rs:
+                    out[i][b] += ranks[b] if b != i else 0.0
+                continue
+            r = rs[pos[i] % len(rs)]
+            out[i][r] += by_unit[u]
+            for b in rs:
+                out[r][b] += ranks[b] if b != r else 0.0
+    return tuple(tuple(row) for row in out)
 
 
 def inter_node_tokens_per_rank(moe: MoEConfig, ep: int, units: Sequence[int]) -> float:

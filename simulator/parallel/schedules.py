@@ -122,3 +122,36 @@ def max_in_flight(order: list[Work]) -> int:
         live += 1 if w.phase == "F" else -1
         peak = max(peak, live)
     return peak
+
+
+#: Per-device parameter copies and micro-batches of activations in flight of the schedules of
+#: DeepSeek-V3's Table 2 (arXiv:2412.19437, Section 3.2.1), with ``pp`` pipeline ranks.
+TABLE2_MEMORY = {
+    "1f1b": lambda pp: (1, pp),
+    "zb1p": lambda pp: (1, pp),
+    "dualpipe": lambda pp: (2, pp + 1),
+}
+
+
+def table2_bubble(name: str, pp: int, f: float, b: float, w: float = 0.0,
+                  f_and_b: float = 0.0) -> float:  # fmt: skip
+    """Pipeline bubble of a schedule as DeepSeek-V3's Table 2 gives it (arXiv:2412.19437,
+    Section 3.2.1): 1F1B ``(PP - 1)(F + B)``; ZB1P (zero bubble, Qi et al. 2023)
+    ``(PP - 1)(F + B - 2W)``; DualPipe ``(PP / 2 - 1)(F&B + B - 3W)``, with ``F`` a forward
+    chunk, ``B`` a full backward chunk, ``W`` its weight-gradient part and ``F&B`` a forward
+    and a backward chunk run overlapped. DualPipe needs an even ``pp``.
+
+    This is the report's closed form, used to estimate what DualPipe would change
+    (``benchmarks/dualpipe_estimate.py``); the engine runs 1F1B, interleaved 1F1B and
+    combined 1F1B, not DualPipe (no bidirectional order, no split of B into input and
+    weight gradients)."""
+    if name == "1f1b":
+        return (pp - 1) * (f + b)
+    if name == "zb1p":
+        return (pp - 1) * (f + b - 2 * w)
+    if name == "dualpipe":
+        if pp % 2:
+            raise ValueError(f"DualPipe needs an even number of pipeline ranks, got {pp}")
+        return (pp // 2 - 1) * (f_and_b + b - 3 * w)
+    raise ValueError(f"unknown schedule {name!r} (accepted: 1f1b, zb1p, dualpipe)")
+
