@@ -126,3 +126,13 @@ def test_bad_modules_are_refused(tmp_path, capsys):
                "--set", "training.recompute_modules=[mla_up_proj]"])  # fmt: skip
     assert rc == 2
     assert "mla_up_proj needs model.attention: mla" in capsys.readouterr().err
+
+
+def test_deepseek_v3_keeps_the_attention_output_in_e5m6():
+    # arXiv:2412.19437 Sec. 3.3.3: 12 bits and a 1x128 tile scale, where other GEMM inputs
+    # are cached at 1 byte
+    t = DS.training  # fp8, blockwise
+    kw = dict(tp=1, sp=False, ep=64, etp=1)
+    e5m6 = layer_activation_bytes(M, t, 3, **kw)
+    cur = layer_activation_bytes(M, t.model_copy(update={"fp8_recipe": "current"}), 3, **kw)
+    assert e5m6 - cur == pytest.approx(T * HL * DV * (1.5 + 4 / 128 - 1))

@@ -132,6 +132,7 @@ def mla_activation_bytes(
     *,
     recompute: frozenset[str] = frozenset(),
     gemm_in: int | None = None,
+    attn_out: float | None = None,
 ) -> float:
     """What an MLA block keeps for its backward on one TP rank: the input of every GEMM
     (norm output, the two latents and their norm outputs, Q, K, V and the attention output),
@@ -141,7 +142,9 @@ def mla_activation_bytes(
     (recomputed from their inputs), ``mla_up_proj`` drops Q, K and V (the up-projections and
     RoPE re-run from the latents; DeepSeek-V3, arXiv:2412.19437, Section 3.2.3). ``gemm_in``:
     bytes per element of a cached GEMM input where the precision recipe keeps the quantised
-    copy (FP8: 1; default ``d``)."""
+    copy (FP8: 1; default ``d``). ``attn_out``: bytes per element of the attention output,
+    the input of ``out_proj`` that the attention's backward reads too (default ``gemm_in``;
+    DeepSeek-V3 keeps it in a 12-bit E5M6 format with 1x128 tiles, Section 3.3.3)."""
     L = local_dims(model, micro_batch, tp, sp)
     H, rq, rkv, dn, dr, dv = _dims(model)
     T, NT, h, Hl = L.tokens, L.norm_tokens, model.hidden, L.heads
@@ -153,7 +156,7 @@ def mla_activation_bytes(
         n += T * (rq or 0) * g + T * rkv * g  # latent norm outputs: inputs of the up-projections
     if "mla_up_proj" not in recompute:
         n += (T * Hl * (dn + dr) * 2 + T * Hl * dv) * d  # Q, K (after rope), V
-    n += T * Hl * dv * g  # attention output (out_proj input)
+    n += T * Hl * dv * (g if attn_out is None else attn_out)  # attention output
     return float(n + 4 * micro_batch * Hl * model.seq_len)
 
 

@@ -24,6 +24,20 @@ from simulator.model.ops import DTYPE_BYTES as BYTES
 LOW_PRECISION_CACHE = ("fp8", "mxfp8", "nvfp4")
 
 
+#: DeepSeek-V3's cached attention output (arXiv:2412.19437, Section 3.3.3: the input of the
+#: Linear after the attention, also read by the attention's backward, in a customized 12-bit
+#: E5M6 format, 1x128 tiles with a scale each; counted as an fp32 scale like the recipe's).
+E5M6_TILED = 1.5 + 4 / 128
+
+
+def attention_output_bytes(t: TrainingConfig) -> float | None:
+    """Bytes per element of the cached attention output: DeepSeek-V3's E5M6 under its
+    blockwise FP8 recipe; otherwise None (the GEMM-input rule of the precision)."""
+    if t.precision == "fp8" and t.fp8_recipe == "blockwise":
+        return E5M6_TILED
+    return None
+
+
 def recompute_modules(t: TrainingConfig) -> frozenset[str]:
     """The modules selective recomputation re-runs (Megatron-Core's ``--recompute-modules``,
     default ``core_attn``); empty without selective recomputation."""
@@ -90,7 +104,7 @@ def layer_activation_bytes(
     g = 1 if t.precision in LOW_PRECISION_CACHE else None
     if local.attention_kind == "mla":
         attn = mla.mla_activation_bytes(local, t.micro_batch, tp, sp, d, recompute=mods,
-                                        gemm_in=g)  # fmt: skip
+                                        gemm_in=g, attn_out=attention_output_bytes(t))  # fmt: skip
     if is_moe_layer(local, layer):
         loc = moe_math.moe_local(local, t.micro_batch, tp, 1, ep, etp, t.moe_expert_load)
         mlp = moe_math.moe_activation_bytes(local, loc, tp=tp, d=d, modules=mods, gemm_in=g,
