@@ -135,6 +135,15 @@ def test_deepep_moves_fewer_bytes_across_nodes_and_full_detail_agrees(tmp_path):
     plain = _run(tmp_path)
     dep = _run(tmp_path, "training.moe_dispatcher=deepep")
     assert dep["step_time_s"] < plain["step_time_s"]
+    # bytes a rank sends across the network per MoE layer (bf16): NCCL's 4 copies of each of
+    # its 2,048 tokens, 3/4 of them to other nodes; DeepEP once per other node reached
+    moe = load_workload(write_case(tmp_path, SMALL, small_topology(4, 4))).workload.model.moe
+    units = tuple(r // 4 for r in range(16))
+    assert plain["moe"]["network_bytes_per_rank_per_layer"] == 4 * 0.75 * 2048 * 1024 * 2
+    assert dep["moe"]["network_bytes_per_rank_per_layer"] == pytest.approx(
+        mr.inter_node_tokens_per_rank(moe, 16, units) * 2048 * 1024 * 2)
+    assert dep["moe"]["nvlink_domains_per_token"] == pytest.approx(
+        2 * (1 - comb(4, 4) / comb(8, 4)))  # 2 of 4 groups (= nodes) of 4 experts, top-4
     assert dep["model_flops_per_step"] == plain["model_flops_per_step"]
     full = _run(tmp_path, "training.moe_dispatcher=deepep", detail="full")
     assert full["step_time_s"] == pytest.approx(dep["step_time_s"], rel=0.01)
