@@ -69,3 +69,16 @@ def test_host_fit_explains_the_dense_host_bound_steps():
     assert 0.0 < host.micro()[1] < 200e-6
 
 
+def test_host_fit_explains_the_uniform_moe_host_bound_steps():
+    """With the dense rates fixed, one more host rate per token-routing kernel describes each
+    uniform-routing MoE step at host-bound widths within 15 % (residuals -9..+11 %); routing
+    kernels cost their host more than model kernels."""
+    op_s, coll_s, _ = host.fit()
+    sync_s = host.micro()[1]
+    moe_s, rows = host.fit_moe()
+    for case, (measured, k, k_moe, colls, syncs) in rows.items():
+        sim = op_s * k + moe_s * k_moe + coll_s * colls + sync_s * syncs
+        assert sim / measured == pytest.approx(1.0, abs=0.15), case
+    assert op_s < moe_s < 300e-6
+
+

@@ -95,3 +95,14 @@ def test_a_tiny_eager_step_is_the_hosts_time(tmp_path):
     assert fused["breakdown_s"]["host"] == 0.0
     assert eager["step_time_s"] > 10 * fused["step_time_s"]
     assert eager["step_time_s"] > 1000 * gpu.host_op_s
+
+
+def test_token_routing_kernels_cost_the_moe_rate():
+    """A routing kernel of an MoE layer (``block == "moe"``, e.g. ``permute``) is issued at
+    the MoE routing rate; an expert's GEMM of the same block and a dense kernel at the model
+    rate; a collective at the collective rate."""
+    rates = HostRates(40 * US, 80 * US, 0.0, 120 * US)
+    assert rates.part_s(Part("permute", "compute", 0.0, block="moe")) == 120 * US
+    assert rates.part_s(Part("expert_fc1_e0", "compute", 0.0, block="moe")) == 40 * US
+    assert rates.part_s(Part("permute", "compute", 0.0)) == 40 * US
+    assert rates.part_s(Part("moe_dispatch", "comm", 0.0, block="moe")) == 80 * US

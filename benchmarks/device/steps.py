@@ -73,6 +73,13 @@ SHAPES = {
     # 2K sequences.
     "R": dict(layers=8, hidden=1536, ffn=1536, heads=12, kv_heads=4, vocab=32000, seq=2048,
               experts=8, top_k=2),
+    # Fifth held-out batch (heldout-freeze-5, 2-GPU boxes): 12 layers, hidden 2560, MHA 20/20,
+    # ffn 6912, GPT-NeoX vocabulary, 2K sequences.
+    "S": dict(layers=12, hidden=2560, ffn=6912, heads=20, kv_heads=20, vocab=50304, seq=2048),
+    # Fifth held-out MoE shape: 6 layers, hidden 2048, GQA 16/8, 8 experts (ffn 1024), top-2,
+    # 1K sequences.
+    "T": dict(layers=6, hidden=2048, ffn=1024, heads=16, kv_heads=8, vocab=32000, seq=1024,
+              experts=8, top_k=2),
     # MoE: 4 layers, every FFN a mixture of 8 SwiGLU experts (ffn 4096), top-2.
     "M": dict(layers=4, hidden=2048, ffn=4096, heads=16, kv_heads=8, vocab=32000, seq=4096,
               experts=8, top_k=2),
@@ -136,6 +143,12 @@ CASES = {
     "h4x2_fsdp2_F_rc": dict(shape="F", world=2, dp=2, scheme="fsdp", mb=2, n_mb=2,
                             recompute=True),
     "h4x2_moe_ep2_R": dict(shape="R", world=2, ep=2, scheme="moe", mb=2, n_mb=4),
+    # Fifth held-out batch (issue 12): written before heldout-freeze-5, measured after it.
+    "h5_tp2_S": dict(shape="S", world=2, tp=2, scheme="tp", mb=2, n_mb=2),
+    "h5_pp2_1f1b_S": dict(shape="S", world=2, pp=2, scheme="pp", schedule="1f1b", mb=1, n_mb=8),
+    "h5_fsdp2_S": dict(shape="S", world=2, dp=2, scheme="fsdp", mb=2, n_mb=2),
+    "h5_ddp2_S": dict(shape="S", world=2, dp=2, scheme="ddp", mb=2, n_mb=2),
+    "h5_moe_ep2_T": dict(shape="T", world=2, ep=2, scheme="moe", mb=4, n_mb=4),
     # MoE (issue 10): uniform and skewed routing measured in one process each.
     "moe_ep1": dict(shape="M", world=1, ep=1, scheme="moe", mb=1, n_mb=4),
     "moe_ep2": dict(shape="M", world=2, ep=2, scheme="moe", mb=1, n_mb=4),

@@ -1,5 +1,6 @@
-"""Refit the host's time per kernel of eager model code, per collective call, and to resume
-after a synchronisation (``host_op_s``, ``host_collective_s``, ``host_sync_s`` in gpus.yaml).
+"""Refit the host's time per kernel of eager model code, per collective call, to resume after
+a synchronisation, and per kernel of MoE token routing (``host_op_s``, ``host_collective_s``,
+``host_sync_s``, ``host_moe_op_s`` in gpus.yaml).
 
 Two kinds of measurement on 4x H100, each with its README:
 
@@ -18,8 +19,10 @@ Two kinds of measurement on 4x H100, each with its README:
   kernels (one part each in the events table of GPU 0) and its collective calls are counted,
   and ``host_op_s`` is fitted by least squares on relative error to
   ``step = host_op_s x kernels + host_collective_s x collectives`` with ``host_collective_s``
-  from the micro-benchmarks. MoE steps (count synchronisations) and FSDP2 (per-unit hooks)
-  are left out of the fit. The counts are the simulator's op lists (``simulator/model/eager.py``),
+  from the micro-benchmarks. ``host_moe_op_s`` is then fitted the same way, the others fixed,
+  on the uniform-routing MoE steps (their token-routing kernels counted apart,
+  :func:`simulator.model.moe.routing_op`); skewed routing (more host time, not modelled) and
+  FSDP2 (per-unit hooks) are left out. The counts are the simulator's op lists (``simulator/model/eager.py``),
   so a change to them changes the refit: ``tests/test_calibration.py`` then asks for a new one.
 """
 
@@ -36,6 +39,7 @@ import pandas as pd
 
 from simulator.calibrate import REPO
 from simulator.hardware.catalog import default_kernel_params
+from simulator.model.moe import routing_op
 
 DATA = (REPO / "data/measured/tiny-h100x4/steps.jsonl", REPO / "data/measured/tiny3-h100x4/steps.jsonl")
 OPS = sorted((REPO / "data/measured/host-ops-h100x4").glob("host_ops_k*.jsonl"))
@@ -60,6 +64,13 @@ DENSE = {
 TINY = ("model.hidden=256", "model.ffn_hidden=512", "model.heads=8", "model.kv_heads=4",
         "model.vocab=1024", "model.seq_len=128")
 COMM = ("tp_", "~tp_", "ep_", "moe_dispatch", "moe_combine", "cp_")
+SYNC = "moe_counts_sync"
+# uniform-routing MoE cases -> workloads (skewed routing costs more host time, not modelled)
+MOE = {"h2_moe_ep4_N_uniform": "validation/heldout2/h2_moe_ep4_N_uniform.yaml",
+       "moe_ep4_uniform": "validation/measured-moe/moe_ep4_uniform.yaml",
+       "h2_moe_ep2dp2_N_uniform": "validation/heldout2/h2_moe_ep2dp2_N_uniform.yaml",
+       "h3_moe_ep4_P_uniform": "validation/heldout3/h3_moe_ep4_P_uniform.yaml"}
+MOE_TINY = ("model.moe.ffn_hidden=512",)  # steps.py --tiny: the experts' FFN too
 WAITS = ("host_bound_wait", "host_launch_wait")
 
 
@@ -67,6 +78,13 @@ def simulate_tiny(workload: str, out_dir: str, extra: tuple[str, ...] = ()
                   ) -> tuple[float, int, int]:
     """(simulated step time, kernels, collective calls) of GPU 0 in one step of ``workload``
     at the tiny widths (``extra``: more ``--set`` overrides, e.g. the MoE expert FFN)."""
+    step, names = _tiny_parts(workload, out_dir, extra)
+    comm = sum(1 for n in names if n.startswith(COMM))
+    return step, len(names) - comm, comm
+
+
+def _tiny_parts(workload: str, out_dir: str, extra: tuple[str, ...]) -> tuple[float, list[str]]:
+    """(simulated step time, names of GPU 0's parts, host waits excluded) at the tiny widths."""
     cmd = [sys.executable, "-m", "simulator", "run", str(REPO / workload), "--out", out_dir,
            "--json"]
     for s in TINY + extra:
@@ -74,9 +92,18 @@ def simulate_tiny(workload: str, out_dir: str, extra: tuple[str, ...] = ()
     p = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
     ev = pd.read_parquet(f"{out_dir}/events.parquet", columns=["gpu", "parts"])
     names = [x.rsplit(":", 1)[0] for p in ev[ev.gpu == 0].parts if p for x in p.split(";")]
-    names = [n for n in names if n not in WAITS]
+    return json.loads(p.stdout)["step_time_s"], [n for n in names if n not in WAITS]
+
+
+def moe_counts(workload: str, out_dir: str, extra: tuple[str, ...] = ()
+               ) -> tuple[float, int, int, int, int]:
+    """(simulated step, other kernels, token-routing kernels, collective calls,
+    synchronisations) of GPU 0 in one step of an MoE ``workload`` at the tiny widths."""
+    step, names = _tiny_parts(workload, out_dir, extra)
     comm = sum(1 for n in names if n.startswith(COMM))
-    return json.loads(p.stdout)["step_time_s"], len(names) - comm, comm
+    sync = sum(1 for n in names if n == SYNC)
+    k_moe = sum(1 for n in names if routing_op(n) and n != SYNC and not n.startswith(COMM))
+    return step, len(names) - comm - sync - k_moe, k_moe, comm, sync
 
 
 def measured() -> dict[str, float]:
@@ -110,11 +137,33 @@ def fit() -> tuple[float, float, dict[str, tuple[float, int, int]]]:
     return float(kk @ rest / (kk @ kk)), coll_s, rows
 
 
+@functools.lru_cache(maxsize=1)
+def fit_moe() -> tuple[float, dict[str, tuple[float, int, int, int, int]]]:
+    """(host_moe_op_s, {case: (measured step, other kernels, routing kernels, collectives,
+    synchronisations)}): the host time per kernel of MoE token routing, fitted by least squares
+    on relative error to the uniform-routing MoE steps at host-bound widths, with
+    ``host_op_s``, ``host_collective_s`` and ``host_sync_s`` as fitted and measured above."""
+    op_s, coll_s, _ = fit()
+    sync_s = micro()[1]
+    meas = measured()
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="calibrate_host_moe_") as tmp:
+        for case, workload in MOE.items():
+            _, k, km, c, y = moe_counts(workload, f"{tmp}/{case}", MOE_TINY)
+            rows[case] = (meas[case], k, km, c, y)
+    km = np.array([r[2] / r[0] for r in rows.values()])
+    rest = np.array([1.0 - (op_s * k + coll_s * c + sync_s * y) / m
+                     for m, k, _, c, y in rows.values()])
+    return float(km @ rest / (km @ km)), rows
+
+
 def refit() -> dict[str, tuple[float, float]]:
     """{constant: (refitted, shipped)}, the refit rounded as shipped (0.01 us, 0.1 us)."""
     op_s, coll_s, _ = fit()
     sync_s = micro()[1]
+    moe_s = fit_moe()[0]
     d = default_kernel_params()
     return {"defaults.host_op_s": (round(op_s * 1e8) / 1e8, d["host_op_s"]),
             "defaults.host_collective_s": (round(coll_s * 1e7) / 1e7, d["host_collective_s"]),
-            "defaults.host_sync_s": (round(sync_s * 1e7) / 1e7, d["host_sync_s"])}
+            "defaults.host_sync_s": (round(sync_s * 1e7) / 1e7, d["host_sync_s"]),
+            "defaults.host_moe_op_s": (round(moe_s * 1e8) / 1e8, d["host_moe_op_s"])}

@@ -628,7 +628,8 @@ class _Builder:
         gpu = self.job.machine.gpu
         if self.t.kernels != "eager" or (gpu.host_op_s <= 0.0 and gpu.host_collective_s <= 0.0):
             return None
-        return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s)
+        return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s,
+                         gpu.host_moe_op_s)
 
     def grad_work(self) -> tuple[Callable, Callable]:
         t, gb = self.t, BYTES[self.t.grad_reduce_dtype]

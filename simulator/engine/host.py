@@ -30,6 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from simulator.model.moe import routing_op
 from simulator.model.ops import HOST_SYNC
 
 NEG = -math.inf
@@ -42,16 +43,22 @@ IDENTITY: Matrix = (0.0, NEG, NEG, 0.0)
 
 @dataclass(frozen=True)
 class HostRates:
-    """The host's time per kernel of eager model code, per collective call, and to resume
-    after a synchronisation (seconds)."""
+    """The host's time per kernel of eager model code, per collective call, to resume after a
+    synchronisation, and per kernel of an MoE layer's token routing (router, counts,
+    permutation, combine: more Python per kernel than model code) (seconds)."""
 
     op_s: float
     collective_s: float
     sync_s: float
+    moe_op_s: float = 0.0
 
     def part_s(self, part) -> float:
         """Host time to issue one part of a program."""
-        return self.collective_s if part.kind == "comm" else self.op_s
+        if part.kind == "comm":
+            return self.collective_s
+        if self.moe_op_s > 0.0 and part.block == "moe" and routing_op(part.name):
+            return self.moe_op_s
+        return self.op_s
 
 
 def compose(m1: Matrix, m2: Matrix) -> Matrix:

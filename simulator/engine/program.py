@@ -39,6 +39,7 @@ class Part:
     nbytes: float = 0.0
     overlap_next: bool = False
     dim: str = ""
+    block: str = ""  # the model block the op belongs to (``moe``: an MoE layer's expert block)
 
 
 Program = tuple[Part, ...]
@@ -142,7 +143,7 @@ class Pricer:
         return _op_time(self.cm, op, self.dtype, self.kernels, self.param_dtype)
 
     def part(self, op: Op) -> Part:
-        return Part(op.name, "compute", self.time(op), op.flops)
+        return Part(op.name, "compute", self.time(op), op.flops, block=op.block)
 
 
 #: ``comm_cost(dim, collective, nbytes)``: seconds of a collective on a stage's groups of ``dim``.
@@ -154,10 +155,11 @@ def price(ops: Sequence[Op], pr: Pricer, comm_cost: CommCost | None) -> Program:
     parts = []
     for op in ops:
         if op.kind == HOST_SYNC:
-            parts.append(Part(op.name, HOST_SYNC, 0.0))
+            parts.append(Part(op.name, HOST_SYNC, 0.0, block=op.block))
         elif op.kind == "comm":
             dur = comm_cost(op.dim, op.collective, op.bytes) if comm_cost else 0.0
-            parts.append(Part(op.name, "comm", dur, 0.0, op.collective, op.bytes, op.overlap, op.dim))
+            parts.append(Part(op.name, "comm", dur, 0.0, op.collective, op.bytes, op.overlap, op.dim,
+                              op.block))
         else:
             parts.append(pr.part(op))
     return tuple(parts)
@@ -190,11 +192,12 @@ def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pr
                modules: frozenset[str] = frozenset({"core_attn"})) -> Program:  # fmt: skip
     if recompute == "full":
         return tuple(
-            Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes, dim=p.dim) for p in layer_fwd
+            Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes, dim=p.dim, block=p.block)
+            for p in layer_fwd
         )
     if recompute == "selective":
         return tuple(
-            Part(f"re_{op.name}", "compute", pr.time(op), op.flops)
+            Part(f"re_{op.name}", "compute", pr.time(op), op.flops, block=op.block)
             for op in fwd_ops
             if _reruns(op, modules)
         )

@@ -133,6 +133,8 @@ class GPUSpec:
     host_collective_s: float = 0.0
     #: host time an MoE count synchronisation (``.tolist()``) adds once the GPU has drained
     host_sync_s: float = 0.0
+    #: host time per kernel of an MoE layer's expert block in eager code (0: ``host_op_s``)
+    host_moe_op_s: float = 0.0
     #: NVLink generation (3 Ampere, 4 Hopper, 5 Blackwell); None for a GPU without NVLink
     nvlink_generation: int | None = None
     #: NVLink line rate per GPU per direction (links x signalling rate); what a topology uses
@@ -390,7 +392,7 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
         )
     values["runtime_reserved_GiB"] = float(reserved)
     for key in ("host_launch_s", "host_gemm_launch_s", "host_op_s", "host_collective_s",
-                "host_sync_s"):
+                "host_sync_s", "host_moe_op_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
     for key in ("nvlink_line_GBps", "nic_Gbps", "pcie_GBps"):

@@ -47,6 +47,18 @@ NO_BACKWARD = ("expert_cat", "combine_zeros", "perm_cat", "inv_arange", "inv_sca
 #: The collective of a node-aware dispatch or combine (``moe_dispatcher: deepep``): ``nbytes``
 #: is one vector per token of the rank, spread as :func:`simulator.model.moe_routing.
 #: node_aware_split` says (the engine prices it with that split).
+#: Kernels of the token routing around the experts (router, top-k, count exchange,
+#: permutation and its index arithmetic, combine): in eager code each comes with Python over
+#: ranks and experts (lists, splits, aranges), so it costs its host more than a model kernel
+ROUTING_OPS = ("router", "permute", "unpermute", "moe_counts", "perm_", "sort_chunks",
+               "unsort_chunks", "expert_cat", "inv_", "combine_")
+
+
+def routing_op(name: str) -> bool:
+    """Whether kernel ``name`` (forward or backward) is one of :data:`ROUTING_OPS`."""
+    return name.startswith(ROUTING_OPS)
+
+
 DEEPEP = "deepep"
 
 #: GEMM tile rows a grouped-GEMM kernel pads each expert's token count to (CUTLASS grouped
