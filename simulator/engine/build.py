@@ -145,6 +145,8 @@ def replica_classes(
     layout: Layout, slow: dict[int, float], faulted: set[int]
 ) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
     """Group DP replicas with identical behaviour: [(replicas, per-stage slowdown)]."""
+    if not slow and not faulted:  # every replica alike: one class
+        return [(tuple(range(layout.size("dp"))), (1.0,) * layout.size("pp"))]
     inner = tuple(d for d in layout.dims if d not in OUTER_DIMS)
     sig_of: dict[tuple, list[int]] = defaultdict(list)
     for d in range(layout.size("dp")):
@@ -477,8 +479,11 @@ class _Builder:
         """Every GPU of ``p`` to its counterpart (same coordinates) in ``dst``'s stage."""
         lay = self.lay
         shift = lay.rank({"pp": dst.stage}) - lay.rank({"pp": p.stage})
+        # a replica's group is its first GPU plus the offsets of the group at the origin
+        offsets = lay.group(self.job.inner_dims, {})
+        first, per_replica = lay.rank({"pp": p.stage}), lay.rank({"dp": 1})
         return [(g, g + shift) for d in p.replicas
-                for g in lay.group(self.job.inner_dims, {"dp": d, "pp": p.stage})]  # fmt: skip
+                for g in [first + d * per_replica + o for o in offsets]]  # fmt: skip
 
     def comm_cost(self, spec: CommSpec, p: Proc) -> CollectiveCost:
         """The CollectiveCost of a folded collective or send (memoised)."""
