@@ -6,6 +6,7 @@
                                           # GPT-530B with 1,120 micro-batches per replica
     python benchmarks/scale.py --imports  # only the command line's start-up (python -X importtime)
     python benchmarks/scale.py --plan     # only `plan` of Llama 3.1 405B on 16,384 GPUs
+    python benchmarks/scale.py --overlap  # only gradient reduction overlapped or not (events)
 
 Each case runs in a fresh subprocess so that its peak memory (max RSS) is its own. Prints, per
 case: GPUs, simulated processes, simulator wall and CPU time, peak memory, SimPy events,
@@ -69,6 +70,13 @@ IMPORT_CASES = [  # command lines whose start-up is measured
     ["run", "--help"],
     ["run", "workloads/llama3-8b.yaml", "--no-files", "--json"],
     ["run", "workloads/llama3-8b.yaml", "--out", "{tmp}/run"],
+    # a whole run of a Llama 3 405B paper case (issue 11: against an analytical model's ~1 s)
+    ["run", "workloads/llama3-405b.yaml", "--no-files", "--json"],
+]
+
+OVERLAP_CASES = [  # (name, workload, overrides): one layout, gradient reduction overlapped or not
+    (f"{w} overlap {o}", f"workloads/{w}.yaml", [f"training.overlap_grad_reduce={o}"])
+    for w in ("llama3-405b", "llama70b") for o in ("true", "false")
 ]
 HEAVY = ("matplotlib", "pandas", "pyarrow", "ray", "networkx")
 
@@ -155,6 +163,8 @@ def main() -> None:
     ap.add_argument("--imports", action="store_true", help="only the start-up of the CLI")
     ap.add_argument("--plan", action="store_true",
                     help="only `plan` of Llama 3.1 405B on 16,384 GPUs (every layout)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="only one layout with overlap_grad_reduce true and false")
     ap.add_argument("--all-microbatches", action="store_true",
                     help="simulate every micro-batch (no steady-state extrapolation)")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -169,25 +179,27 @@ def main() -> None:
         print_plans()
         return
     cases: list[tuple[str, str, list[str]]] = []
-    if not a.ladder and not a.big:
+    if a.overlap:
+        cases = list(OVERLAP_CASES)
+    elif not a.ladder and not a.big:
         for w in sorted((ROOT / "workloads").glob("*.yaml")):
             cases.append((w.stem, str(w), []))
-    if not a.ladder:  # scale cases too large for the test suite's every-workload checks
+    if not a.ladder and not a.overlap:  # scale cases too large for the test suite's checks
         for w in sorted((ROOT / "benchmarks" / "workloads").glob("*.yaml")):
             cases.append((w.stem, str(w), []))
-    for n, tp, pp, dp, nodes in [] if a.big else LADDER:
+    for n, tp, pp, dp, nodes in [] if a.big or a.overlap else LADDER:
         cases.append((f"ladder {n}", str(ROOT / "workloads/llama70b.yaml"), [
             f"parallelism.tp={tp}", f"parallelism.pp={pp}", f"parallelism.dp={dp}",
             f"training.global_batch={dp * 16}", f"topology.nodes={nodes}",
             "topology.nodes_per_leaf=32"]))
-    head = f"{'case':<28}{'GPUs':>7}{'procs':>7}{'wall s':>9}{'cpu s':>8}{'peak MiB':>10}{'events':>9}" \
+    head = f"{'case':<30}{'GPUs':>7}{'procs':>7}{'wall s':>9}{'cpu s':>8}{'peak MiB':>10}{'events':>9}" \
            f"{'events/s':>10}{'step s':>9}{'MFU':>7}  micro-batches (simulated)"
     print(head)
     print("-" * len(head))
     for name, w, ov in cases:
         r = run_case(w, ov, a.all_microbatches)
         sim = "+".join(map(str, r["simulated"])) if r["simulated"] else "all"
-        print(f"{name:<28}{r['n_gpus']:>7}{r['procs']:>7}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}"
+        print(f"{name:<30}{r['n_gpus']:>7}{r['procs']:>7}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}"
               f"{r['peak_MiB']:>10.0f}"
               f"{r['events']:>9}{r['events'] / r['wall_s']:>10.0f}{r['step_time_s']:>9.3f}"
               f"{r['mfu']:>7.1%}  {r['microbatches']} ({sim})", flush=True)

@@ -101,29 +101,45 @@ def extend(values: Sequence[float], ms: Sequence[int], m: int) -> float:
     return c + (m - m3) / (m3 - m2) * (c - b)
 
 
-def one_cycle_inserted(short: pd.DataFrame, long: pd.DataFrame, keys: Sequence[str],
+def one_cycle_inserted(short: Mapping, long: Mapping, keys: Sequence[str],
                        times: Sequence[str], same: Sequence[str], shift: float,
                        tol: float) -> bool:  # fmt: skip
     """Whether table ``long`` is table ``short`` with rows inserted at one place in each group
     of ``keys`` (a process and stream): the group's rows, in the tables' order, are the
     short group's first rows, then any number of new ones, then the short group's remaining
     rows with every column of ``times`` later by ``shift``; columns ``same`` equal throughout,
-    times within ``tol``."""
-    gs = short.groupby(list(keys), sort=False).indices
-    gl = long.groupby(list(keys), sort=False).indices
+    times within ``tol``. A table is anything whose ``[column]`` gives its values in order (a
+    DataFrame, :class:`~simulator.report.events.EventRows`' columns)."""
+    n_s = len(np.asarray(short[times[0]]))
+
+    def codes(cols: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's values of ``cols`` as one integer, alike in both tables."""
+        out = np.zeros(n_s + len(np.asarray(long[times[0]])), dtype=np.int64)
+        for c in cols:
+            both = np.concatenate([np.asarray(short[c]), np.asarray(long[c])])
+            f, uniq = pd.factorize(both)
+            out = pd.factorize(out * (len(uniq) + 1) + f)[0]  # (kept below the row count)
+        return out[:n_s], out[n_s:]
+
+    def groups(code: np.ndarray) -> dict[int, np.ndarray]:
+        order = np.argsort(code, kind="stable")  # each group's rows stay in table order
+        cuts = np.flatnonzero(np.diff(code[order])) + 1
+        return {int(code[g[0]]): g for g in np.split(order, cuts) if len(g)}
+
+    k_s, k_l = codes(keys)
+    gs, gl = groups(k_s), groups(k_l)
     if gs.keys() != gl.keys():
         return False
-    codes = [pd.factorize(pd.concat([short[c], long[c]], ignore_index=True))[0] for c in same]
-    both = np.column_stack(codes) if codes else np.zeros((len(short) + len(long), 0), int)
-    a_s, a_l = both[: len(short)], both[len(short):]
-    t_s, t_l = short[list(times)].to_numpy(float), long[list(times)].to_numpy(float)
+    a_s, a_l = codes(same)
+    t_s = np.column_stack([np.asarray(short[c], dtype=float) for c in times])
+    t_l = np.column_stack([np.asarray(long[c], dtype=float) for c in times])
     for key, i_s in gs.items():
         i_l = gl[key]
         n, extra = len(i_s), len(i_l) - len(i_s)
         if extra < 0:
             return False
         head = i_l[:n]
-        match = (a_l[head] == a_s[i_s]).all(1) & (np.abs(t_l[head] - t_s[i_s]) <= tol).all(1)
+        match = (a_l[head] == a_s[i_s]) & (np.abs(t_l[head] - t_s[i_s]) <= tol).all(1)
         cut = n if match.all() else int(np.argmin(match))  # rows before: as in the short step
         tail_l, tail_s = i_l[cut + extra:], i_s[cut:]
         if not ((a_l[tail_l] == a_s[tail_s]).all()
@@ -134,14 +150,16 @@ def one_cycle_inserted(short: pd.DataFrame, long: pd.DataFrame, keys: Sequence[s
 
 def steady(short, long) -> bool:
     """Whether the simulated step ``long`` (a :class:`~simulator.run.SimResult`) is ``short``
-    with one steady-state cycle inserted (:func:`one_cycle_inserted` on its events table and
+    with one steady-state cycle inserted (:func:`one_cycle_inserted` on its event rows and
     memory timeline), and ends with the same critical process."""
     s, lg = short.summary, long.summary
     if s["critical_process"] != lg["critical_process"]:
         return False
     shift, tol = lg["step_time_s"] - s["step_time_s"], NOISE_REL * lg["step_time_s"]
+    cols = ("proc", "stream", "start_s", "end_s", *SAME_EVENT)
+    ev_s, ev_l = ({c: r.rows.column(c) for c in cols} for r in (short, long))
     return one_cycle_inserted(
-        short.events, long.events, ("proc", "stream"), ("start_s", "end_s"), SAME_EVENT, shift, tol
+        ev_s, ev_l, ("proc", "stream"), ("start_s", "end_s"), SAME_EVENT, shift, tol
     ) and one_cycle_inserted(
         short.memory, long.memory, ("proc",), ("t_s",), ("delta_bytes", "what"), shift, tol
     )

@@ -18,7 +18,7 @@ from simulator.config.checks import Resolved, resolve
 from simulator.config.load import LoadedWorkload
 from simulator.cost import cost_summary
 from simulator.engine.build import Machine, build_plan, folded_link_bytes, make_job
-from simulator.engine.records import EVENT_COLUMNS, MEMORY_COLUMNS
+from simulator.engine.records import MEMORY_COLUMNS
 from simulator.engine.sim import CountingEnvironment, Engine
 from simulator.errors import ConfigError
 from simulator.extrapolate import (
@@ -41,6 +41,7 @@ from simulator.network.collectives import CollectiveModel
 from simulator.network.innetwork import in_network_constants, nvls_available
 from simulator.network.topology import Topology, load_fabrics
 from simulator.reliability import reliability_summary
+from simulator.report.events import EventRows
 from simulator.report.io import first_non_finite
 from simulator.report.links import LinkLoads
 from simulator.report.summary import GiB, breakdown, imbalance_parts, memory_peak
@@ -48,14 +49,19 @@ from simulator.report.summary import GiB, breakdown, imbalance_parts, memory_pea
 
 @dataclass
 class SimResult:
-    """Everything a run produced: the summary dict and the three tables (the links table
-    made from ``loads`` when first asked for)."""
+    """Everything a run produced: the summary dict and the three tables (the events and links
+    tables made from ``rows`` and ``loads`` when first asked for)."""
 
     summary: dict
-    events: pd.DataFrame
+    rows: EventRows
     memory: pd.DataFrame
     loads: LinkLoads
     extras: dict = field(default_factory=dict)
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        """The events table (:meth:`~simulator.report.events.EventRows.table`)."""
+        return self.rows.table()
 
     @cached_property
     def links(self) -> pd.DataFrame:
@@ -181,7 +187,7 @@ def _simulate_extrapolated(
     if bad:
         raise FloatingPointError(f"the summary's {bad} is not a finite number")
     last = runs[-1]
-    return SimResult(s, last.events, last.memory, links,
+    return SimResult(s, last.rows, last.memory, links,
                      {**last.extras, "simulated_summary": last.summary})  # fmt: skip
 
 
@@ -268,10 +274,7 @@ def _simulate_every(
     ]  # fmt: skip
     bd = breakdown(crit, step, res.size("pp") > 1, pipeline)
 
-    events = pd.DataFrame.from_records(engine.rows, columns=list(EVENT_COLUMNS))
-    events = events.sort_values(["start_s", "gpu", "stream", "end_s"], kind="stable").reset_index(
-        drop=True
-    )
+    events = EventRows(engine.rows)
     memory = _memory_table(engine.mem, procs)
     mem_gib, worst_proc = memory_peak(
         memory, machine.gpu.hbm_GiB * GiB, getattr(machine.gpu, "runtime_reserved_GiB", 0.0) * GiB
@@ -339,13 +342,14 @@ def _simulate_every(
     return SimResult(summary, events, memory, links, extras)
 
 
-def executed_flops(events: pd.DataFrame, procs, inner: int) -> float:
+def executed_flops(events: EventRows, procs, inner: int) -> float:
     """FLOPs the simulated kernels executed in the step, over every GPU (the numerator of
     ``hfu``): each event row's ``flops`` (one GPU's kernels, recomputation included) times the
     GPUs its process stands for (a folded process: the ``inner`` GPUs of a replica's stage,
     its TP x CP group, in each of its replicas)."""
     gpus = {p.label: len(p.replicas) * (inner if p.coords is None else 1) for p in procs}
-    per_proc = events.groupby("proc", sort=False)["flops"].sum()
+    flops = pd.Series(events.column("flops"), dtype=float)  # by process, in table order
+    per_proc = flops.groupby(events.column("proc"), sort=False).sum()
     return float(sum(f * gpus[label] for label, f in per_proc.items()))
 
 

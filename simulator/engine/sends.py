@@ -35,14 +35,20 @@ class CommSpec:
 
 class PipelineSends:
     """The engine's pipeline sends (a mixin of :class:`~simulator.engine.sim.Engine`: it uses
-    the engine's ``plan``, ``env``, ``_recv_event``, ``_row``, ``comm_log``, ``_last_done``,
-    ``_send_ways``, ``_send_static_cache``, ``_dp_running`` and ``_dp_starting``)."""
+    the engine's ``plan``, ``env``, ``_recv_event``, ``_row``, ``rows``, ``comm_log``,
+    ``_last_done``, ``_routes``, ``_send_ways``, ``_send_static_cache``, ``_dp_running`` and
+    ``_dp_starting``)."""
 
     def _send(self, p, phase: str, vs: int, mb: int) -> None:
         """Send activations (F) to the next or gradients (B) to the previous virtual stage."""
-        dst_vs = vs + 1 if phase == "F" else vs - 1
-        dst = self.plan.peer(p, phase, dst_vs)
-        name = f"{'act' if phase == 'F' else 'grad'} mb{mb} -> vs{dst_vs}"
+        route = self._routes.get((p.pid, phase, vs))
+        if route is None:  # (destination process and stage, the row's name around mb)
+            dst_vs = vs + 1 if phase == "F" else vs - 1
+            route = self._routes[(p.pid, phase, vs)] = (
+                self.plan.peer(p, phase, dst_vs), dst_vs,
+                "act mb" if phase == "F" else "grad mb", f" -> vs{dst_vs}")  # fmt: skip
+        dst, dst_vs, head, tail = route
+        name = f"{head}{mb}{tail}"
         recv = self._recv_event(dst, phase, dst_vs, mb)
         prev = self._last_done.get((p.pid, "pp"))
         if self._static_send_now(p, dst, prev):
@@ -85,7 +91,8 @@ class PipelineSends:
         spec, dur, pp_in = hit
         start = self.env.now
         end = start + dur  # the time SimPy gives the event below
-        self._row(p, "pp", "pp_comm", name, start, end, spec.nbytes, 0.0, -1, mb)
+        self.rows.append((p.gpu, p.label, p.stage, "pp", "pp_comm", name, start, end,
+                          spec.nbytes, 0.0, -1, mb, 1, ""))  # (as :meth:`_row` writes it)
         self.comm_log.append((p, spec))
         pp_in.append((start, end))
         recv._ok = True

@@ -183,6 +183,7 @@ class Engine(CombinedSteps, PipelineSends):
         #: without), and (spec, time, receiver's intervals) of its static sends
         self._send_ways: dict[tuple[int, int], tuple[bool, bool]] = {}
         self._send_static_cache: dict[tuple[int, int], tuple] = {}
+        self._routes: dict[tuple, tuple] = {}  # (pid, phase, vs) -> a send's destination
         self._dp_starting = 0  # DP / ZeRO collectives issued by all members, not yet running
 
     # -------------------------------------------------------------------------------- running
