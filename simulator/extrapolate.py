@@ -51,8 +51,9 @@ PERIODIC_REL = 1e-6
 #: share of the step within which :func:`one_cycle_inserted` takes two record times as equal.
 NOISE_REL = 1e-9
 #: Event-table columns that must agree between a record and its counterpart one cycle on
-#: (times aside; a name carries the micro-batch index, which does not).
-SAME_EVENT = ("kind", "layer", "bytes", "flops", "coalesced", "parts")
+#: (times aside; a name carries the micro-batch index, which does not; the parts a row lists
+#: follow from its program, which these and its times pin down).
+SAME_EVENT = ("kind", "layer", "bytes", "flops", "coalesced")
 #: Summary figures that grow linearly with the micro-batches in the steady state.
 LINEAR_KEYS = ("step_time_s", "hardware_flops_per_step")
 
@@ -156,10 +157,10 @@ def steady(short, long) -> bool:
     if s["critical_process"] != lg["critical_process"]:
         return False
     shift, tol = lg["step_time_s"] - s["step_time_s"], NOISE_REL * lg["step_time_s"]
-    cols = ("proc", "stream", "start_s", "end_s", *SAME_EVENT)
+    cols = ("gpu", "stream", "start_s", "end_s", *SAME_EVENT)  # (a process's GPU names it)
     ev_s, ev_l = ({c: r.rows.column(c) for c in cols} for r in (short, long))
     return one_cycle_inserted(
-        ev_s, ev_l, ("proc", "stream"), ("start_s", "end_s"), SAME_EVENT, shift, tol
+        ev_s, ev_l, ("gpu", "stream"), ("start_s", "end_s"), SAME_EVENT, shift, tol
     ) and one_cycle_inserted(
         short.memory, long.memory, ("proc",), ("t_s",), ("delta_bytes", "what"), shift, tol
     )
