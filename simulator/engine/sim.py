@@ -23,6 +23,7 @@ one SimPy timeout, while the events table still gets one row per layer with the 
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from simulator.parallel.schedules import Work, combined, schedule
 #: Streams of the data-parallel communicators (gradient reductions and ZeRO gathers: dense over
 #: cp x dp, routed experts over edp), which share the GPU with compute (interference).
 DP_STREAMS = ("dp", "gather", "edp", "egather")
+#: Allocations between two collections of the youngest generation while a step runs.
+GC_THRESHOLD = 50_000
 
 
 class CountingEnvironment(simpy.Environment):
@@ -194,7 +197,15 @@ class Engine(CombinedSteps, PipelineSends):
                 if nbytes:
                     self.mem.append((0.0, p.pid, nbytes, what))
             self.env.process(self._compute(p))
-        self.env.run()
+        # A step allocates containers by the hundred thousand (events, rows), most short-lived;
+        # at the default threshold (700) the cyclic collector walks the young ones that often:
+        # 14 % of a GPT-530B step's CPU. Rarer while the step runs, as before after it.
+        threshold = gc.get_threshold()
+        gc.set_threshold(max(threshold[0], GC_THRESHOLD), *threshold[1:])
+        try:
+            self.env.run()
+        finally:
+            gc.set_threshold(*threshold)
 
     # -------------------------------------------------------------------------------- helpers
 
