@@ -426,8 +426,9 @@ def moe_summary(job, machine: Machine, res: Resolved) -> dict:
 
 def _memory_table(mem_rows, procs) -> pd.DataFrame:
     df = pd.DataFrame.from_records(mem_rows, columns=["t_s", "pid", "delta_bytes", "what"])
-    df["proc"] = [procs[i].label for i in df["pid"]]
-    df["gpu"] = [procs[i].gpu for i in df["pid"]]
+    pid = df["pid"].to_numpy()
+    df["proc"] = np.array([p.label for p in procs], dtype=object)[pid].tolist()
+    df["gpu"] = np.array([p.gpu for p in procs], dtype=np.int64)[pid]
     df = df.sort_values(["pid", "t_s", "delta_bytes"], kind="stable").reset_index(drop=True)
     df["total_bytes"] = df.groupby("pid")["delta_bytes"].cumsum()
     return df[list(MEMORY_COLUMNS)]
