@@ -2,12 +2,4 @@
 # Fourth pre-registered held-out batch (issue 12): run by the device tool (kind nvidia-h100-x4)
 # after the model was frozen at tag heldout-freeze-4 (the host as a second clock beside each GPU)
 # and its predictions committed (validation/heldout4/predictions-heldout-freeze-4.yaml).
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-set -o pipefail
-D=$(dirname "$0"); R=$OUT/r; mkdir -p "$R"; L=$R/log.txt
-{ date -u; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])'; nvidia-smi --query-gpu=index,name,memory.total,clocks.max.sm,power.limit --format=csv; } > "$R/env.txt" 2>&1
-head -2 "$R/env.txt"
-BUDGET=${BUDGET:-500}
-timeout $(( BUDGET + 20 )) python3 "$D/steps.py" --driver --out "$R" --label first --budget-s "$BUDGET" --case-timeout-s 60 \
-  --only h4_tp4sp_F,h4_moe_ep4_R,h4_tp2dp2_G,h4_ddp4_G,h4_pp4_int2_F,h4_tp2pp2_F,h4_fsdp4_F_rc,h4_moe_ep2dp2_R,h4_pp4_gpipe_F 2>&1 | grep -v "Warning: \[PG" | tee -a "$L" | grep -E "RESULT|===|Error|error"
-date -u | tee -a "$L"; wc -l "$R"/*.jsonl
+exec "$(dirname "$0")/steps_batch.sh" h4_tp4sp_F,h4_moe_ep4_R,h4_tp2dp2_G,h4_ddp4_G,h4_pp4_int2_F,h4_tp2pp2_F,h4_fsdp4_F_rc,h4_moe_ep2dp2_R,h4_pp4_gpipe_F 500

@@ -14,12 +14,11 @@ those frozen predictions (MAPE and bias per group and size band).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import prereg  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -28,9 +27,6 @@ SIZES = [4096 * 4**i for i in range(11)]  # 4 KiB .. 4 GiB; comm.py stops at --m
 
 
 def predict() -> int:
-    if OUT.exists():
-        print(f"{OUT} exists: predictions are made once, before measuring", file=sys.stderr)
-        return 2
     sys.path.insert(0, str(ROOT))
     from simulator.config.load import load_topology
     from simulator.hardware.catalog import load_gpu
@@ -45,39 +41,11 @@ def predict() -> int:
         for b in SIZES:
             rows.append({"op": "all_to_all", "group": g, "bytes": b,
                          "predicted_s": float(coll.cost("all_to_all", groups, b).time_s)})
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    OUT.write_text(yaml.safe_dump({"commit": commit, "topology": "topologies/h200x4-nvswitch.yaml",
-                                   "splits": "uniform", "timing": "events", "rows": rows},
-                                  sort_keys=False))
-    print(f"wrote {OUT} ({len(rows)} rows) at {commit}")
-    return 0
+    return prereg.write(OUT, "topologies/h200x4-nvswitch.yaml", rows)
 
 
 def score(data: str) -> int:
-    pred = {(r["group"], r["bytes"]): r["predicted_s"]
-            for r in yaml.safe_load(OUT.read_text())["rows"]}
-    errs: dict[tuple[int, str], list[float]] = {}
-    for line in open(data):
-        r = json.loads(line)
-        if r.get("op") != "all_to_all" or r.get("splits", "uniform") != "uniform":
-            continue
-        if r.get("timing", "events") != "events" or (r["group"], r["bytes"]) not in pred:
-            continue
-        b = r["bytes"]
-        band = "<= 1 MiB" if b <= 2**20 else "4-64 MiB" if b <= 64 * 2**20 else ">= 256 MiB"
-        e = pred[(r["group"], b)] / r["time_s"] - 1.0
-        errs.setdefault((r["group"], band), []).append(e)
-        print(f"group {r['group']} {b:>11d} B: predicted {pred[(r['group'], b)] * 1e6:9.1f} us, "
-              f"measured {r['time_s'] * 1e6:9.1f} us, {e:+.1%}")
-    every = [e for v in errs.values() for e in v]
-    for (g, band), v in sorted(errs.items()):
-        print(f"group {g} {band:10s}: {len(v)} sizes, MAPE {sum(map(abs, v)) / len(v):.1%}, "
-              f"bias {sum(v) / len(v):+.1%}")
-    if every:
-        print(f"all: {len(every)} rows, MAPE {sum(map(abs, every)) / len(every):.1%}, "
-              f"bias {sum(every) / len(every):+.1%}")
-    return 0
+    return prereg.score(OUT, data, lambda r: f"group {r['group']}")
 
 
 if __name__ == "__main__":
