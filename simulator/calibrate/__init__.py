@@ -6,7 +6,7 @@ measurement files in the repository, printed beside the value the catalog ships.
 | set | module | data | catalog |
 |---|---|---|---|
 | network: NVLink efficiency, launch, copy rate, intra-node ring step; the launch split | :mod:`.network` | ``data/calibration/h200x4-nvswitch/collectives.jsonl`` (fit), ``data/measured/h200x4/collectives.jsonl`` (split) | ``simulator/network/fabrics.yaml`` |
-| kernel launch gap, copy bandwidth, the host's eager launch interval | :mod:`.launch` | ``simulator/hardware/data/*/sync_vs_events.jsonl``, ``gemm.jsonl``, ``data/measured/h100x1/elementwise.jsonl`` | ``gpus.yaml`` ``kernel_launch_s``, ``hbm_efficiency``, ``host_launch_s``, ``host_gemm_launch_s`` |
+| kernel launch gap, copy bandwidth | :mod:`.launch` | ``simulator/hardware/data/*/sync_vs_events.jsonl``, ``gemm.jsonl`` | ``gpus.yaml`` ``kernel_launch_s``, ``hbm_efficiency`` |
 | compute slowed beside communication; communication slowed beside compute by GPU, operation, group and size | :mod:`.interference` | ``data/measured/h200x4/interference.jsonl``, ``data/measured/h100x4/comm_beside_compute-*.jsonl`` | ``fabrics.yaml`` ``compute_slowdown_beside_comm``, ``comm_slowdown_beside_compute`` |
 | memory-bound access classes | :mod:`.memory` | ``data/measured/h100x1``, ``data/measured/h200x1`` | ``gpus.yaml`` ``memory_access`` |
 | GEMM and flash-attention parameters | :mod:`.compute` | the ``calibration`` files of each GPU in ``gpus.yaml`` | ``gpus.yaml`` ``gemm``, ``attention`` |

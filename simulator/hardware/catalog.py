@@ -121,10 +121,6 @@ class GPUSpec:
     #: HBM a training process holds beyond its tensors: CUDA context, NCCL communicators and
     #: buffers, library workspaces, caching-allocator slack (see gpus.yaml)
     runtime_reserved_GiB: float = 0.0
-    #: host time to launch one kernel from eager PyTorch (``host_gemm_launch_s`` for a matrix
-    #: product): what bounds a GPU that waits on its host after a synchronisation (gpus.yaml)
-    host_launch_s: float = 0.0
-    host_gemm_launch_s: float = 0.0
     #: host time per kernel of eager PyTorch model code in a training step, and per collective
     #: call from it (module calls, autocast, autograd recording and its engine, custom autograd
     #: functions, process-group calls): an eager program cannot run faster than its host
@@ -391,8 +387,7 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
             field=f"{field}.runtime_reserved_GiB",
         )
     values["runtime_reserved_GiB"] = float(reserved)
-    for key in ("host_launch_s", "host_gemm_launch_s", "host_op_s", "host_collective_s",
-                "host_sync_s", "host_moe_op_s"):
+    for key in ("host_op_s", "host_collective_s", "host_sync_s", "host_moe_op_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
     for key in ("nvlink_line_GBps", "nic_Gbps", "pcie_GBps"):

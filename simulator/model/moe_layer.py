@@ -138,7 +138,7 @@ def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, di
     if kernels == "eager" and not backward:
         # Plain PyTorch splits the tokens per expert with sizes it reads on the host
         # (``counts.tolist()``, after the count exchange when there is one): the host waits
-        # for the GPU there (simulator.engine.program.host_launch prices what follows).
+        # for the GPU there (the host clock of simulator.engine.host prices what follows).
         at = max(i for i, op in enumerate(body) if op.name in ("permute", "moe_counts"))
         body.insert(at + 1, Op("moe_counts_sync", HOST_SYNC, "moe"))
     return body
