@@ -13,6 +13,20 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+SIZES = [4096 * 4**i for i in range(11)]  # 4 KiB .. 4 GiB; comm.py stops at --max-bytes
+
+
+def collective_model(topology: str):
+    """The simulator's collective model of the topology file ``topology`` (relative to the
+    repository): ``.cost(op, groups, nbytes).time_s``."""
+    sys.path.insert(0, str(ROOT))
+    from simulator.config.load import load_topology
+    from simulator.hardware.catalog import load_gpu
+    from simulator.network.collectives import CollectiveModel
+    from simulator.network.topology import Topology
+
+    cfg = load_topology(ROOT / topology)
+    return CollectiveModel(Topology(cfg, load_gpu(cfg.gpu)))
 
 
 def band(nbytes: int) -> str:

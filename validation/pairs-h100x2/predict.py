@@ -22,27 +22,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import prereg  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
 OUT = HERE / "predictions.yaml"
-SIZES = [4096 * 4**i for i in range(11)]  # 4 KiB .. 4 GiB; comm.py stops at --max-bytes
+SIZES = prereg.SIZES
+TOPOLOGY = "topologies/h100x2-nvswitch.yaml"
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 def predict() -> int:
-    sys.path.insert(0, str(ROOT))
-    from simulator.config.load import load_topology
-    from simulator.hardware.catalog import load_gpu
-    from simulator.network.collectives import CollectiveModel
-    from simulator.network.topology import Topology
-
-    cfg = load_topology(ROOT / "topologies/h100x2-nvswitch.yaml")
-    coll = CollectiveModel(Topology(cfg, load_gpu(cfg.gpu)))
+    coll = prereg.collective_model(TOPOLOGY)
     rows = []
     for op in OPS:
         for b in SIZES:
             rows.append({"op": op, "group": 2, "bytes": b,
                          "predicted_s": float(coll.cost(op, [[0, 1]], b).time_s)})
-    return prereg.write(OUT, "topologies/h100x2-nvswitch.yaml", rows)
+    return prereg.write(OUT, TOPOLOGY, rows)
 
 
 def score(data: str) -> int:
