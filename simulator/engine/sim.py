@@ -298,6 +298,8 @@ class Engine(CombinedSteps, PipelineSends):
 
             hit = self._host_cache[key] = (prog, program_matrix(prog, self.plan.host, gpu_time))
         _, gh, hg, hh = hit[1]
+        # the GPU term is the engine's own ``end`` (not ``start + gg``: a program split at a
+        # synchronisation prices its pieces apart, which can differ from the engine's time)
         done = max(end, p.host_s + gh)
         p.host_s = max(start + hg, p.host_s + hh)
         return done, ((*comm, ("host", done - end)) if done > end else comm)
