@@ -10,7 +10,7 @@ measurement files in the repository, printed beside the value the catalog ships.
 | compute slowed beside communication; communication slowed beside compute by GPU, operation, group and size | :mod:`.interference` | ``data/measured/h200x4/interference.jsonl``, ``data/measured/h100x4/comm_beside_compute-*.jsonl`` | ``fabrics.yaml`` ``compute_slowdown_beside_comm``, ``comm_slowdown_beside_compute`` |
 | memory-bound access classes | :mod:`.memory` | ``data/measured/h100x1``, ``data/measured/h200x1`` | ``gpus.yaml`` ``memory_access`` |
 | GEMM and flash-attention parameters | :mod:`.compute` | the ``calibration`` files of each GPU in ``gpus.yaml`` | ``gpus.yaml`` ``gemm``, ``attention`` |
-| the host's time per kernel and per collective call of eager model code | :mod:`.host` | ``data/measured/tiny-h100x4/steps.jsonl`` (host-bound steps) and the simulator's op counts of the same configurations | ``gpus.yaml`` ``host_op_s``, ``host_collective_s`` |
+| the host's time per kernel and per collective call of eager model code, per MoE routing kernel, per FSDP2 collective call with its hook | :mod:`.host` | ``data/measured/tiny-h100x4/steps.jsonl`` (host-bound steps) and the simulator's op counts of the same configurations; ``data/measured/host-ops-h100x4/``; ``data/measured/fsdp-units-h100x2/`` | ``gpus.yaml`` ``host_op_s``, ``host_collective_s``, ``host_sync_s``, ``host_moe_op_s``, ``host_fsdp_call_s`` |
 
 Each module has ``refit() -> dict[name, (refitted, shipped)]``; ``tests/test_calibration.py``
 checks that every shipped constant equals its refit within the rounding stated there. No

@@ -1,8 +1,9 @@
 """Refit the host's time per kernel of eager model code, per collective call, to resume after
-a synchronisation, and per kernel of MoE token routing (``host_op_s``, ``host_collective_s``,
-``host_sync_s``, ``host_moe_op_s`` in gpus.yaml).
+a synchronisation, per kernel of MoE token routing and per FSDP2 collective call with its
+hook (``host_op_s``, ``host_collective_s``, ``host_sync_s``, ``host_moe_op_s``,
+``host_fsdp_call_s`` in gpus.yaml).
 
-Two kinds of measurement on 4x H100, each with its README:
+Two kinds of measurement on 4x H100, and one on 2x H100, each with its README:
 
 * ``data/measured/host-ops-h100x4/``: micro-benchmarks of one kind of call at a time
   (``benchmarks/device/host_ops.py``): chains of the measured training scripts' collective
@@ -24,6 +25,17 @@ Two kinds of measurement on 4x H100, each with its README:
   :func:`simulator.model.moe.routing_op`); skewed routing (more host time, not modelled) and
   FSDP2 (per-unit hooks) are left out. The counts are the simulator's op lists (``simulator/model/eager.py``),
   so a change to them changes the refit: ``tests/test_calibration.py`` then asks for a new one.
+* ``data/measured/fsdp-units-h100x2/``: FSDP2's cost per unit (``benchmarks/device/fsdp_units.py``
+  on 2x H100): the same 64 Linear(4096, 4096) layers (64 parameter tensors) split into 2..64
+  ``fully_shard`` units. ``host_fsdp_call_s`` is the host's time of one FSDP2 collective call
+  with its hook (:data:`simulator.engine.host.FSDP_CALLS`: an all-gather in forward, an
+  all-gather and a reduce-scatter in backward), fitted by least squares on relative error,
+  through zero, to ``step - alone = units x (3 host_fsdp_call_s + host_op_s)`` (``host_op_s``:
+  the gradient cast before each reduce-scatter, a kernel the simulator already prices) on the
+  rows the host sets: those whose step exceeds the unsharded compute plus every collective of
+  the step back to back (16, 32 and 64 units at 512 tokens). The parameter count is the same
+  in every row, so a cost per parameter tensor would be a constant there: the fit through zero
+  says the rows leave none to find (see :func:`fit_fsdp`).
 """
 
 from __future__ import annotations
@@ -38,10 +50,12 @@ import numpy as np
 import pandas as pd
 
 from simulator.calibrate import REPO
-from simulator.hardware.catalog import default_kernel_params
+from simulator.engine.host import FSDP_CALLS
+from simulator.hardware.catalog import default_kernel_params, load_gpu
 from simulator.model.moe import routing_op
 
 DATA = (REPO / "data/measured/tiny-h100x4/steps.jsonl", REPO / "data/measured/tiny3-h100x4/steps.jsonl")
+FSDP_UNITS = REPO / "data/measured/fsdp-units-h100x2/fsdp_units.jsonl"
 OPS = sorted((REPO / "data/measured/host-ops-h100x4").glob("host_ops_k*.jsonl"))
 #: collective calls in one chain element of each wrapper of host_ops.py
 WRAPPER_CALLS = {"copy_to_tp": 1, "reduce_from_tp": 1, "gather_scatter_seq": 4,
@@ -157,6 +171,45 @@ def fit_moe() -> tuple[float, dict[str, tuple[float, int, int, int, int]]]:
     return float(km @ rest / (km @ km)), rows
 
 
+def fsdp_copy_bytes(world: int) -> float:
+    """HBM bytes FSDP2's copies move per parameter element in one step, bf16 compute from
+    fp32 shards, fp32 reduction (``_fsdp_collectives.py``): each all-gather (forward and
+    backward) casts the fp32 shard to bf16 (4 + 2 bytes per shard element), copies it into
+    the all-gather buffer (2 + 2) and splits the output into the parameters (2 + 2 per
+    element); the reduce-scatter's chunk-cat reads the bf16 gradient and writes fp32 (2 + 4)."""
+    return 2 * ((4 + 2 + 2 + 2) / world + 2 + 2) + 2 + 4
+
+
+def fsdp_rows() -> list[dict]:
+    """The FSDP2 unit micro-benchmark's rows, each with ``excess_s`` (the step less the same
+    layers' step unsharded on one GPU), ``gpu_serial_s`` (what FSDP adds to the GPU, back to
+    back: two all-gathers and a reduce-scatter per unit, and the copies of
+    :func:`fsdp_copy_bytes` at H100's streaming bandwidth) and ``host_bound`` (the excess is
+    more than that: only the host can have set it)."""
+    rows = [json.loads(x) for x in FSDP_UNITS.read_text().splitlines() if x.strip()]
+    bw = load_gpu("H100-SXM-80GB").hbm_Bps
+    for r in rows:
+        params = r["layers"] * r["hidden"] ** 2
+        r["excess_s"] = r["step_s"] - r["alone_compute_s"]
+        r["gpu_serial_s"] = (r["units"] * (2 * r["ag_s"] + r["rs_s"])
+                             + params * fsdp_copy_bytes(2) / bw)
+        r["host_bound"] = r["excess_s"] > r["gpu_serial_s"]
+    return rows
+
+
+def fit_fsdp(op_s: float) -> float:
+    """``host_fsdp_call_s`` (module docstring), given ``host_op_s``. Fitted with an intercept
+    as well, the three rows give 4.7 ms (2.56 ms a unit): within their scatter (residuals
+    -8..+10 % through zero), and with the 64 parameter tensors fixed it cannot tell work per
+    parameter tensor (at most 73 us each a step) from the root's once a step, so it is not
+    modelled."""
+    calls = len(FSDP_CALLS["fwd"]) + len(FSDP_CALLS["bwd"])
+    rows = [r for r in fsdp_rows() if r["host_bound"]]
+    a = np.array([calls * r["units"] / r["excess_s"] for r in rows])
+    b = np.array([1.0 - op_s * r["units"] / r["excess_s"] for r in rows])
+    return float(a @ b / (a @ a))
+
+
 def refit() -> dict[str, tuple[float, float]]:
     """{constant: (refitted, shipped)}, the refit rounded as shipped (0.01 us, 0.1 us)."""
     op_s, coll_s, _ = fit()
@@ -166,4 +219,6 @@ def refit() -> dict[str, tuple[float, float]]:
     return {"defaults.host_op_s": (round(op_s * 1e8) / 1e8, d["host_op_s"]),
             "defaults.host_collective_s": (round(coll_s * 1e7) / 1e7, d["host_collective_s"]),
             "defaults.host_sync_s": (round(sync_s * 1e7) / 1e7, d["host_sync_s"]),
-            "defaults.host_moe_op_s": (round(moe_s * 1e8) / 1e8, d["host_moe_op_s"])}
+            "defaults.host_moe_op_s": (round(moe_s * 1e8) / 1e8, d["host_moe_op_s"]),
+            "defaults.host_fsdp_call_s": (round(fit_fsdp(op_s) * 1e7) / 1e7,
+                                          d["host_fsdp_call_s"])}

@@ -634,7 +634,7 @@ class _Builder:
         if self.t.kernels != "eager" or (gpu.host_op_s <= 0.0 and gpu.host_collective_s <= 0.0):
             return None
         return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s,
-                         gpu.host_moe_op_s)
+                         gpu.host_moe_op_s, gpu.host_fsdp_call_s)
 
     def grad_work(self) -> tuple[Callable, Callable]:
         t, gb = self.t, BYTES[self.t.grad_reduce_dtype]

@@ -44,13 +44,15 @@ IDENTITY: Matrix = (0.0, NEG, NEG, 0.0)
 @dataclass(frozen=True)
 class HostRates:
     """The host's time per kernel of eager model code, per collective call, to resume after a
-    synchronisation, and per kernel of an MoE layer's token routing (router, counts,
-    permutation, combine: more Python per kernel than model code) (seconds)."""
+    synchronisation, per kernel of an MoE layer's token routing (router, counts,
+    permutation, combine: more Python per kernel than model code), and per FSDP2 collective
+    call of a ZeRO-3 unit with its hook (seconds; see :data:`FSDP_CALLS`)."""
 
     op_s: float
     collective_s: float
     sync_s: float
     moe_op_s: float = 0.0
+    fsdp_call_s: float = 0.0
 
     def part_s(self, part) -> float:
         """Host time to issue one part of a program."""
@@ -59,6 +61,17 @@ class HostRates:
         if self.moe_op_s > 0.0 and part.block == "moe" and routing_op(part.name):
             return self.moe_op_s
         return self.op_s
+
+
+#: FSDP2's collective calls of one unit per pass, with reshard after forward (its default
+#: and the measured scripts'): ``FSDPParamGroup.pre_forward`` unshards (all-gather of the
+#: shards: a foreach copy-in, the collective, a per-parameter copy-out and ``to_unsharded``)
+#: and ``post_forward`` reshards; in backward ``pre_backward`` unshards again and
+#: ``post_backward`` reduce-scatters (``foreach_reduce``: chunk-cat into the reduce dtype, the
+#: collective, a sharded-gradient view per parameter) and reshards. The host's time of each
+#: call, hook included, is ``HostRates.fsdp_call_s`` beyond the kernels the simulator prices
+#: at their own rate (the gradient cast before the reduce-scatter, ``grad_prep``).
+FSDP_CALLS = {"fwd": ("all_gather",), "bwd": ("all_gather", "reduce_scatter")}
 
 
 def compose(m1: Matrix, m2: Matrix) -> Matrix:

@@ -32,7 +32,7 @@ from heapq import heappush
 import simpy
 
 from simulator.engine.combined import CombinedSteps
-from simulator.engine.host import HostRates, program_matrix
+from simulator.engine.host import FSDP_CALLS, HostRates, program_matrix
 from simulator.engine.program import Part, Program, StagePrograms, program_time
 from simulator.engine.sends import CommSpec, PipelineSends
 from simulator.parallel.schedules import Work, combined, schedule
@@ -625,6 +625,10 @@ class Engine(CombinedSteps, PipelineSends):
         parameters; in backward also reduce-scatter the unit's gradients."""
         plan = self.plan
         gathers: dict[object, simpy.Event] = {}
+        # eager (FSDP2): the host's time of each unit's hooks and collective calls, on the
+        # host clock before the unit's kernels (hidden where the GPU is the slower one)
+        fsdp_s = plan.host.fsdp_call_s if plan.host is not None else 0.0
+        hooked: set[object] = set()
 
         def unit(label: str, layer: int) -> object:
             return layer if layer >= 0 else label  # "embed" | "head"
@@ -664,6 +668,10 @@ class Engine(CombinedSteps, PipelineSends):
                 gather(order[idx + 1])
             if u in gathers:
                 yield gathers[u]
+            if fsdp_s and u not in hooked:
+                hooked.add(u)
+                moved = dict(zip(("all_gather", "reduce_scatter"), sizes(u), strict=True))
+                p.host_s += fsdp_s * sum(moved[c] > 0 for c in FSDP_CALLS[kind])
             # Let the collectives issued at this instant start, so the kernels see them.
             yield self.env.timeout(0)
             f = mem_after

@@ -131,6 +131,10 @@ class GPUSpec:
     host_sync_s: float = 0.0
     #: host time per kernel of an MoE layer's expert block in eager code (0: ``host_op_s``)
     host_moe_op_s: float = 0.0
+    #: host time of one FSDP2 collective call of eager ZeRO-3 code with the hook around it
+    #: (a unit's all-gather with its copy-in, copy-out and reshard; a reduce-scatter with its
+    #: chunk-cat and the sharded gradients' views), beyond its kernels' own rate (gpus.yaml)
+    host_fsdp_call_s: float = 0.0
     #: NVLink generation (3 Ampere, 4 Hopper, 5 Blackwell); None for a GPU without NVLink
     nvlink_generation: int | None = None
     #: NVLink line rate per GPU per direction (links x signalling rate); what a topology uses
@@ -387,7 +391,8 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
             field=f"{field}.runtime_reserved_GiB",
         )
     values["runtime_reserved_GiB"] = float(reserved)
-    for key in ("host_op_s", "host_collective_s", "host_sync_s", "host_moe_op_s"):
+    for key in ("host_op_s", "host_collective_s", "host_sync_s", "host_moe_op_s",
+                "host_fsdp_call_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
     for key in ("nvlink_line_GBps", "nic_Gbps", "pcie_GBps"):

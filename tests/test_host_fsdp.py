@@ -1,0 +1,53 @@
+"""FSDP2's per-unit host work on the host clock of eager ZeRO-3 steps
+(``HostRates.fsdp_call_s``, :data:`simulator.engine.host.FSDP_CALLS`): exposed where the host
+sets the step, hidden where the GPU does. Counts worked out by hand from the workload."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.config.load import load_workload
+from simulator.engine.host import FSDP_CALLS
+from simulator.run import simulate
+from tests.conftest import ROOT
+
+CASE = ROOT / "validation/heldout5/h5_fsdp2_S.yaml"  # 12 layers, FSDP 2, 2 micro-batches each
+# steps.py --tiny widths: the GPU has almost nothing to do, the host sets the step
+TINY = ("model.hidden=256", "model.ffn_hidden=512", "model.heads=8", "model.kv_heads=8",
+        "model.vocab=1024", "model.seq_len=128")
+# wide enough that every layer's kernels take far longer than their host issues them
+WIDE = ("model.layers=4", "model.hidden=8192", "model.ffn_hidden=28672", "model.heads=64",
+        "model.kv_heads=64", "model.seq_len=4096", "training.micro_batch=1",
+        "training.global_batch=4")
+
+
+def _step(overrides: tuple[str, ...], call_s: float) -> dict:
+    gpu = f"topology.gpu={{base: H100-SXM-80GB, host_fsdp_call_s: {call_s!r}}}"
+    return simulate(load_workload(CASE, [*overrides, gpu])).summary
+
+
+def test_fsdp_calls_per_unit_follow_fsdp2():
+    """Reshard after forward: one all-gather per unit in forward; in backward another
+    all-gather and the reduce-scatter."""
+    assert FSDP_CALLS == {"fwd": ("all_gather",), "bwd": ("all_gather", "reduce_scatter")}
+
+
+def test_launch_bound_fsdp_step_exposes_every_units_hooks():
+    """At tiny widths each of the 14 units (12 layers, the embedding, the head) costs its host
+    3 FSDP calls per micro-batch, 2 micro-batches per replica: 84 calls. At 1 ms a call the
+    step grows by 84 ms, all of it shown as ``host``."""
+    base, hooked = _step(TINY, 0.0), _step(TINY, 1e-3)
+    calls = 3 * 14 * 2
+    grown = hooked["step_time_s"] - base["step_time_s"]
+    assert grown == pytest.approx(calls * 1e-3, rel=0.01)
+    shown = hooked["breakdown_s"]["host"] - base["breakdown_s"]["host"]
+    assert shown == pytest.approx(calls * 1e-3, rel=0.02)
+
+
+def test_compute_bound_fsdp_step_hides_the_hooks():
+    """At hidden 8,192 and 4,096-token sequences a layer's forward keeps the GPU busy for
+    milliseconds: the host's 3 x 6 units x 2 micro-batches x 1 ms = 36 ms of FSDP calls run
+    while the GPU computes, and the step moves by under 1 % of that."""
+    base, hooked = _step(WIDE, 0.0), _step(WIDE, 1e-3)
+    assert base["breakdown_s"]["compute"] > 0.8 * base["step_time_s"]
+    assert abs(hooked["step_time_s"] - base["step_time_s"]) < 0.01 * 36e-3
