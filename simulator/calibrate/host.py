@@ -32,10 +32,8 @@ Two kinds of measurement on 4x H100, and one on 2x H100, each with its README:
   all-gather and a reduce-scatter in backward), fitted by least squares on relative error,
   through zero, to ``step - alone = units x (3 host_fsdp_call_s + host_op_s)`` (``host_op_s``:
   the gradient cast before each reduce-scatter, a kernel the simulator already prices) on the
-  rows the host sets: those whose step exceeds the unsharded compute plus every collective of
-  the step back to back (16, 32 and 64 units at 512 tokens). The parameter count is the same
-  in every row, so a cost per parameter tensor would be a constant there: the fit through zero
-  says the rows leave none to find (see :func:`fit_fsdp`).
+  rows the host sets (16, 32 and 64 units at 512 tokens; :func:`fit_fsdp`). The parameter
+  tensors are the same in every row, so a cost per tensor would be a constant there.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ import pandas as pd
 
 from simulator.calibrate import REPO
 from simulator.engine.host import FSDP_CALLS
-from simulator.hardware.catalog import default_kernel_params, load_gpu
+from simulator.hardware.catalog import default_kernel_params
 from simulator.model.moe import routing_op
 
 DATA = (REPO / "data/measured/tiny-h100x4/steps.jsonl", REPO / "data/measured/tiny3-h100x4/steps.jsonl")
@@ -171,43 +169,43 @@ def fit_moe() -> tuple[float, dict[str, tuple[float, int, int, int, int]]]:
     return float(km @ rest / (km @ km)), rows
 
 
-def fsdp_copy_bytes(world: int) -> float:
-    """HBM bytes FSDP2's copies move per parameter element in one step, bf16 compute from
-    fp32 shards, fp32 reduction (``_fsdp_collectives.py``): each all-gather (forward and
-    backward) casts the fp32 shard to bf16 (4 + 2 bytes per shard element), copies it into
-    the all-gather buffer (2 + 2) and splits the output into the parameters (2 + 2 per
-    element); the reduce-scatter's chunk-cat reads the bf16 gradient and writes fp32 (2 + 4)."""
-    return 2 * ((4 + 2 + 2 + 2) / world + 2 + 2) + 2 + 4
-
-
-def fsdp_rows() -> list[dict]:
-    """The FSDP2 unit micro-benchmark's rows, each with ``excess_s`` (the step less the same
-    layers' step unsharded on one GPU), ``gpu_serial_s`` (what FSDP adds to the GPU, back to
-    back: two all-gathers and a reduce-scatter per unit, and the copies of
-    :func:`fsdp_copy_bytes` at H100's streaming bandwidth) and ``host_bound`` (the excess is
-    more than that: only the host can have set it)."""
+def fsdp_rows() -> dict[int, dict[int, float]]:
+    """{tokens: {units: excess}} of FSDP2's unit micro-benchmark: the step less the same
+    layers' step unsharded on one GPU (one parameter tensor a layer)."""
     rows = [json.loads(x) for x in FSDP_UNITS.read_text().splitlines() if x.strip()]
-    bw = load_gpu("H100-SXM-80GB").hbm_Bps
+    out: dict[int, dict[int, float]] = {}
     for r in rows:
-        params = r["layers"] * r["hidden"] ** 2
-        r["excess_s"] = r["step_s"] - r["alone_compute_s"]
-        r["gpu_serial_s"] = (r["units"] * (2 * r["ag_s"] + r["rs_s"])
-                             + params * fsdp_copy_bytes(2) / bw)
-        r["host_bound"] = r["excess_s"] > r["gpu_serial_s"]
-    return rows
+        if r.get("tensors", 1) == 1:
+            out.setdefault(r["tokens"], {})[r["units"]] = r["step_s"] - r["alone_compute_s"]
+    return out
 
 
-def fit_fsdp(op_s: float) -> float:
-    """``host_fsdp_call_s`` (module docstring), given ``host_op_s``. Fitted with an intercept
-    as well, the three rows give 4.7 ms (2.56 ms a unit): within their scatter (residuals
-    -8..+10 % through zero), and with the 64 parameter tensors fixed it cannot tell work per
-    parameter tensor (at most 73 us each a step) from the root's once a step, so it is not
-    modelled."""
+def fit_fsdp(op_s: float) -> tuple[float, list[int]]:
+    """(``host_fsdp_call_s``, the unit counts it is fitted on), given ``host_op_s``.
+
+    At 512 tokens a step's excess is either what FSDP adds on the GPU (copies, collectives
+    not hidden) or, where the host is the slower one, its host time for the units,
+    ``units x (3 calls + host_op_s)``. What FSDP adds on the GPU is measured by the
+    16,384-token row of the same unit count, where compute hides the host. A row is
+    host-bound where the modelled host time exceeds that; the rate is fitted (least squares
+    on relative error, through zero) on those rows and the selection repeated until it holds
+    (16, 32 and 64 units). With an intercept as well, the three rows give 4.7 ms (2.56 ms a
+    unit): within their scatter (residuals -8..+10 % through zero), and with the 64 parameter
+    tensors fixed it cannot tell work per parameter tensor (at most 73 us each a step) from
+    the root's once a step, so it is not modelled."""
     calls = len(FSDP_CALLS["fwd"]) + len(FSDP_CALLS["bwd"])
-    rows = [r for r in fsdp_rows() if r["host_bound"]]
-    a = np.array([calls * r["units"] / r["excess_s"] for r in rows])
-    b = np.array([1.0 - op_s * r["units"] / r["excess_s"] for r in rows])
-    return float(a @ b / (a @ a))
+    rows = fsdp_rows()
+    short, hidden = rows[min(rows)], rows[max(rows)]
+    sel = sorted(short)
+    for _ in range(len(short)):
+        a = np.array([calls * u / short[u] for u in sel])
+        b = np.array([1.0 - op_s * u / short[u] for u in sel])
+        c = float(a @ b / (a @ a))
+        new = [u for u in sorted(short) if u * (calls * c + op_s) > hidden[u]]
+        if new == sel:
+            break
+        sel = new
+    return c, sel
 
 
 def refit() -> dict[str, tuple[float, float]]:
@@ -220,5 +218,5 @@ def refit() -> dict[str, tuple[float, float]]:
             "defaults.host_collective_s": (round(coll_s * 1e7) / 1e7, d["host_collective_s"]),
             "defaults.host_sync_s": (round(sync_s * 1e7) / 1e7, d["host_sync_s"]),
             "defaults.host_moe_op_s": (round(moe_s * 1e8) / 1e8, d["host_moe_op_s"]),
-            "defaults.host_fsdp_call_s": (round(fit_fsdp(op_s) * 1e7) / 1e7,
+            "defaults.host_fsdp_call_s": (round(fit_fsdp(op_s)[0] * 1e7) / 1e7,
                                           d["host_fsdp_call_s"])}
