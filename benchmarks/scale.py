@@ -7,6 +7,7 @@
     python benchmarks/scale.py --imports  # only the command line's start-up (python -X importtime)
     python benchmarks/scale.py --plan     # only `plan` of Llama 3.1 405B on 16,384 GPUs
     python benchmarks/scale.py --overlap  # only gradient reduction overlapped or not (events)
+    python benchmarks/scale.py --schedules  # only DeepSeek-V3 under 1F1B, combined 1F1B, DualPipe
 
 Each case runs in a fresh subprocess so that its peak memory (max RSS) is its own. Prints, per
 case: GPUs, simulated processes, simulator wall and CPU time, peak memory, SimPy events,
@@ -77,6 +78,12 @@ IMPORT_CASES = [  # command lines whose start-up is measured
 OVERLAP_CASES = [  # (name, workload, overrides): one layout, gradient reduction overlapped or not
     (f"{w} overlap {o}", f"workloads/{w}.yaml", [f"training.overlap_grad_reduce={o}"])
     for w in ("llama3-405b", "llama70b") for o in ("true", "false")
+]
+SCHEDULE_CASES = [  # (name, workload, overrides): one MoE job under each pipeline schedule
+    ("deepseek-v3 1f1b", "workloads/deepseek-v3.yaml", []),
+    ("deepseek-v3 combined 1f1b", "workloads/deepseek-v3.yaml",
+     ["training.overlap_moe_expert_parallel_comm=true"]),
+    ("deepseek-v3 dualpipe", "workloads/deepseek-v3.yaml", ["parallelism.pp_schedule=dualpipe"]),
 ]
 HEAVY = ("matplotlib", "pandas", "pyarrow", "ray", "networkx")
 
@@ -165,6 +172,8 @@ def main() -> None:
                     help="only `plan` of Llama 3.1 405B on 16,384 GPUs (every layout)")
     ap.add_argument("--overlap", action="store_true",
                     help="only one layout with overlap_grad_reduce true and false")
+    ap.add_argument("--schedules", action="store_true",
+                    help="only DeepSeek-V3 under 1F1B, combined 1F1B and DualPipe")
     ap.add_argument("--all-microbatches", action="store_true",
                     help="simulate every micro-batch (no steady-state extrapolation)")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -179,15 +188,15 @@ def main() -> None:
         print_plans()
         return
     cases: list[tuple[str, str, list[str]]] = []
-    if a.overlap:
-        cases = list(OVERLAP_CASES)
+    if a.overlap or a.schedules:
+        cases = list(OVERLAP_CASES if a.overlap else SCHEDULE_CASES)
     elif not a.ladder and not a.big:
         for w in sorted((ROOT / "workloads").glob("*.yaml")):
             cases.append((w.stem, str(w), []))
-    if not a.ladder and not a.overlap:  # scale cases too large for the test suite's checks
+    if not a.ladder and not a.overlap and not a.schedules:  # too large for the test suite
         for w in sorted((ROOT / "benchmarks" / "workloads").glob("*.yaml")):
             cases.append((w.stem, str(w), []))
-    for n, tp, pp, dp, nodes in [] if a.big or a.overlap else LADDER:
+    for n, tp, pp, dp, nodes in [] if a.big or a.overlap or a.schedules else LADDER:
         cases.append((f"ladder {n}", str(ROOT / "workloads/llama70b.yaml"), [
             f"parallelism.tp={tp}", f"parallelism.pp={pp}", f"parallelism.dp={dp}",
             f"training.global_batch={dp * 16}", f"topology.nodes={nodes}",

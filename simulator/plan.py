@@ -127,11 +127,8 @@ class Candidate:
     def label(self) -> str:
         sched = ""
         if self.pp > 1:
-            sched = (
-                " 1F1B" if self.pp_schedule == "1f1b" else f" interleaved v{self.virtual_stages}"
-            )
-            if self.pp_schedule == "gpipe":
-                sched = " GPipe"
+            sched = {"1f1b": " 1F1B", "gpipe": " GPipe", "dualpipe": " DualPipe"}.get(
+                self.pp_schedule, f" interleaved v{self.virtual_stages}")
         split = f" layers {_runs(self.stage_layers)}" if self.stage_layers else ""
         knobs = " overlap-gather" if self.overlap_param_gather else ""
         knobs += f" grad:{self.grad_reduce_dtype}" if self.grad_reduce_dtype else ""

@@ -36,6 +36,11 @@ CASES = [
      "pp_schedule": "interleaved", "virtual_stages": 2}, {}, None),
     ("MoE, EP 4", {"pp": 2, "dp": 4, "tp": 2, "ep": 4, "zero": 1, "sequence_parallel": True},
      {}, None),
+    ("dualpipe", {"pp": 4, "dp": 2, "tp": 1, "pp_schedule": "dualpipe"}, {}, None),
+    ("dualpipe, no DP overlap, recompute", {"pp": 4, "dp": 2, "tp": 1, "zero": 1,
+     "pp_schedule": "dualpipe"}, {"overlap_grad_reduce": False, "recompute": "selective"}, None),
+    ("MoE, EP 4, dualpipe", {"pp": 2, "dp": 4, "tp": 2, "ep": 4, "zero": 1,
+     "sequence_parallel": True, "pp_schedule": "dualpipe"}, {}, None),
     ("MoE, skewed routing", {"pp": 2, "dp": 4, "tp": 2, "ep": 4, "zero": 1,
      "sequence_parallel": True},
      {"moe_expert_load": [0.3, 0.2, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05]}, None),
@@ -61,7 +66,7 @@ def _workload(tmp_path, par, training, faults, m):
 def test_extrapolated_equals_every_microbatch(tmp_path, case):
     _, par, training, faults = case
     sched = par.get("pp_schedule", "1f1b")
-    cycle = par["pp"] if sched == "interleaved" else 1
+    cycle = {"interleaved": par["pp"], "dualpipe": 2}.get(sched, 1)
     ms = points(10**6, par["pp"], par.get("virtual_stages", 1), sched)
     m = 6 * (ms[0] + cycle)  # just long enough to be extrapolated
     lw = _workload(tmp_path, par, training, faults, m)

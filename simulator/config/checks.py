@@ -150,6 +150,7 @@ def resolve(
         )
     if par.pp_schedule == "interleaved" and pp == 1:
         raise fail("parallelism.pp_schedule", "interleaved needs pp > 1")
+    _check_dualpipe(par, pp, fail)
     n_virtual = pp * v
     if par.stage_layers is not None:
         sl = tuple(par.stage_layers)
@@ -192,6 +193,13 @@ def resolve(
             "training.global_batch",
             f"the interleaved schedule needs micro-batches ({mbs}) to be a multiple of pp={pp}",
         )
+    if par.pp_schedule == "dualpipe" and (mbs % 2 or mbs < 2 * pp):
+        # (DeepSeek's DualPipe asserts num_chunks % 2 == 0 and num_chunks >= 2 * num_ranks)
+        raise fail(
+            "training.global_batch",
+            f"dualpipe needs an even number of micro-batches per replica, at least 2 pp = "
+            f"{2 * pp} (got {mbs})",
+        )
     for i, s in enumerate(work.faults.stragglers):
         if s.gpu is not None and s.gpu >= n_gpus:
             raise fail(
@@ -228,6 +236,19 @@ def resolve(
     _check_link_cuts(work, topo, file)
     ep, etp, edp = check_moe(work, dp, file)
     return Resolved(n_gpus, tuple(sizes.items()), v, mbs, sl, ep, etp, edp)
+
+
+def _check_dualpipe(par, pp: int, fail) -> None:
+    """DualPipe (DeepSeek-V3): rank ``i`` holds stages ``i`` and ``pp - 1 - i``, so ``pp`` is
+    even; modelled with ZeRO 0-2 (ZeRO-3's per-layer gathers are not split into the input-
+    and weight-gradient passes)."""
+    if par.pp_schedule != "dualpipe":
+        return
+    if pp < 2 or pp % 2:
+        raise fail("parallelism.pp", f"dualpipe needs an even pp of at least 2 (rank i holds "
+                   f"stages i and pp-1-i), got {pp}")
+    if par.zero == 3:
+        raise fail("parallelism.zero", "dualpipe is modelled with zero 0, 1 or 2 (got 3)")
 
 
 #: Tolerance on ``training.moe_expert_load`` summing to 1.

@@ -43,6 +43,7 @@ from simulator.network.flows import FlowNetwork
 from simulator.network.interference import slowdown_fn
 from simulator.network.topology import Topology, load_fabrics
 from simulator.parallel.layout import Layout
+from simulator.parallel.schedules import chunks_per_rank, mirror, stage_rank, virtual_stage
 
 #: Dimensions whose gradients are reduced together, and over which ZeRO shards the model
 #: states: context- and data-parallel ranks hold the same weights (Megatron-LM's
@@ -262,6 +263,12 @@ class _Builder:
         self.ep = job.layout_of("ep").size("ep")
         self.etp = job.layout_of("etp").size("etp")
         self.edp = job.layout_of("edp").size("edp") if self.ep * self.etp > 1 else self.shard
+        # DualPipe: each stage is held by two ranks (i and pp - 1 - i) in every replica, whose
+        # gradients are summed and whose model states ZeRO shards over both
+        self.schedule = self.par.pp_schedule
+        self.chunks = chunks_per_rank(self.schedule, self.v)
+        if mirror(self.schedule, 0, self.pp) is not None:
+            self.shard, self.edp = 2 * self.shard, 2 * self.edp
         self.comm = _Comm(job)
         self.net = FlowNetwork(env, job.machine.topology)
         self._progs: dict[tuple, StagePrograms] = {}
@@ -343,18 +350,34 @@ class _Builder:
                     p.programs = self.programs_for(p)
                     procs.append(p)
 
+    def _holders(self, stage: int) -> tuple[int, ...]:
+        """The pipeline ranks holding ``stage``'s weights: itself, and DualPipe's mirror."""
+        twin = mirror(self.schedule, stage, self.pp)
+        return (stage,) if twin is None else tuple(sorted((stage, twin)))
+
     def participants(self, p: Proc, stream: str) -> tuple[int, ...]:
         if p.coords is None and stream not in DP_STREAMS:
             return (p.pid,)  # a program collective: the process holds its whole group
         if p.coords is None:
             return tuple(
-                sorted({self.pid_of[(self.class_of_replica[d], p.stage)]
-                        for d in range(self.lay.size("dp"))})
+                sorted({self.pid_of[(self.class_of_replica[d], s)]
+                        for d in range(self.lay.size("dp")) for s in self._holders(p.stage)})
             )  # fmt: skip
-        return tuple(self.pid_of[g] for g in self.comm.group_of(_stream_dims(stream), p.gpu))
+        return tuple(self.pid_of[g] for g in self.stream_group(stream, p.gpu))
 
-    def peer(self, p: Proc, phase: str, dst_vs: int) -> int:
-        dst_stage = dst_vs % self.pp
+    def stream_group(self, stream: str, gpu: int) -> tuple[int, ...]:
+        """The group of GPU ``gpu`` that a stream's collectives run on; a data-parallel one
+        also over DualPipe's mirrored rank (the same coordinates but ``pp``)."""
+        dims = _stream_dims(stream)
+        coords = self.lay.coords(gpu)
+        if stream not in DP_STREAMS or len(self._holders(coords["pp"])) == 1:
+            return self.comm.group_of(dims, gpu)
+        # (every member lists the group in the same order: the rendezvous key)
+        return sum((self.comm.group_of(dims, self.lay.rank({**coords, "pp": s}))
+                    for s in self._holders(coords["pp"])), ())  # fmt: skip
+
+    def peer(self, p: Proc, phase: str, dst_vs: int, chunk: int = 0) -> int:
+        dst_stage = stage_rank(self.schedule, dst_vs, chunk, self.pp)
         if p.coords is None:
             return self.pid_of[(p.replica_class, dst_stage)]
         return self.pid_of[self.lay.rank({**p.coords, "pp": dst_stage})]
@@ -365,6 +388,12 @@ class _Builder:
         """Parameters of global layer ``layer`` on one rank: (the part split over TP and
         replicated over cp x dp, the routed experts split over ep x etp)."""
         return moe_sizes.layer_local_params(self.m, layer, tp=self.tp, ep=self.ep, etp=self.etp)
+
+    def layers_of(self, stage: int, chunk: int) -> range:
+        """Global layers of chunk ``chunk`` of pipeline rank ``stage``."""
+        if self.schedule == "dualpipe":  # model stages, one chunk each in the layout
+            return self.lay.layers_of(virtual_stage(self.schedule, stage, chunk, self.pp), 0)
+        return self.lay.layers_of(stage, chunk)
 
     def vs_local(self, vs: int) -> tuple[float, float]:
         """:meth:`layer_local` summed over a virtual stage, the embedding on the first and
@@ -381,7 +410,9 @@ class _Builder:
         return dense, expert
 
     def stage_local(self, stage: int) -> tuple[float, float]:
-        parts = [self.vs_local(c * self.pp + stage) for c in range(self.v)]
+        """:meth:`vs_local` summed over the chunks rank ``stage`` holds."""
+        parts = [self.vs_local(virtual_stage(self.schedule, stage, c, self.pp))
+                 for c in range(self.chunks)]  # fmt: skip
         return sum(a for a, _ in parts), sum(b for _, b in parts)
 
     def stage_params(self, stage: int) -> float:
@@ -513,15 +544,22 @@ class _Builder:
         hit = self._grad_groups.get(("edp", stage))
         if hit is None:
             lay = self.job.layout_of("edp")
-            hit = self._grad_groups[("edp", stage)] = lay.groups("edp", {"pp": (stage,)})
+            hit = self._grad_groups[("edp", stage)] = self._merged(lay, "edp", stage)
         return hit
 
     def grad_groups(self, stage: int) -> list[tuple[int, ...]]:
-        """Every gradient-reduction (cp x dp) group of a stage."""
+        """Every gradient-reduction (cp x dp) group of a stage (DualPipe: with the mirrored
+        rank's)."""
         hit = self._grad_groups.get(stage)
         if hit is None:
-            hit = self._grad_groups[stage] = self.lay.groups(GRAD_DIMS, {"pp": (stage,)})
+            hit = self._grad_groups[stage] = self._merged(self.lay, GRAD_DIMS, stage)
         return hit
+
+    def _merged(self, lay: Layout, dims, stage: int) -> list[tuple[int, ...]]:
+        """The groups of ``dims`` on ``stage``, each joined with its counterpart (the same
+        other coordinates) on every other rank holding the stage's weights."""
+        per = [lay.groups(dims, {"pp": (s,)}) for s in self._holders(stage)]
+        return [sum(gs, ()) for gs in zip(*per, strict=True)]
 
     def comm_exec_folded(self, spec: CommSpec, p: Proc):
         if spec.stream == "pp":
@@ -586,7 +624,7 @@ class _Builder:
             # the links of a ring over each group: every GPU's way to its successor (a tree
             # uses the same GPU, NIC and leaf links)
             for s in range(self.pp):
-                groups = self.lay.groups(GRAD_DIMS, {"pp": (s,)})
+                groups = self.grad_groups(s)
                 dp_links[s] = links_of(
                     (g[i], g[(i + 1) % len(g)]) for g in groups for i in range(len(g))
                 )
@@ -606,7 +644,7 @@ class _Builder:
         if spec.stream == "pp":
             groups, op = [(p.gpu, self.procs[spec.key[2]].gpu)], "send"
         else:
-            groups, op = [self.comm.group_of(_stream_dims(spec.stream), p.gpu)], spec.op
+            groups, op = [self.stream_group(spec.stream, p.gpu)], spec.op
         yield self.env.timeout(self.comm.launch_s(op, groups[0]))
         if op in ("send_recv", DEEPEP):
             steps = self.comm.steps(op, groups, spec.nbytes)
@@ -683,7 +721,7 @@ class _Builder:
             microbatches=self.job.microbatches,
             schedule_name=par.pp_schedule,
             ep_overlap=moe_sizes.ep_overlap(self.job.work),
-            layers_of=self.lay.layers_of,
+            layers_of=self.layers_of,
             zero=par.zero,
             overlap_grad_reduce=t.overlap_grad_reduce,
             overlap_param_gather=t.overlap_param_gather,
@@ -743,6 +781,7 @@ def folded_link_bytes(engine, coll: CollectiveModel, n_links: int):
         for prog in vars(p.programs).values():
             by_id[(p.pid, id(prog))] = prog
     runs_of: dict[int, list] = {}  # one addition per distinct cost: [cost, times it ran]
+    by_id.update(engine.derived)
     for (pid, pid_prog), runs in engine.prog_runs.items():
         prog = by_id.get((pid, pid_prog))
         if not prog:

@@ -166,8 +166,8 @@ class CombinedSteps:
         chain put it, and send each result when its chain ends."""
         plan, env = self.plan, self.env
         f, b = pair
-        pp, last_vs = plan.pp, plan.pp * plan.virtual_stages - 1
-        vs_f, vs_b = f.chunk * pp + p.stage, b.chunk * pp + p.stage
+        last_vs = plan.pp * plan.virtual_stages - 1
+        vs_f, vs_b = plan.vs_of(p.stage, f.chunk), plan.vs_of(p.stage, b.chunk)
         if vs_f > 0:
             yield self._recv_event(p.pid, "F", vs_f, f.microbatch)
             yield from self._pp_gather(p, "act", f.microbatch)
@@ -199,8 +199,8 @@ class CombinedSteps:
         for end, phase in sorted([(res.fwd_segs[-1][1], "F"), (res.bwd_segs[-1][1], "B")]):
             yield env.timeout(max(0.0, t0 + end - env.now))
             if phase == "F" and vs_f < last_vs:
-                self._send(p, "F", vs_f, f.microbatch)
+                self._send(p, "F", vs_f, f.microbatch, f.chunk)
             elif phase == "B" and vs_b > 0:
-                self._send(p, "B", vs_b, b.microbatch)
+                self._send(p, "B", vs_b, b.microbatch, b.chunk)
         yield env.timeout(max(0.0, t0 + res.total - env.now))
 

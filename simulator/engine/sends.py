@@ -39,13 +39,15 @@ class PipelineSends:
     ``_last_done``, ``_routes``, ``_send_ways``, ``_send_static_cache``, ``_dp_running`` and
     ``_dp_starting``)."""
 
-    def _send(self, p, phase: str, vs: int, mb: int) -> None:
-        """Send activations (F) to the next or gradients (B) to the previous virtual stage."""
-        route = self._routes.get((p.pid, phase, vs))
+    def _send(self, p, phase: str, vs: int, mb: int, chunk: int = 0) -> None:
+        """Send activations (F) to the next or gradients (B) to the previous virtual stage
+        (on the rank that runs it for the micro-batches of ``chunk``: DualPipe's two
+        directions)."""
+        route = self._routes.get((p.pid, phase, vs, chunk))
         if route is None:  # (destination process and stage, the row's name around mb)
             dst_vs = vs + 1 if phase == "F" else vs - 1
-            route = self._routes[(p.pid, phase, vs)] = (
-                self.plan.peer(p, phase, dst_vs), dst_vs,
+            route = self._routes[(p.pid, phase, vs, chunk)] = (
+                self.plan.peer(p, phase, dst_vs, chunk), dst_vs,
                 "act mb" if phase == "F" else "grad mb", f" -> vs{dst_vs}")  # fmt: skip
         dst, dst_vs, head, tail = route
         name = f"{head}{mb}{tail}"

@@ -35,7 +35,8 @@ from simulator.engine.combined import CombinedSteps
 from simulator.engine.host import FSDP_CALLS, HostRates, program_matrix
 from simulator.engine.program import Part, Program, StagePrograms, program_time
 from simulator.engine.sends import CommSpec, PipelineSends
-from simulator.parallel.schedules import Work, combined, schedule
+from simulator.engine.split import SplitBackward, grads_done, unit_of
+from simulator.parallel.schedules import Work, chunks_per_rank, combined, schedule, virtual_stage
 
 #: Streams of the data-parallel communicators (gradient reductions and ZeRO gathers: dense over
 #: cp x dp, routed experts over edp), which share the GPU with compute (interference).
@@ -102,7 +103,8 @@ class StepPlan:
     pp_bytes: float
     # group resolution: participants (pids) and the cost / executor of a collective
     participants: Callable[[Proc, str], tuple[int, ...]]
-    peer: Callable[[Proc, str, int], int]  # pid of the process holding the next/prev virtual stage
+    #: pid of the process running the next/prev virtual stage for the micro-batches of a chunk
+    peer: Callable[[Proc, str, int, int], int]
     comm_time: Callable[[CommSpec, Proc], float] | None  # folded: cost of a collective
     comm_exec: Callable[[CommSpec, Proc], object] | None  # full: generator running the steps
     detail: str = "folded"
@@ -147,6 +149,20 @@ class StepPlan:
     #: fused kernels, whose host stays ahead of the GPU
     host: HostRates | None = None
 
+    def vs_of(self, stage: int, chunk: int) -> int:
+        """The model (virtual) stage that chunk ``chunk`` of pipeline rank ``stage`` holds."""
+        return virtual_stage(self.schedule_name, stage, chunk, self.pp)
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per rank (two for DualPipe, ``virtual_stages`` otherwise)."""
+        return chunks_per_rank(self.schedule_name, self.virtual_stages)
+
+    def last_microbatch(self, chunk: int) -> int:
+        """The last micro-batch through ``chunk`` (DualPipe: each chunk takes one half)."""
+        m = self.microbatches
+        return (m // 2 if chunk == 0 else m) - 1 if self.schedule_name == "dualpipe" else m - 1
+
     def layer_bytes(self, layer: int) -> tuple[float, float, float]:
         """(activation, gradient, parameter) bytes of global layer ``layer`` on one rank."""
         if self.layer_sizes is None:
@@ -154,7 +170,7 @@ class StepPlan:
         return self.layer_sizes(layer)
 
 
-class Engine(CombinedSteps, PipelineSends):
+class Engine(CombinedSteps, PipelineSends, SplitBackward):
     """Run one training step of a :class:`StepPlan`."""
 
     def __init__(self, plan: StepPlan, env: CountingEnvironment | None = None):
@@ -186,8 +202,11 @@ class Engine(CombinedSteps, PipelineSends):
         #: without), and (spec, time, receiver's intervals) of its static sends
         self._send_ways: dict[tuple[int, int], tuple[bool, bool]] = {}
         self._send_static_cache: dict[tuple[int, int], tuple] = {}
-        self._routes: dict[tuple, tuple] = {}  # (pid, phase, vs) -> a send's destination
+        self._routes: dict[tuple, tuple] = {}  # (pid, phase, vs, chunk) -> a send's destination
         self._dp_starting = 0  # DP / ZeRO collectives issued by all members, not yet running
+        #: programs made here, not in a stage's :class:`StagePrograms` (a backward split into
+        #: input and weight gradients): (pid, id(program)) -> program, for link accounting
+        self.derived: dict[tuple[int, int], Program] = {}
 
     # -------------------------------------------------------------------------------- running
 
@@ -413,7 +432,10 @@ class Engine(CombinedSteps, PipelineSends):
         last_vs = pp * v - 1
         m = plan.microbatches
         order = schedule(plan.schedule_name, p.stage, pp, m, v, plan.ep_overlap)
-        steps = combined(order, m) if plan.ep_overlap else order
+        # (DualPipe's order has its pairs already: it always overlaps its F&B chunks)
+        steps = combined(order, m) if plan.ep_overlap and plan.schedule_name != "dualpipe" \
+            else order
+        by_vs = sorted(range(plan.chunks), key=lambda c: plan.vs_of(p.stage, c))
         buckets: dict[int, float] = defaultdict(float)
         ebuckets: dict[int, float] = defaultdict(float)  # routed experts' gradients (edp)
         bucket_id = [0]
@@ -421,14 +443,15 @@ class Engine(CombinedSteps, PipelineSends):
         start_gathers: dict[int, simpy.Event] = {}
 
         if plan.zero in (1, 2) and plan.overlap_param_gather:
-            for c in range(v):
-                start_gathers[c] = self.env.all_of(self._param_gathers(p, c * pp + p.stage, c))
+            for c in by_vs:  # (mirrored DualPipe ranks issue them in the same order)
+                start_gathers[c] = self.env.all_of(self._param_gathers(p, plan.vs_of(p.stage, c),
+                                                                       c))  # fmt: skip
 
         def act_delta(sign: float):
             def f(label: str, layer: int) -> float:
                 if label == "embed":
                     return sign * plan.act_bytes_embed
-                if label == "head":  # kept per micro-batch; the loss's working set below
+                if unit_of(label) == "head":  # kept per micro-batch; the loss's working set below
                     return plan.act_bytes_head * sign if sign < 0 else (
                         plan.act_bytes_head - plan.act_bytes_head_transient)
                 if "recompute" in label:  # the layer's activations exist again ...
@@ -444,8 +467,8 @@ class Engine(CombinedSteps, PipelineSends):
             if not isinstance(w, Work):  # a combined step (forward, backward)
                 yield from self._pair(p, w, act_delta, start_gathers)
                 continue
-            vs = w.chunk * pp + p.stage
-            segs = self._chunk_segments(p, w.chunk, w.phase)
+            vs = plan.vs_of(p.stage, w.chunk)
+            segs = self._phase_segments(p, w.chunk, w.phase)
             if w.phase == "F":
                 if vs > 0:
                     yield self._recv_event(p.pid, "F", vs, w.microbatch)
@@ -460,25 +483,28 @@ class Engine(CombinedSteps, PipelineSends):
                 else:
                     yield self._segments_folded(p, segs, "fwd", w.microbatch, fwd_mem)
                 if vs < last_vs:
-                    self._send(p, "F", vs, w.microbatch)
+                    self._send(p, "F", vs, w.microbatch, w.chunk)
             else:
-                if vs < last_vs:
+                weights = w.phase == "W"  # DualPipe's deferred weight gradients: no transfer
+                if vs < last_vs and not weights:
                     yield self._recv_event(p.pid, "B", vs, w.microbatch)
                     if progs.pp_gather:
                         yield from self._pp_gather(p, "grad", w.microbatch)
-                if vs == last_vs and plan.act_bytes_head_transient:
+                if vs == last_vs and plan.act_bytes_head_transient and not weights:
                     # the loss's working set, from the start of the head's backward
                     self.mem.append((env.now, p.pid, plan.act_bytes_head_transient,
                                      "activations"))
-                last_mb = w.microbatch == m - 1
+                last_mb = w.microbatch == plan.last_microbatch(w.chunk)
+                # (a W pass frees nothing: its input-gradient pass freed the activations)
+                freed = None if weights else bwd_mem
                 if plan.zero == 3:
-                    yield from self._zero3_pass(p, segs, "bwd", w.microbatch, bwd_mem)
+                    yield from self._zero3_pass(p, segs, "bwd", w.microbatch, freed)
                 elif last_mb and plan.overlap_grad_reduce:
                     # Gradients of the last micro-batch complete layer by layer: launch buckets.
                     for seg in segs:
                         yield from self._run_segments(p, [seg], _kind(seg[0]), w.microbatch,
-                                                      bwd_mem)
-                        if "recompute" in seg[0]:
+                                                      freed)
+                        if not grads_done(seg[0]):
                             continue
                         expert = self._expert_grad_bytes(seg)
                         buckets[w.chunk] += self._grad_bytes(seg, vs) - expert
@@ -489,25 +515,25 @@ class Engine(CombinedSteps, PipelineSends):
                                                            bucket_id, stream)  # fmt: skip
                                 bk[w.chunk] = 0.0
                     for bk, stream in ((buckets, "dp"), (ebuckets, "edp")):
-                        if bk[w.chunk]:
+                        if bk[w.chunk] and w.phase != "I":  # (I: the rest after its W)
                             yield from self._dp_bucket(p, dp_reduce_op, bk[w.chunk], bucket_id,
                                                        stream)  # fmt: skip
                             bk[w.chunk] = 0.0
                 else:
-                    yield from self._run_backward_segments(p, segs, w.microbatch, bwd_mem)
+                    yield from self._run_backward_segments(p, segs, w.microbatch, freed)
                     if last_mb:
-                        done = [s for s in segs if "recompute" not in s[0]]
+                        done = [s for s in segs if grads_done(s[0])]
                         expert = sum(self._expert_grad_bytes(s) for s in done)
                         buckets[w.chunk] += sum(self._grad_bytes(s, vs) for s in done) - expert
                         ebuckets[w.chunk] += expert
-                if vs > 0:
-                    self._send(p, "B", vs, w.microbatch)
+                if vs > 0 and not weights:
+                    self._send(p, "B", vs, w.microbatch, w.chunk)
 
         if plan.zero != 3 and not plan.overlap_grad_reduce:
             # Without overlap Megatron-LM puts a model chunk's whole gradient buffer in one
             # bucket (megatron/core/distributed/distributed_data_parallel.py: bucket_size =
             # None when overlap_grad_reduce is off): one collective per chunk, after backward.
-            for c in sorted(buckets.keys() | ebuckets.keys()):
+            for c in sorted(buckets.keys() | ebuckets.keys(), key=lambda c: by_vs.index(c)):
                 for bk, stream in ((buckets, "dp"), (ebuckets, "edp")):
                     if bk[c] > 0:
                         yield from self._dp_bucket(p, dp_reduce_op, bk[c], bucket_id, stream)
@@ -524,8 +550,8 @@ class Engine(CombinedSteps, PipelineSends):
         yield self._segments_folded(p, [("optimizer", -1, opt)], "optimizer", -1, None)
         if plan.zero in (1, 2) and not plan.overlap_param_gather:
             evs = []
-            for c in range(v):
-                evs.extend(self._param_gathers(p, c * pp + p.stage, c))
+            for c in by_vs:
+                evs.extend(self._param_gathers(p, plan.vs_of(p.stage, c), c))
             yield env.all_of(evs)
         p.end_s = env.now
 
@@ -537,7 +563,7 @@ class Engine(CombinedSteps, PipelineSends):
         if hit is not None:
             return hit
         plan, progs = self.plan, p.programs
-        vs, last_vs = chunk * plan.pp + p.stage, plan.pp * plan.virtual_stages - 1
+        vs, last_vs = plan.vs_of(p.stage, chunk), plan.pp * plan.virtual_stages - 1
         layers = plan.layers_of(p.stage, chunk)
         segs = []
         if phase == "F":
@@ -606,9 +632,9 @@ class Engine(CombinedSteps, PipelineSends):
 
     def _grad_bytes(self, seg, vs: int) -> float:
         """Gradient bytes (per TP rank, reduce dtype) a backward segment completes."""
-        label = seg[0]
-        if label in ("embed", "head"):
-            return self.plan.unit_bytes(label)[1]
+        unit = unit_of(seg[0])
+        if unit in ("embed", "head"):
+            return self.plan.unit_bytes(unit)[1]
         return self.plan.layer_bytes(seg[1])[1]
 
     def _expert_grad_bytes(self, seg) -> float:
