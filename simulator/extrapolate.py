@@ -66,7 +66,7 @@ def points(microbatches: int, pp: int, virtual_stages: int, schedule: str) -> tu
     which outweighs the micro-batches of a short pipeline: Llama-3-8B on 64 GPUs, pp 1, 16
     micro-batches, simulates in 0.2 s, from 2 and 3 micro-batches in 0.4 s)."""
     # (DualPipe: a micro-batch of each direction, two pairs on every rank)
-    cycle = {"interleaved": pp, "dualpipe": 2}.get(schedule, 1)
+    cycle = {"interleaved": pp, "dualpipe": 2}.get(schedule, 1)  # (DualPipeV: 1)
     m1 = cycle * math.ceil(2 * pp / cycle)
     m1 = max(m1, cycle)
     ms = tuple(m1 + k * cycle for k in range(3 if schedule == "gpipe" else 2))

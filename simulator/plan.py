@@ -127,7 +127,8 @@ class Candidate:
     def label(self) -> str:
         sched = ""
         if self.pp > 1:
-            sched = {"1f1b": " 1F1B", "gpipe": " GPipe", "dualpipe": " DualPipe"}.get(
+            sched = {"1f1b": " 1F1B", "gpipe": " GPipe", "dualpipe": " DualPipe",
+                     "dualpipev": " DualPipeV"}.get(
                 self.pp_schedule, f" interleaved v{self.virtual_stages}")
         split = f" layers {_runs(self.stage_layers)}" if self.stage_layers else ""
         knobs = " overlap-gather" if self.overlap_param_gather else ""

@@ -162,7 +162,7 @@ def test_missing_required_key(tmp_path, capsys):
     [
         ("model", "layers", "many", "valid integer"),
         ("training", "overlap_grad_reduce", "perhaps", "valid boolean"),
-        ("parallelism", "pp_schedule", "zigzag", "'1f1b', 'interleaved' or 'dualpipe'"),
+        ("parallelism", "pp_schedule", "zigzag", "'interleaved', 'dualpipe' or 'dualpipev'"),
         ("training", "precision", "fp64", "'fp8', 'mxfp8' or 'nvfp4'"),
     ],
 )

@@ -1,4 +1,4 @@
-"""DualPipe (DeepSeek-V3, arXiv:2412.19437 Section 3.2.1) as a simulated schedule.
+"""DualPipe (DeepSeek-V3, arXiv:2412.19437 Section 3.2.1) and DualPipeV as simulated schedules.
 
 Its order (:func:`simulator.parallel.schedules.dualpipe`) runs each pass once per rank, feeds
 half of the micro-batches from each end and keeps at most PP + 1 chunks of activations. On a
@@ -7,7 +7,9 @@ GEMM's dgrad and wgrad cost its forward; attention, memory-bound kernels, the LM
 communication free), the engine's bubble is Table 2's ``(PP/2 - 1)(F&B + B - 3W)``, where a
 dense model's ``F&B`` is ``F + B`` (nothing to overlap), and 1F1B's on the same toy is
 ``(PP - 1)(F + B)``. Each rank holds two stages (2x parameters, the optimizer state sharded
-over both copies), and the mirrored copies' gradients are reduced together.
+over both copies), and the mirrored copies' gradients are reduced together. DualPipeV (the
+same order on ``pp`` ranks holding ``2 pp`` stages in a V) has the same bubble with ``PP = 2 pp``
+stages and one copy of the parameters.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 
 from simulator.config.load import load_workload
 from simulator.engine.build import Machine
-from simulator.parallel.schedules import Work, dualpipe, max_in_flight, table2_bubble
+from simulator.parallel.schedules import Work, dualpipe, dualpipev, max_in_flight, table2_bubble
 from simulator.run import simulate
 from tests.conftest import SMALL_MODEL, small_topology, write_case
 from tests.stubs import RATE, NoLinks, StubGpu
@@ -46,11 +48,13 @@ def uniform_times(pp: int) -> tuple[float, float, float]:
 
 
 def run_toy(tmp_path, pp: int, m: int, schedule: str, *, dp: int = 1, zero: int = 0):
+    v = 2 if schedule == "dualpipev" else 1
     work = {
         "name": "t",
         "model": {**SMALL_MODEL, "vocab": VOCAB},
         "training": {"global_batch": m * dp, "micro_batch": 1},
-        "parallelism": {"pp": pp, "dp": dp, "tp": 1, "zero": zero, "pp_schedule": schedule},
+        "parallelism": {"pp": pp, "dp": dp, "tp": 1, "zero": zero, "pp_schedule": schedule,
+                        "virtual_stages": v},
     }
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = write_case(tmp_path, work, small_topology(1, pp * dp))
@@ -78,6 +82,19 @@ def test_order_runs_every_pass_once_from_both_ends(pp, m):
         assert max_in_flight(works) == pp + 1
 
 
+@pytest.mark.parametrize("pp,m", [(2, 6), (4, 8), (4, 10), (8, 16)])
+def test_dualpipev_order_runs_both_chunks_of_every_microbatch(pp, m):
+    for rank in range(pp):
+        order = dualpipev(rank, pp, m)
+        works = [w for item in order for w in ((item,) if isinstance(item, Work) else item)]
+        seen: dict[tuple, list[str]] = {}
+        for w in works:
+            seen.setdefault((w.microbatch, w.chunk), []).append(w.phase)
+        assert set(seen) == {(mb, c) for mb in range(m) for c in (0, 1)}
+        assert all(ph in (["F", "B"], ["F", "I", "W"]) for ph in seen.values()), seen
+        assert max_in_flight(works) == 2 * pp + 1  # Table 2: PP + 1 of its 2 pp stages
+
+
 @pytest.mark.parametrize("pp,m", [(4, 8), (4, 12), (8, 16), (8, 24)])
 def test_bubble_is_table2_and_below_1f1b(tmp_path, pp, m):
     f, b, w = uniform_times(pp)
@@ -89,6 +106,28 @@ def test_bubble_is_table2_and_below_1f1b(tmp_path, pp, m):
                                             rel=1e-9)  # fmt: skip
     assert out["1f1b"] == pytest.approx(table2_bubble("1f1b", pp, f, b), rel=1e-9)
     assert out["dualpipe"] < out["1f1b"]
+
+
+@pytest.mark.parametrize("pp,m", [(2, 4), (2, 6), (4, 8), (4, 12)])
+def test_dualpipev_bubble_is_table2_over_2pp_stages(tmp_path, pp, m):
+    """DualPipeV's row of the README's table: DualPipe's bubble with PP = 2 pp stages (of
+    half the layers each), on pp ranks; the step is every rank's 2 m chunks plus it."""
+    f, b, w = uniform_times(2 * pp)
+    s = run_toy(tmp_path, pp, m, "dualpipev").summary
+    bubble = table2_bubble("dualpipe", 2 * pp, f, b, w, f + b)
+    assert s["breakdown_s"]["pp_bubble"] + s["breakdown_s"]["pp_imbalance"] == pytest.approx(
+        bubble, rel=1e-9)
+    assert s["step_time_s"] == pytest.approx(2 * m * (f + b) + bubble, rel=1e-9)
+
+
+def test_dualpipev_holds_one_copy(tmp_path):
+    """Each stage on one rank: the ranks' weights add up to 1F1B's, and with one replica
+    nothing is reduced."""
+    pp, m = 4, 8
+    v, one = run_toy(tmp_path / "v", pp, m, "dualpipev"), run_toy(tmp_path / "o", pp, m, "1f1b")
+    assert sum(_per_proc(v, "weights").values()) == pytest.approx(
+        sum(_per_proc(one, "weights").values()), rel=1e-12)
+    assert _dp_bytes(v) == {}
 
 
 def _per_proc(res, what: str) -> dict[str, float]:
@@ -159,20 +198,27 @@ def test_dualpipe_mixture_of_experts_overlaps_pairs(tmp_path):
         ({"pp": 2, "tp": 2, "dp": 2}, 10, "training.global_batch", ("even", "(got 5)")),
         ({"pp": 1, "tp": 2, "dp": 4}, 8, "parallelism.pp", ("even pp", "got 1")),
         ({"pp": 2, "tp": 2, "dp": 2, "zero": 3}, 8, "parallelism.zero", ("zero 0, 1 or 2",)),
+        ({"pp": 2, "tp": 2, "dp": 2, "pp_schedule": "dualpipev"}, 8,
+         "parallelism.virtual_stages", ("virtual_stages: 2", "got 1")),
+        ({"pp": 2, "tp": 2, "dp": 2, "pp_schedule": "dualpipev", "virtual_stages": 2}, 6,
+         "training.global_batch", ("at least 2 pp = 4", "got 3")),
     ],
 )
 def test_bad_dualpipe_input_is_one_line(tmp_path, capsys, par, batch, field, words):
-    work = changed("parallelism", pp_schedule="dualpipe", **par)
+    work = changed("parallelism", **{"pp_schedule": "dualpipe", **par})
     work["training"]["global_batch"] = batch
     p = write(tmp_path, work)
     expect(fails(capsys, tmp_path, "run", str(p)), p, field, *words)
 
 
-def test_full_detail_agrees_with_folded(tmp_path):
-    """Every GPU and every collective step simulated (the mirrored reduction's group spans
-    both ranks' replicas) gives the folded step."""
+@pytest.mark.parametrize("schedule", ["dualpipe", "dualpipev"])
+def test_full_detail_agrees_with_folded(tmp_path, schedule):
+    """Every GPU and every collective step simulated (DualPipe's mirrored reduction's group
+    spans both ranks' replicas) gives the folded step."""
+    v = 2 if schedule == "dualpipev" else 1
     work = {"name": "x", "model": SMALL_MODEL, "training": {"global_batch": 32, "micro_batch": 1},
-            "parallelism": {"pp": 4, "dp": 2, "tp": 1, "zero": 1, "pp_schedule": "dualpipe"}}
+            "parallelism": {"pp": 4, "dp": 2, "tp": 1, "zero": 1, "pp_schedule": schedule,
+                            "virtual_stages": v}}
     lw = load_workload(write_case(tmp_path, work, small_topology(1, 8, nics_per_node=8)))
     folded, full = simulate(lw).summary, simulate(lw, detail="full").summary
     assert full["step_time_s"] == pytest.approx(folded["step_time_s"], rel=1e-3)

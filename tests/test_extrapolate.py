@@ -39,6 +39,8 @@ CASES = [
     ("dualpipe", {"pp": 4, "dp": 2, "tp": 1, "pp_schedule": "dualpipe"}, {}, None),
     ("dualpipe, no DP overlap, recompute", {"pp": 4, "dp": 2, "tp": 1, "zero": 1,
      "pp_schedule": "dualpipe"}, {"overlap_grad_reduce": False, "recompute": "selective"}, None),
+    ("dualpipev", {"pp": 4, "dp": 2, "tp": 1, "pp_schedule": "dualpipev",
+                   "virtual_stages": 2}, {}, None),
     ("MoE, EP 4, dualpipe", {"pp": 2, "dp": 4, "tp": 2, "ep": 4, "zero": 1,
      "sequence_parallel": True, "pp_schedule": "dualpipe"}, {}, None),
     ("MoE, skewed routing", {"pp": 2, "dp": 4, "tp": 2, "ep": 4, "zero": 1,

@@ -143,7 +143,10 @@ def resolve(
     _check_cp(work, sizes["cp"], tp, fail)
 
     v = par.virtual_stages
-    if par.pp_schedule != "interleaved" and v != 1:
+    if par.pp_schedule == "dualpipev" and v != 2:
+        raise fail("parallelism.virtual_stages", f"dualpipev holds two stages a rank in a V "
+                   f"(i and 2pp-1-i): needs virtual_stages: 2 (got {v})")
+    if par.pp_schedule not in ("interleaved", "dualpipev") and v != 1:
         raise fail(
             "parallelism.virtual_stages",
             f"virtual_stages={v} needs pp_schedule: interleaved (got {par.pp_schedule})",
@@ -193,6 +196,9 @@ def resolve(
             "training.global_batch",
             f"the interleaved schedule needs micro-batches ({mbs}) to be a multiple of pp={pp}",
         )
+    if par.pp_schedule == "dualpipev" and mbs < 2 * pp:
+        raise fail("training.global_batch", f"dualpipev needs at least 2 pp = {2 * pp} "
+                   f"micro-batches per replica (got {mbs})")
     if par.pp_schedule == "dualpipe" and (mbs % 2 or mbs < 2 * pp):
         # (DeepSeek's DualPipe asserts num_chunks % 2 == 0 and num_chunks >= 2 * num_ranks)
         raise fail(
@@ -240,15 +246,18 @@ def resolve(
 
 def _check_dualpipe(par, pp: int, fail) -> None:
     """DualPipe (DeepSeek-V3): rank ``i`` holds stages ``i`` and ``pp - 1 - i``, so ``pp`` is
-    even; modelled with ZeRO 0-2 (ZeRO-3's per-layer gathers are not split into the input-
-    and weight-gradient passes)."""
-    if par.pp_schedule != "dualpipe":
+    even (DualPipeV: ``pp >= 2``); both modelled with ZeRO 0-2 (ZeRO-3's per-layer gathers are
+    not split into the input- and weight-gradient passes)."""
+    if par.pp_schedule not in ("dualpipe", "dualpipev"):
         return
-    if pp < 2 or pp % 2:
+    if par.pp_schedule == "dualpipev" and pp < 2:
+        raise fail("parallelism.pp", f"dualpipev needs pp >= 2, got {pp}")
+    if par.pp_schedule == "dualpipe" and (pp < 2 or pp % 2):
         raise fail("parallelism.pp", f"dualpipe needs an even pp of at least 2 (rank i holds "
                    f"stages i and pp-1-i), got {pp}")
     if par.zero == 3:
-        raise fail("parallelism.zero", "dualpipe is modelled with zero 0, 1 or 2 (got 3)")
+        raise fail("parallelism.zero",
+                   f"{par.pp_schedule} is modelled with zero 0, 1 or 2 (got 3)")
 
 
 #: Tolerance on ``training.moe_expert_load`` summing to 1.

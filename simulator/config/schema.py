@@ -395,9 +395,10 @@ class ParallelismConfig(Frozen):
     )
     zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_integer_choice)] = 0
     sequence_parallel: Bool = False
-    pp_schedule: Literal["gpipe", "1f1b", "interleaved", "dualpipe"] = Field(
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved", "dualpipe", "dualpipev"] = Field(
         "1f1b", description="dualpipe: DeepSeek-V3's bidirectional schedule (even pp; rank i "
-        "holds stages i and pp-1-i; an even number of micro-batches, at least 2 pp)")
+        "holds stages i and pp-1-i; an even number of micro-batches, at least 2 pp); "
+        "dualpipev: its cut-in-half V (virtual_stages 2; rank i holds stages i and 2pp-1-i)")
     virtual_stages: PositiveInt = Field(1, le=MAX_LAYERS)
     stage_layers: tuple[PositiveInt, ...] | None = Field(
         None, description="layers per pipeline stage (pp * virtual_stages entries)"

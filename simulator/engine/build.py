@@ -390,10 +390,10 @@ class _Builder:
         return moe_sizes.layer_local_params(self.m, layer, tp=self.tp, ep=self.ep, etp=self.etp)
 
     def layers_of(self, stage: int, chunk: int) -> range:
-        """Global layers of chunk ``chunk`` of pipeline rank ``stage``."""
-        if self.schedule == "dualpipe":  # model stages, one chunk each in the layout
-            return self.lay.layers_of(virtual_stage(self.schedule, stage, chunk, self.pp), 0)
-        return self.lay.layers_of(stage, chunk)
+        """Global layers of chunk ``chunk`` of pipeline rank ``stage`` (the layout's
+        ``layers_of`` takes the virtual stage as ``chunk * pp + stage``)."""
+        vs = virtual_stage(self.schedule, stage, chunk, self.pp)
+        return self.lay.layers_of(vs % self.pp, vs // self.pp)
 
     def vs_local(self, vs: int) -> tuple[float, float]:
         """:meth:`layer_local` summed over a virtual stage, the embedding on the first and

@@ -50,8 +50,11 @@ class PipelineSends:
                 self.plan.peer(p, phase, dst_vs, chunk), dst_vs,
                 "act mb" if phase == "F" else "grad mb", f" -> vs{dst_vs}")  # fmt: skip
         dst, dst_vs, head, tail = route
-        name = f"{head}{mb}{tail}"
         recv = self._recv_event(dst, phase, dst_vs, mb)
+        if dst == p.pid:  # the next stage is on this rank (DualPipeV's turn): nothing moves
+            recv.succeed()
+            return
+        name = f"{head}{mb}{tail}"
         prev = self._last_done.get((p.pid, "pp"))
         if self._static_send_now(p, dst, prev):
             self._send_static(p, dst, name, mb, recv)

@@ -433,8 +433,8 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
         m = plan.microbatches
         order = schedule(plan.schedule_name, p.stage, pp, m, v, plan.ep_overlap)
         # (DualPipe's order has its pairs already: it always overlaps its F&B chunks)
-        steps = combined(order, m) if plan.ep_overlap and plan.schedule_name != "dualpipe" \
-            else order
+        steps = combined(order, m) if plan.ep_overlap and plan.schedule_name not in (
+            "dualpipe", "dualpipev") else order
         by_vs = sorted(range(plan.chunks), key=lambda c: plan.vs_of(p.stage, c))
         buckets: dict[int, float] = defaultdict(float)
         ebuckets: dict[int, float] = defaultdict(float)  # routed experts' gradients (edp)

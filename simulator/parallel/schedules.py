@@ -20,6 +20,9 @@ stages are implied: ``F(mb)`` of virtual stage ``vs`` needs ``F(mb)`` of ``vs - 
   run through chunk 1. In the steady state a forward of one direction runs beside a backward
   of the other (a pair, as combined 1F1B runs it), and some backwards compute only the input
   gradients (``"I"``), their weight gradients (``"W"``) deferred to fill bubbles.
+* DualPipeV (Sea AI Lab's "cut-in-half" DualPipe, DeepSeek's ``dualpipe/dualpipev.py``): the
+  same order on ``pp`` ranks holding ``2 pp`` stages in a V (rank ``i``: stages ``i`` and
+  ``2 pp - 1 - i``), every micro-batch entering at rank 0; one copy of the parameters.
 """
 
 from __future__ import annotations
@@ -91,21 +94,40 @@ def dualpipe(stage: int, pp: int, m: int) -> list[Work | tuple[Work, Work]]:
     if pp % 2 or m % 2 or m < 2 * pp:
         raise ValueError(f"DualPipe needs an even pp and an even number of micro-batches of at "
                          f"least 2 pp, got pp={pp}, {m} micro-batches")
-    n, half = pp // 2, m // 2
-    h = min(stage, pp - 1 - stage)
-    second = int(stage >= n)  # on the second half of the ranks, phase 0 is chunk 1
+    half = m // 2
+    second = int(stage >= pp // 2)  # on the second half of the ranks, phase 0 is chunk 1
+    return _dual_order(pp // 2, min(stage, pp - 1 - stage), half,
+                       lambda phase: phase ^ second, lambda c, k: c * half + k)  # fmt: skip
+
+
+def dualpipev(stage: int, pp: int, m: int) -> list[Work | tuple[Work, Work]]:
+    """DualPipeV's order on rank ``stage`` (Sea AI Lab's "cut-in-half" of DualPipe, in
+    DeepSeek's ``dualpipe/dualpipev.py``): ``pp`` ranks, ``2 pp`` stages in a V, rank ``i``
+    holding stages ``i`` (chunk 0) and ``2 pp - 1 - i`` (chunk 1); every micro-batch enters at
+    rank 0, runs down chunk 0 to rank ``pp - 1`` and back up chunk 1. DualPipe's order with
+    ``n = pp``, ``h = stage``, phase ``c`` = chunk ``c`` and all ``m >= 2 pp`` micro-batches
+    through both chunks."""
+    if m < 2 * pp:
+        raise ValueError(f"DualPipeV needs at least 2 pp micro-batches, got pp={pp}, {m}")
+    return _dual_order(pp, stage, m, lambda phase: phase, lambda c, k: k)
+
+
+def _dual_order(n: int, h: int, per_chunk: int, chunk_of, mb_of) -> list[Work | tuple[Work, Work]]:
+    """The order of DualPipe's phases (see :func:`dualpipe`) for half-rank ``h`` of ``n``, with
+    ``per_chunk`` micro-batches through each chunk: ``chunk_of(phase)`` is the chunk of phase
+    0 or 1, ``mb_of(chunk, k)`` the ``k``-th micro-batch through ``chunk``."""
     n_f, n_b = [0, 0], [0, 0]
     deferred: deque[Work] = deque()
 
     def f(phase: int) -> Work:
-        c = phase ^ second
+        c = chunk_of(phase)
         n_f[c] += 1
-        return Work("F", c * half + n_f[c] - 1, c)
+        return Work("F", mb_of(c, n_f[c] - 1), c)
 
     def b(phase: int, split: bool = False) -> Work:
-        c = phase ^ second
+        c = chunk_of(phase)
         n_b[c] += 1
-        mb = c * half + n_b[c] - 1
+        mb = mb_of(c, n_b[c] - 1)
         if split:
             deferred.append(Work("W", mb, c))
         return Work("I" if split else "B", mb, c)
@@ -115,7 +137,7 @@ def dualpipe(stage: int, pp: int, m: int) -> list[Work | tuple[Work, Work]]:
         order += [f(0), f(1)]
     for _ in range(n - h - 1):
         order += [b(1, True), deferred.popleft(), f(1)]
-    for i in range(half - pp + h + 1):
+    for i in range(per_chunk - 2 * n + h + 1):
         if i == 0 and h == n - 1:  # DualPipe does not overlap these two, to shorten the bubble
             order += [f(0), b(1)]
         else:
@@ -137,9 +159,10 @@ def dualpipe(stage: int, pp: int, m: int) -> list[Work | tuple[Work, Work]]:
 
 def virtual_stage(name: str, stage: int, chunk: int, pp: int) -> int:
     """The model stage (virtual stage) that chunk ``chunk`` of rank ``stage`` holds:
-    ``chunk * pp + stage``; DualPipe's chunk 1 is stage ``pp - 1 - stage``."""
-    if name == "dualpipe":
-        return stage if chunk == 0 else pp - 1 - stage
+    ``chunk * pp + stage``; DualPipe's chunk 1 is stage ``pp - 1 - stage``, DualPipeV's
+    ``2 pp - 1 - stage``."""
+    if name in ("dualpipe", "dualpipev") and chunk == 1:
+        return (pp if name == "dualpipe" else 2 * pp) - 1 - stage
     return chunk * pp + stage
 
 
@@ -148,12 +171,14 @@ def stage_rank(name: str, vs: int, chunk: int, pp: int) -> int:
     of :func:`virtual_stage`)."""
     if name == "dualpipe":
         return vs if chunk == 0 else pp - 1 - vs
+    if name == "dualpipev":
+        return vs if vs < pp else 2 * pp - 1 - vs
     return vs % pp
 
 
 def chunks_per_rank(name: str, v: int) -> int:
-    """Model chunks a rank holds: ``v`` (the interleaved schedule's virtual stages), two for
-    DualPipe (two stages, each of them also held by the mirrored rank)."""
+    """Model chunks a rank holds: ``v`` (the interleaved schedule's virtual stages; two for
+    DualPipeV), two for DualPipe (two stages, each of them also held by the mirrored rank)."""
     return 2 if name == "dualpipe" else v
 
 
@@ -170,6 +195,7 @@ SCHEDULES = {
     "1f1b": lambda stage, pp, m, v: one_f_one_b(stage, pp, m),
     "interleaved": interleaved,
     "dualpipe": lambda stage, pp, m, v: dualpipe(stage, pp, m),
+    "dualpipev": lambda stage, pp, m, v: dualpipev(stage, pp, m),
 }
 
 
