@@ -71,3 +71,51 @@ def test_collective_command_accepts_nccl_tests_names(capsys, root):
     assert main(["collective", "alltoall", "--bytes", "1MiB", "--topology",
                  str(root / "topologies/h200x4-nvswitch.yaml"), "--json"]) == 0  # fmt: skip
     assert '"direct/' in capsys.readouterr().out
+
+
+def _with_copy(copy_GBps: float) -> dict:
+    import copy as _copy
+
+    from simulator.network.topology import load_fabrics
+
+    fab = _copy.deepcopy(load_fabrics())
+    fab["nccl"]["copy_GBps"] = copy_GBps
+    return fab
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_exchange_local_work_is_the_whole_buffer(n):
+    # NCCL copies a rank's own share with the same kernel (src/device/sendrecv.h), so a rank's
+    # local memory work is what it receives, (n-1) S/n, plus its own S/n: S, whatever n
+    topo = h200x4()
+    S = 64 * 2**20
+    slow = CollectiveModel(topo, _with_copy(1000.0))
+    fast = CollectiveModel(topo, _with_copy(1e9))
+    g = [list(range(n))]
+    dt = slow.cost("all_to_all", g, S).time_s - fast.cost("all_to_all", g, S).time_s
+    assert dt == pytest.approx(S / 1000e9 - S / 1e18, rel=1e-9)
+    # uneven: the busiest receiver's column, its own share included (rank 0 gets half of
+    # every rank's buffer, its own too: 2 S over four ranks)
+    split = [0.5, 0.5 / 3, 0.5 / 3, 0.5 / 3]
+    if n == 4:
+        dv = (slow.all_to_all_v(g, S, split).time_s - fast.all_to_all_v(g, S, split).time_s)
+        assert dv == pytest.approx(4 * 0.5 * S / 1000e9, rel=1e-6)
+
+
+def test_p2p_protocol_is_ll_up_to_the_threshold_then_simple():
+    # NCCL 2.28 (enqueue.cc addP2pToPlan): LL while a peer's bytes are at most 16 KiB x the
+    # p2p channels per peer (32 on one NVSwitch node: 512 KiB), Simple above; never LL128
+    topo = h200x4()
+    cm = CollectiveModel(topo)
+    g = [list(range(4))]
+    assert cm.cost("all_to_all", g, 4 * 512 * 2**10).algorithm == "direct/LL"
+    assert cm.cost("all_to_all", g, 4 * 512 * 2**10 + 64).algorithm == "direct/Simple"
+    for S in (2**12, 2**16, 2**20, 2**22, 2**24, 2**28):
+        assert not cm.cost("all_to_all", g, S).algorithm.endswith("LL128")
+        assert not cm.all_to_all_v(g, S, [0.4, 0.2, 0.2, 0.2]).algorithm.endswith("LL128")
+    # a group across nodes: 2 channels per peer -> 32 KiB
+    big = dgx(nodes=2)
+    cm2 = CollectiveModel(big)
+    g16 = [list(range(16))]
+    assert cm2.cost("all_to_all", g16, 16 * 32 * 2**10).algorithm == "direct/LL"
+    assert cm2.cost("all_to_all", g16, 16 * 64 * 2**10).algorithm == "direct/Simple"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from simulator.calibrate import compute, host, interference, launch, memory, network
+from simulator.calibrate import alltoall, compute, host, interference, launch, memory, network
 from simulator.hardware.catalog import default_kernel_params
 
 
@@ -37,6 +37,28 @@ def test_network_constants_are_a_minimum_of_the_fit():
         for sign in (-1, 1):
             moved = dict(base, **{name: base[name] + sign * step})
             assert prob.loss(moved) > l0 - 2e-3, (name, sign)
+
+
+def test_alltoall_constants_equal_their_refit():
+    for name, (refit, shipped) in alltoall.refit().items():
+        assert refit == pytest.approx(shipped, abs=1e-12), name
+
+
+def test_alltoall_fit_uses_device_bound_rows_and_the_model_itself():
+    """The fit reads only rows the GPU bounds (every >= 16 MiB uniform row of both groups,
+    none of the host-bound small ones), and its shortcut (a prediction affine in the extra
+    launch and 1 / fraction) is what the collective model computes at other constants."""
+    rows = alltoall.device_rows()
+    assert sorted((r["group"], r["bytes"]) for r in rows) == sorted(
+        (g, 2**k) for g in (2, 4) for k in (24, 26, 28, 30))
+    cfg = alltoall.load_topology(alltoall.TOPOLOGY)
+    topo = alltoall.Topology(cfg, alltoall.load_gpu(cfg.gpu))
+    c, b = alltoall._affine(topo, rows)
+    m = alltoall.CollectiveModel(topo)
+    m.a2a_launch_extra_s, m.a2a_bw_fraction = 7e-6, 0.8
+    direct = [m.cost("all_to_all", alltoall._groups(r["group"]), float(r["bytes"])).time_s
+              for r in rows]
+    assert direct == pytest.approx(c + 7e-6 + b / 0.8, rel=1e-9)
 
 
 # efficiencies to 0.002, shape parameters to 1 %; tile_ai0 to 3 %: between 27 and 33 FLOP/B it

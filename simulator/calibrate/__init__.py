@@ -1,11 +1,12 @@
 """Reproducible calibration: every fitted constant set of the catalog, refitted from the
 measurement files in the repository, printed beside the value the catalog ships.
 
-    python -m simulator.calibrate [network|launch|interference|memory|compute|host|all]
+    python -m simulator.calibrate [network|alltoall|launch|interference|memory|compute|host|all]
 
 | set | module | data | catalog |
 |---|---|---|---|
 | network: NVLink efficiency, launch, copy rate, intra-node ring step; the launch split | :mod:`.network` | ``data/calibration/h200x4-nvswitch/collectives.jsonl`` (fit), ``data/measured/h200x4/collectives.jsonl`` (split) | ``simulator/network/fabrics.yaml`` |
+| all-to-all: extra fixed cost per call, share of the NVLink rate (fitted on device-bound rows only) | :mod:`.alltoall` | ``data/calibration/h100x4-nvswitch/alltoall.jsonl`` (uniform rows >= 16 MiB) | ``simulator/network/fabrics.yaml`` ``nccl.all_to_all`` |
 | kernel launch gap, copy bandwidth | :mod:`.launch` | ``simulator/hardware/data/*/sync_vs_events.jsonl``, ``gemm.jsonl`` | ``gpus.yaml`` ``kernel_launch_s``, ``hbm_efficiency`` |
 | compute slowed beside communication; communication slowed beside compute by GPU, operation, group and size | :mod:`.interference` | ``data/measured/h200x4/interference.jsonl``, ``data/measured/h100x4/comm_beside_compute-*.jsonl`` | ``fabrics.yaml`` ``compute_slowdown_beside_comm``, ``comm_slowdown_beside_compute`` |
 | memory-bound access classes | :mod:`.memory` | ``data/measured/h100x1``, ``data/measured/h200x1`` | ``gpus.yaml`` ``memory_access`` |

@@ -23,7 +23,8 @@ Algorithms (``algorithm`` strings are ``"<algorithm>/<protocol>"``, e.g. ``"ring
   traffic, whose latency is the pipeline's depth.
 * ``hierarchical`` (all-reduce, on request): intra-node reduce-scatter ring, inter-node ring
   all-reduce per rail on S/k, intra-node all-gather.
-* ``direct`` (all-to-all): every pair exchanges S/n at once. ``chain`` (broadcast): NCCL's
+* ``direct`` (all-to-all): every pair exchanges S/n at once, LL or Simple by NCCL's p2p rule
+  (:meth:`CollectiveModel._p2p_protocol`). ``chain`` (broadcast): NCCL's
   pipelined ring from the root, one step. ``p2p`` (send): one transfer.
 
 A step's ``latency_s`` is the route's link latency (a ring's mean edge, a pipeline's sum of
@@ -154,6 +155,9 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
         #: all-to-all's extra fixed cost per call and achieved fraction of the link rate
         self.a2a_launch_extra_s = float(a2a.get("launch_extra_us", 0.0)) * 1e-6
         self.a2a_bw_fraction = float(a2a.get("bandwidth_fraction", 1.0))
+        ll = a2a.get("ll_max_bytes_per_peer", {})
+        #: NCCL's p2p protocol rule: LL up to these bytes per peer, Simple above (never LL128)
+        self.p2p_ll_max_bytes = (float(ll.get("nvlink", 0.0)), float(ll.get("net", 0.0)))
         #: what a host-synchronised measurement of one call adds to it (not paid in training)
         self.host_sync_overhead_s = float(fab.get("host_sync_overhead_us", 0.0)) * 1e-6
         self.copy_Bps = float(fab["copy_GBps"]) * 1e9
@@ -226,6 +230,7 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
             hit = self._cost(*key)
             if (
                 algorithm is None
+                and op != "all_to_all"  # NCCL's p2p protocol depends on the size alone
                 and hit.algorithm.endswith("/LL")
                 and sum(len(g) > 1 for g in key[1]) > 1
             ):
@@ -303,7 +308,7 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
         ``groups``: every rank sends ``nbytes * split[j]`` to the ``j``-th rank of its group
         (``split`` sums to 1; uniform ``1/n`` is :meth:`cost` of ``all_to_all``), or, with
         ``split`` a matrix, group rank ``i`` sends ``nbytes * split[i][j]`` to rank ``j``. One
-        direct step (with PXN, :meth:`_pxn`), at the protocol NCCL's tuner would pick for it;
+        direct step (with PXN, :meth:`_pxn`), at NCCL's p2p protocol for its largest pair;
         the time is the busiest receiver's. Cached."""
         n = len(split)
         rows = [tuple(r) for r in split] if isinstance(split[0], Sequence) else [tuple(split)] * n
@@ -339,11 +344,24 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
                    if a != b and rows[i][j]]  # fmt: skip
         if not any(len(g) > 1 for g in groups) or not tr:
             return None
-        local = max(sum(nbytes * rows[i][j] for i in range(n) if i != j) for j in range(n))
+        # the busiest rank's local work: what it receives and its own share (copied by the
+        # same kernel, src/device/sendrecv.h)
+        local = max(sum(nbytes * rows[i][j] for i in range(n)) for j in range(n))
         ph = self._direct_phase(self._pxn(tuple(tr)), local, self.a2a_bw_fraction)
         fluid = self._fluid(ph)
-        best = min(self.protocols, key=lambda p: fluid * self._wire(ph, p) + self._lat(ph, p))
-        return ph, fluid, best
+        peer = max(nbytes * rows[i][j] for i in range(n) for j in range(n) if i != j)
+        return ph, fluid, self._p2p_protocol(groups[0], peer)
+
+    def _p2p_protocol(self, group: Sequence[int], peer_bytes: float) -> _Proto:
+        """The protocol NCCL 2.28 runs a send/receive pair with (``enqueue.cc``
+        ``addP2pToPlan``): LL where the bytes to one peer are at most NCCL_P2P_LL_THRESHOLD
+        (16 KiB) x the communicator's p2p channels per peer, else Simple; p2p never uses LL128
+        (``fabrics.yaml`` ``nccl.all_to_all.ll_max_bytes_per_peer``: within one NVLink domain,
+        and for a group that crosses the network)."""
+        topo = self.topology
+        one = topo.intra != "pcie" and len({topo.node_of(g) for g in group}) == 1
+        name = "LL" if peer_bytes <= self.p2p_ll_max_bytes[0 if one else 1] else "Simple"
+        return next(p for p in self.protocols if p.name == name)
 
     def all_to_all_v_steps(
         self, groups: Sequence[Sequence[int]], nbytes: float, split: Sequence
@@ -612,7 +630,10 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
                 if phases is None:
                     continue
                 timed = [(ph, self._fluid(ph)) for ph in phases]
-                for pr in self._protocols_of(alg, protos):
+                cands = self._protocols_of(alg, protos)
+                if alg == "direct" and len(cands) > 1:  # NCCL's p2p rule, not a time race
+                    cands = (self._p2p_protocol(group, nbytes / len(group)),)
+                for pr in cands:
                     t = sum(
                         ph.repeat * (f * self._wire(ph, pr) + self._lat(ph, pr)) for ph, f in timed
                     )
