@@ -67,6 +67,7 @@ from simulator.config.suite import (
     CollectiveSuite,
     WorkloadSuite,
     collective_rows,
+    frozen_predictions,
     load_suite,
 )
 from simulator.errors import ConfigError
@@ -195,6 +196,7 @@ class PreparedSuite:
     cases: list[LoadedWorkload] = field(default_factory=list)
     rows: list[CollectiveRow] = field(default_factory=list)
     collectives: CollectiveModel | None = None
+    frozen: dict[tuple, float] = field(default_factory=dict)  # predictions at the freeze tag
 
     @property
     def size(self) -> int:
@@ -217,7 +219,8 @@ def prepare_suite(path: str | Path) -> PreparedSuite:
     gpu = load_gpu(topo_cfg.gpu, file=str(tpath), field="gpu")
     topo = Topology(topo_cfg, gpu)
     rows = collective_rows(p, suite, topo.n_gpus)
-    return PreparedSuite(p, suite, rows=rows, collectives=CollectiveModel(topo))
+    return PreparedSuite(p, suite, rows=rows, collectives=CollectiveModel(topo),
+                         frozen=frozen_predictions(p, suite))
 
 
 def run_workload_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
@@ -292,6 +295,12 @@ def run_prepared(prep: PreparedSuite, progress=None) -> SuiteResult:
     res.held_out_until = prep.suite.held_out_until
     if res.held_out_until and isinstance(prep.suite, WorkloadSuite):
         res.at_freeze = frozen_result(prep.suite)
+    elif res.held_out_until and prep.frozen:
+        errs = [prep.frozen[k] / r.time_s - 1.0 for r in prep.rows
+                if (k := (r.op, r.group, float(r.bytes))) in prep.frozen]
+        if errs:
+            res.at_freeze = (sum(abs(e) for e in errs) / len(errs), sum(errs) / len(errs),
+                             len(errs))
     return res
 
 

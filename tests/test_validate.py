@@ -83,3 +83,38 @@ def test_a_once_held_out_suite_reports_its_one_prediction_apart(tmp_path):
     p.write_text(yaml.safe_dump({**suite, "role": "held_out"}))
     with pytest.raises(ConfigError, match="held_out_until"):
         run_suite(p)
+
+
+def test_a_once_held_out_collective_suite_scores_its_predictions_file(tmp_path):
+    """A collectives suite's held-out result is its predictions file (written at the freeze
+    tag) scored on the measured rows, whatever the model is now; rows without a prediction are
+    left out, and a malformed file is one ConfigError naming the row."""
+    data = tmp_path / "m.jsonl"
+    data.write_text('{"op": "all_reduce", "group": 4, "bytes": 1048576, "time_s": 1e-4}\n'
+                    '{"op": "all_reduce", "group": 4, "bytes": 4194304, "time_s": 2e-4}\n'
+                    '{"op": "all_reduce", "group": 2, "bytes": 4194304, "time_s": 2e-4}\n')
+    rows = [{"op": "all_reduce", "group": 4, "bytes": 1048576, "predicted_s": 0.8e-4},
+            {"op": "all_reduce", "group": 4, "bytes": 4194304, "predicted_s": 2.6e-4}]
+    (tmp_path / "pred.yaml").write_text(yaml.safe_dump({"rows": rows}))
+    suite = {"name": "t", "kind": "collectives", "role": "development", "role_note": "x",
+             "held_out_until": "tag-1", "predictions": "pred.yaml", "data": "m.jsonl",
+             "topology": str(ROOT / "topologies/h200x4-nvswitch.yaml"), "ops": ["all_reduce"],
+             "bands": [{"name": "all", "tolerance_mape": 10.0}]}
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(suite))
+    m, b, n = run_suite(p).at_freeze
+    assert (n, m, b) == (2, pytest.approx(0.25), pytest.approx(0.05))  # -20 %, +30 %
+    rows[1]["predicted_s"] = -1.0
+    (tmp_path / "pred.yaml").write_text(yaml.safe_dump({"rows": rows}))
+    with pytest.raises(ConfigError, match="rows.1"):
+        run_suite(p)
+
+
+def test_the_shipped_pairs_and_h200_all_to_all_keep_their_frozen_scores():
+    # scored once when measured (README, the suites' headers): 30.2 % / -23.3 % and
+    # 14.0 % / +11.7 %
+    for path, (m0, b0, n0) in {"validation/collectives-h100x2-pairs.yaml": (0.302, -0.233, 40),
+                               "validation/collectives-h200x4-alltoall.yaml": (0.140, 0.117, 20)
+                               }.items():
+        m, b, n = run_suite(ROOT / path).at_freeze
+        assert (n, round(m, 3), round(b, 3)) == (n0, m0, b0), path

@@ -116,6 +116,23 @@ class CollectiveSuite(_Suite):
     bands: tuple[Band, ...] = Field(
         (Band(name="all", tolerance_mape=0.10),), min_length=1
     )
+    predictions: str = Field(
+        "",
+        description="a pre-registered suite's predictions file, written at its freeze tag "
+        "(rows of op, group, bytes, predicted_s), relative to the suite: with held_out_until, "
+        "its score on the measured rows is the held-out result",
+    )
+
+
+class FrozenPrediction(Frozen):
+    """One row of a predictions file written at a freeze tag (other keys are not read)."""
+
+    model_config = {**Frozen.model_config, "extra": "ignore"}
+
+    op: str
+    group: PositiveInt
+    bytes: PositiveFloat
+    predicted_s: PositiveFloat
 
 
 class CollectiveRow(Frozen):
@@ -188,6 +205,28 @@ def collective_rows(
             field="data",
         )
     return rows
+
+
+def frozen_predictions(suite_path: Path, suite: CollectiveSuite) -> dict[tuple, float]:
+    """{(op, group, bytes): predicted_s} of the suite's ``predictions`` file (empty if none);
+    a malformed file is a ConfigError naming the row."""
+    if not suite.predictions:
+        return {}
+    path = suite_path.parent / suite.predictions
+    data = read_yaml(path, what="predictions file")
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError("no rows (accepted: a mapping with a non-empty list 'rows')",
+                          file=str(path), field="rows")
+    out = {}
+    for i, raw in enumerate(rows):
+        try:
+            row = FrozenPrediction.model_validate(raw)
+        except ValidationError as e:
+            raise pydantic_to_config_error(e, FrozenPrediction, file=str(path),
+                                           prefix=f"rows.{i}") from None
+        out[(row.op, row.group, float(row.bytes))] = row.predicted_s
+    return out
 
 
 def _no_constant(name: str) -> float:
