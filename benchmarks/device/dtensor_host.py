@@ -23,8 +23,11 @@ Kinds, each a DTensor unit and its plain equivalent (local shards, the collectiv
 - ``colwise``: ``nn.Linear(h, 2h)`` under ``ColwiseParallel()`` (input a local tensor, taken as
   Replicate; output local, ``use_local_output=True``); its backward all-reduces the input's
   gradient. Plain: identity/all-reduce (``_CopyToTP``) then ``nn.Linear(h, h)``.
-- ``colwise_dt_in``: the same with a DTensor Replicate input (what follows a SequenceParallel
-  LayerNorm and ``PrepareModuleInput`` in ``steps_alt.py``'s SP plan).
+- ``sp_colwise``: the front of ``steps_alt.py``'s SP half-block: ``nn.LayerNorm(h)`` under
+  ``SequenceParallel()`` (local Shard(1) input, DTensor output), a module under
+  ``PrepareModuleInput(Shard(1) -> Replicate)`` (the all-gather; backward the gradient's
+  reduce-scatter) holding ``nn.Linear(h, 2h)`` under ``ColwiseParallel()``, then the rank's own
+  sequence slice. Plain: ``nn.LayerNorm``, ``_GatherSeq``, ``nn.Linear(h, h)``, the slice.
 - ``rowwise``: ``nn.Linear(2h, h)`` under ``RowwiseParallel()`` (output Replicate: all-reduce).
   Plain: ``nn.Linear(h, h)`` then all-reduce (``_ReduceFromTP``).
 - ``rowwise_rs``: ``RowwiseParallel(output_layouts=Shard(1))`` (reduce-scatter; the sequence
@@ -125,6 +128,7 @@ def kinds(ctx: Ctx, n: int):
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
         parallelize_module,
@@ -153,11 +157,22 @@ def kinds(ctx: Ctx, n: int):
                       [(lambda m: lambda y: m(_CopyToTP.apply(y, g)))(lin(H, H)) for _ in range(n)],
                       local)
 
-    out["colwise_dt_in"] = (
-        [(lambda m: lambda y: DTensor.from_local(m(y), mesh, [Replicate()], run_check=False))(
-            lin(H, w * H, ColwiseParallel())) for _ in range(n)],
-        [(lambda m: lambda y: m(_CopyToTP.apply(y, g)))(lin(H, H)) for _ in range(n)],
-        None)  # input made in run_kind (a DTensor leaf)
+    def sp_front(ln_mod, holder):
+        def f(y):  # SP LayerNorm -> PrepareModuleInput (Shard(1) -> Replicate) -> colwise
+            return own_slice(holder(ln_mod(y)))
+        return f
+
+    def holder():
+        with dev:
+            m = nn.Sequential(nn.Linear(H, w * H))
+        parallelize_module(m, mesh, {"0": ColwiseParallel()})
+        return parallelize_module(m, mesh, PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)))
+
+    out["sp_colwise"] = (
+        [sp_front(ln(SequenceParallel()), holder()) for _ in range(n)],
+        [(lambda a, b: lambda y: own_slice(b(_GatherSeq.apply(a(y), g, w))))(ln(), lin(H, H))
+         for _ in range(n)], local)
     out["rowwise"] = ([lin(w * H, H, RowwiseParallel()) for _ in range(n)],
                       [(lambda m: lambda y: _ReduceFromTP.apply(m(y), g))(lin(H, H))
                        for _ in range(n)], local)
@@ -202,7 +217,7 @@ def run_kind(ctx: Ctx, name: str, dt_units, plain_units, make, k: int) -> dict:
         elif name == "sp_layernorm" and side == "dtensor":
             x0 = DTensor.from_local(torch.randn(1, S, H, device=ctx.dev), ctx.mesh, [Shard(1)],
                                     run_check=False)
-        elif side == "dtensor":  # colwise_dt_in, dt_mul: a DTensor Replicate chain
+        elif side == "dtensor":  # dt_mul: a DTensor Replicate chain
             x0 = DTensor.from_local(torch.randn(1, S, H, device=ctx.dev), ctx.mesh,
                                     [Replicate()], run_check=False)
         else:
