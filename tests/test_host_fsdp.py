@@ -1,6 +1,7 @@
-"""FSDP2's per-unit host work on the host clock of eager ZeRO-3 steps
-(``HostRates.fsdp_call_s``, :data:`simulator.engine.host.FSDP_CALLS`): exposed where the host
-sets the step, hidden where the GPU does. Counts worked out by hand from the workload."""
+"""FSDP2's per-unit and per-parameter-tensor host work on the host clock of eager ZeRO-3 steps
+(``HostRates.fsdp_call_s``, ``HostRates.fsdp_tensor_s``, :data:`simulator.engine.host.FSDP_CALLS`):
+exposed where the host sets the step, hidden where the GPU does. Counts worked out by hand
+from the workload and the modules of the measuring scripts."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from simulator.config.load import load_workload
 from simulator.engine.host import FSDP_CALLS
+from simulator.model import eager
 from simulator.run import simulate
 from tests.conftest import ROOT
 
@@ -21,8 +23,9 @@ WIDE = ("model.layers=4", "model.hidden=8192", "model.ffn_hidden=28672", "model.
         "training.global_batch=4")
 
 
-def _step(overrides: tuple[str, ...], call_s: float) -> dict:
-    gpu = f"topology.gpu={{base: H100-SXM-80GB, host_fsdp_call_s: {call_s!r}}}"
+def _step(overrides: tuple[str, ...], call_s: float, tensor_s: float = 0.0) -> dict:
+    gpu = (f"topology.gpu={{base: H100-SXM-80GB, host_fsdp_call_s: {call_s!r}, "
+           f"host_fsdp_tensor_s: {tensor_s!r}}}")
     return simulate(load_workload(CASE, [*overrides, gpu])).summary
 
 
@@ -51,3 +54,34 @@ def test_compute_bound_fsdp_step_hides_the_hooks():
     base, hooked = _step(WIDE, 0.0), _step(WIDE, 1e-3)
     assert base["breakdown_s"]["compute"] > 0.8 * base["step_time_s"]
     assert abs(hooked["step_time_s"] - base["step_time_s"]) < 0.01 * 36e-3
+
+
+def test_parameter_tensors_follow_the_modules():
+    """measure.py's Llama layer holds qkv, o, gate_up, down and two RMSNorm gains (6); its root
+    the embedding, the final norm and the head. A nanoGPT block (c_attn, c_proj, c_fc,
+    c_proj with biases, two LayerNorms with biases) holds 12; its embedding unit wte and
+    wpe, its head unit ln_f (gain, bias) and lm_head."""
+    llama = load_workload(CASE).workload.model
+    gpt = load_workload(CASE, ["model.activation=gelu", "model.norm=layernorm"]).workload.model
+    counts = [(eager.layer_param_tensors(m), eager.embedding_param_tensors(m),
+               eager.head_param_tensors(m)) for m in (llama, gpt)]
+    assert counts == [(6, 1, 2), (12, 2, 3)]
+
+
+def test_launch_bound_fsdp_step_exposes_every_tensors_work():
+    """At tiny widths, 1 ms per parameter tensor per FSDP call and nothing per call: each unit's
+    3 calls a micro-batch touch its tensors (12 layers of 6, the embedding's 1, the head's 2:
+    75), 2 micro-batches per replica: 3 x 75 x 2 = 450 ms, all of it shown as ``host``."""
+    base, hooked = _step(TINY, 0.0), _step(TINY, 0.0, 1e-3)
+    grown = hooked["step_time_s"] - base["step_time_s"]
+    assert grown == pytest.approx(3 * 75 * 2 * 1e-3, rel=0.01)
+    shown = hooked["breakdown_s"]["host"] - base["breakdown_s"]["host"]
+    assert shown == pytest.approx(3 * 75 * 2 * 1e-3, rel=0.02)
+
+
+def test_compute_bound_fsdp_step_hides_the_tensors_work():
+    """At hidden 8,192 the 4 layers' forward and backward keep the GPU busy for tens of ms
+    each: 3 calls x (4 x 6 + 1 + 2 tensors) x 2 micro-batches x 0.1 ms = 16.2 ms of host work
+    runs while the GPU computes, and the step moves by under 1 % of that."""
+    base, hooked = _step(WIDE, 0.0), _step(WIDE, 0.0, 1e-4)
+    assert abs(hooked["step_time_s"] - base["step_time_s"]) < 0.01 * 16.2e-3

@@ -1,7 +1,7 @@
 """Refit the host's time per kernel of eager model code, per collective call, to resume after
 a synchronisation, per kernel of MoE token routing and per FSDP2 collective call with its
-hook (``host_op_s``, ``host_collective_s``, ``host_sync_s``, ``host_moe_op_s``,
-``host_fsdp_call_s`` in gpus.yaml).
+hook and per parameter tensor in each such call (``host_op_s``, ``host_collective_s``,
+``host_sync_s``, ``host_moe_op_s``, ``host_fsdp_call_s``, ``host_fsdp_tensor_s`` in gpus.yaml).
 
 Two kinds of measurement on 4x H100, and one on 2x H100, each with its README:
 
@@ -27,13 +27,15 @@ Two kinds of measurement on 4x H100, and one on 2x H100, each with its README:
   so a change to them changes the refit: ``tests/test_calibration.py`` then asks for a new one.
 * ``data/measured/fsdp-units-h100x2/``: FSDP2's cost per unit (``benchmarks/device/fsdp_units.py``
   on 2x H100): the same 64 Linear(4096, 4096) layers (64 parameter tensors) split into 2..64
-  ``fully_shard`` units. ``host_fsdp_call_s`` is the host's time of one FSDP2 collective call
-  with its hook (:data:`simulator.engine.host.FSDP_CALLS`: an all-gather in forward, an
-  all-gather and a reduce-scatter in backward), fitted by least squares on relative error,
-  through zero, to ``step - alone = units x (3 host_fsdp_call_s + host_op_s)`` (``host_op_s``:
-  the gradient cast before each reduce-scatter, a kernel the simulator already prices) on the
-  rows the host sets (16, 32 and 64 units at 512 tokens; :func:`fit_fsdp`). The parameter
-  tensors are the same in every row, so a cost per tensor would be a constant there.
+  ``fully_shard`` units, and (``fsdp_units_tensors.jsonl``, ``--tensors 4``) 16 and 64 units
+  with one and with four parameter tensors a layer. ``host_fsdp_call_s`` is the host's time
+  of one FSDP2 collective call with its hook (:data:`simulator.engine.host.FSDP_CALLS`: an
+  all-gather in forward, an all-gather and a reduce-scatter in backward) and
+  ``host_fsdp_tensor_s`` its time per parameter tensor of the unit in each call, fitted
+  jointly by least squares on relative error, through zero, to ``step - alone = units x
+  (3 host_fsdp_call_s + host_op_s) + 3 x tensors x host_fsdp_tensor_s`` (``host_op_s``: the
+  gradient cast before each reduce-scatter, a kernel the simulator already prices) on the
+  rows the host sets (8 to 64 units at 512 tokens; :func:`fit_fsdp`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ from simulator.model.moe import routing_op
 
 DATA = (REPO / "data/measured/tiny-h100x4/steps.jsonl", REPO / "data/measured/tiny3-h100x4/steps.jsonl")
 FSDP_UNITS = REPO / "data/measured/fsdp-units-h100x2/fsdp_units.jsonl"
+FSDP_TENSORS = REPO / "data/measured/fsdp-units-h100x2/fsdp_units_tensors.jsonl"
+FSDP_LAYERS = 64  # fsdp_units.py: Linear(4096, 4096) layers, split evenly into the units
 OPS = sorted((REPO / "data/measured/host-ops-h100x4").glob("host_ops_k*.jsonl"))
 #: collective calls in one chain element of each wrapper of host_ops.py
 WRAPPER_CALLS = {"copy_to_tp": 1, "reduce_from_tp": 1, "gather_scatter_seq": 4,
@@ -169,43 +173,62 @@ def fit_moe() -> tuple[float, dict[str, tuple[float, int, int, int, int]]]:
     return float(km @ rest / (km @ km)), rows
 
 
-def fsdp_rows() -> dict[int, dict[int, float]]:
-    """{tokens: {units: excess}} of FSDP2's unit micro-benchmark: the step less the same
-    layers' step unsharded on one GPU (one parameter tensor a layer)."""
-    rows = [json.loads(x) for x in FSDP_UNITS.read_text().splitlines() if x.strip()]
-    out: dict[int, dict[int, float]] = {}
+def fsdp_rows() -> tuple[list[tuple[int, int, float]], dict[int, float]]:
+    """FSDP2's unit micro-benchmark: ([(units, parameter tensors, excess)] at 512 tokens,
+    {units: excess} at 16,384), the excess being the step less the same layers' step
+    unsharded on one GPU; the default rows have one tensor a layer, the ``--tensors`` rows
+    one and four."""
+    rows = [json.loads(x) for f in (FSDP_UNITS, FSDP_TENSORS)
+            for x in f.read_text().splitlines() if x.strip()]
+    short, hidden = [], {}
     for r in rows:
-        if r.get("tensors", 1) == 1:
-            out.setdefault(r["tokens"], {})[r["units"]] = r["step_s"] - r["alone_compute_s"]
-    return out
+        excess = r["step_s"] - r["alone_compute_s"]
+        if r["tokens"] == 512:
+            short.append((r["units"], r["layers"] * r.get("tensors", 1), excess))
+        elif r.get("tensors", 1) == 1:
+            hidden[r["units"]] = excess
+    return short, hidden
 
 
-def fit_fsdp(op_s: float) -> tuple[float, list[int]]:
-    """(``host_fsdp_call_s``, the unit counts it is fitted on), given ``host_op_s``.
+def fsdp_host(units: int, tensors: int, call_s: float, tensor_s: float, op_s: float) -> float:
+    """Modelled host time FSDP2 adds to a step of ``units`` units holding ``tensors``
+    parameter tensors in all: per unit its three calls and the gradient cast's kernel, per
+    tensor its work in each of the three calls."""
+    calls = len(FSDP_CALLS["fwd"]) + len(FSDP_CALLS["bwd"])
+    return units * (calls * call_s + op_s) + calls * tensors * tensor_s
+
+
+def fit_fsdp(op_s: float) -> tuple[float, float, list[tuple[int, int, float]]]:
+    """(``host_fsdp_call_s``, ``host_fsdp_tensor_s``, the rows they are fitted on), given
+    ``host_op_s``.
 
     At 512 tokens a step's excess is either what FSDP adds on the GPU (copies, collectives
-    not hidden) or, where the host is the slower one, its host time for the units,
-    ``units x (3 calls + host_op_s)``. What FSDP adds on the GPU is measured by the
-    16,384-token row of the same unit count, where compute hides the host. A row is
-    host-bound where the modelled host time exceeds that; the rate is fitted (least squares
-    on relative error, through zero) on those rows and the selection repeated until it holds
-    (16, 32 and 64 units). With an intercept as well, the three rows give 4.7 ms (2.56 ms a
-    unit): within their scatter (residuals -8..+10 % through zero), and with the 64 parameter
-    tensors fixed it cannot tell work per parameter tensor (at most 73 us each a step) from
-    the root's once a step, so it is not modelled."""
-    calls = len(FSDP_CALLS["fwd"]) + len(FSDP_CALLS["bwd"])
-    rows = fsdp_rows()
-    short, hidden = rows[min(rows)], rows[max(rows)]
-    sel = sorted(short)
+    not hidden) or, where the host is the slower one, its host time (:func:`fsdp_host`). What
+    FSDP adds on the GPU is measured by the 16,384-token row of the same unit count, where
+    compute hides the host. A row is host-bound where the modelled host time exceeds that; the
+    two rates are fitted jointly (least squares on relative error, through zero) on those rows
+    and the selection repeated until it holds (8 to 64 units; the same as fitting
+    ``max(host, GPU)`` to every row). The scale vectors of the ``--tensors`` rows launch
+    kernels of their own, but the unsharded reference runs them too and is itself host-bound
+    there (17-22 ms against about 8 with one tensor a layer), so the excess holds FSDP's work
+    only. Two biases are left in: where the reference is GPU-bound (one tensor a layer) its
+    step exceeds its host time by a few ms, which lowers those rows' excess; and the excess
+    per unit is not flat (more at 64 units than at 16), which the joint fit spreads over both
+    rates: the change per added tensor within each run (0.271 and 0.292 ms a step) is above
+    the fitted three calls' worth."""
+    short, hidden = fsdp_rows()
+    sel = short
+    rates = (0.0, 0.0)
     for _ in range(len(short)):
-        a = np.array([calls * u / short[u] for u in sel])
-        b = np.array([1.0 - op_s * u / short[u] for u in sel])
-        c = float(a @ b / (a @ a))
-        new = [u for u in sorted(short) if u * (calls * c + op_s) > hidden[u]]
+        a = np.array([[fsdp_host(u, 0, 1.0, 0.0, 0.0) / e, fsdp_host(0, t, 0.0, 1.0, 0.0) / e]
+                      for u, t, e in sel])
+        b = np.array([1.0 - op_s * u / e for u, _, e in sel])
+        rates = tuple(float(x) for x in np.linalg.lstsq(a, b, rcond=None)[0])
+        new = [r for r in short if fsdp_host(r[0], r[1], *rates, op_s) > hidden[r[0]]]
         if new == sel:
             break
         sel = new
-    return c, sel
+    return rates[0], rates[1], sel
 
 
 def refit() -> dict[str, tuple[float, float]]:
@@ -213,10 +236,12 @@ def refit() -> dict[str, tuple[float, float]]:
     op_s, coll_s, _ = fit()
     sync_s = micro()[1]
     moe_s = fit_moe()[0]
+    call_s, tensor_s, _ = fit_fsdp(op_s)
     d = default_kernel_params()
     return {"defaults.host_op_s": (round(op_s * 1e8) / 1e8, d["host_op_s"]),
             "defaults.host_collective_s": (round(coll_s * 1e7) / 1e7, d["host_collective_s"]),
             "defaults.host_sync_s": (round(sync_s * 1e7) / 1e7, d["host_sync_s"]),
             "defaults.host_moe_op_s": (round(moe_s * 1e8) / 1e8, d["host_moe_op_s"]),
-            "defaults.host_fsdp_call_s": (round(fit_fsdp(op_s)[0] * 1e7) / 1e7,
-                                          d["host_fsdp_call_s"])}
+            "defaults.host_fsdp_call_s": (round(call_s * 1e7) / 1e7, d["host_fsdp_call_s"]),
+            "defaults.host_fsdp_tensor_s": (round(tensor_s * 1e8) / 1e8,
+                                            d["host_fsdp_tensor_s"])}

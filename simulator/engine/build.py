@@ -33,8 +33,8 @@ from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import moe_dispatch_bytes, pricing_dtype, weight_bytes
 from simulator.model import comm as mc
+from simulator.model import eager, moe_sizes
 from simulator.model import memory as mem
-from simulator.model import moe_sizes
 from simulator.model import transformer as tf
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
@@ -672,7 +672,19 @@ class _Builder:
         if self.t.kernels != "eager" or (gpu.host_op_s <= 0.0 and gpu.host_collective_s <= 0.0):
             return None
         return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s,
-                         gpu.host_moe_op_s, gpu.host_fsdp_call_s)
+                         gpu.host_moe_op_s, gpu.host_fsdp_call_s, gpu.host_fsdp_tensor_s)
+
+    def unit_tensors(self, unit: int | str) -> int:
+        """Parameter tensors of a ZeRO-3 unit (a global layer, ``embed`` or ``head``) on one
+        rank, as the eager model holds them (:func:`simulator.model.eager.layer_param_tensors`;
+        an MoE layer's routed experts split over ep)."""
+        if unit == "embed":
+            return eager.embedding_param_tensors(self.m)
+        if unit == "head":
+            return eager.head_param_tensors(self.m)
+        moe = moe_sizes.is_moe_layer(self.m, unit)
+        local = self.m.moe.experts // self.ep if moe else 0
+        return eager.layer_param_tensors(self.m, moe, local)
 
     def grad_work(self) -> tuple[Callable, Callable]:
         t, gb = self.t, BYTES[self.t.grad_reduce_dtype]
@@ -755,6 +767,7 @@ class _Builder:
             grad_finalize=grad_finalize,
             interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
             host=self.host_rates(),
+            unit_tensors=self.unit_tensors,
             comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),
             part_cost=self.comm.part_cost,
             comm_mode=lambda p: self.comm_mode.get(p.pid, "never"),

@@ -45,14 +45,16 @@ IDENTITY: Matrix = (0.0, NEG, NEG, 0.0)
 class HostRates:
     """The host's time per kernel of eager model code, per collective call, to resume after a
     synchronisation, per kernel of an MoE layer's token routing (router, counts,
-    permutation, combine: more Python per kernel than model code), and per FSDP2 collective
-    call of a ZeRO-3 unit with its hook (seconds; see :data:`FSDP_CALLS`)."""
+    permutation, combine: more Python per kernel than model code), per FSDP2 collective
+    call of a ZeRO-3 unit with its hook, and per parameter tensor of the unit in each such
+    call (seconds; see :data:`FSDP_CALLS`)."""
 
     op_s: float
     collective_s: float
     sync_s: float
     moe_op_s: float = 0.0
     fsdp_call_s: float = 0.0
+    fsdp_tensor_s: float = 0.0
 
     def part_s(self, part) -> float:
         """Host time to issue one part of a program."""
@@ -70,7 +72,12 @@ class HostRates:
 #: ``post_backward`` reduce-scatters (``foreach_reduce``: chunk-cat into the reduce dtype, the
 #: collective, a sharded-gradient view per parameter) and reshards. The host's time of each
 #: call, hook included, is ``HostRates.fsdp_call_s`` beyond the kernels the simulator prices
-#: at their own rate (the gradient cast before the reduce-scatter, ``grad_prep``).
+#: at their own rate (the gradient cast before the reduce-scatter, ``grad_prep``), plus
+#: ``HostRates.fsdp_tensor_s`` for each parameter tensor of the unit: every call loops over
+#: the unit's ``FSDPParam`` objects in Python (``_fsdp_collectives.py``: the all-gather's
+#: per-parameter inputs and, after the collective, its per-parameter outputs and
+#: ``to_unsharded`` attribute swaps, ``to_sharded`` again at the reshard; the reduce-scatter's
+#: per-parameter gradient list and, after it, a sharded-gradient view and DTensor each).
 FSDP_CALLS = {"fwd": ("all_gather",), "bwd": ("all_gather", "reduce_scatter")}
 
 

@@ -148,6 +148,8 @@ class StepPlan:
     #: eager code: the host that issues the kernels (:mod:`simulator.engine.host`); None:
     #: fused kernels, whose host stays ahead of the GPU
     host: HostRates | None = None
+    #: eager ZeRO-3: parameter tensors of a unit (a global layer, ``embed`` or ``head``)
+    unit_tensors: Callable[[int | str], int] | None = None
 
     def vs_of(self, stage: int, chunk: int) -> int:
         """The model (virtual) stage that chunk ``chunk`` of pipeline rank ``stage`` holds."""
@@ -654,6 +656,7 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
         # eager (FSDP2): the host's time of each unit's hooks and collective calls, on the
         # host clock before the unit's kernels (hidden where the GPU is the slower one)
         fsdp_s = plan.host.fsdp_call_s if plan.host is not None else 0.0
+        tensor_s = plan.host.fsdp_tensor_s if plan.host is not None else 0.0
         hooked: set[object] = set()
 
         def unit(label: str, layer: int) -> object:
@@ -694,10 +697,12 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
                 gather(order[idx + 1])
             if u in gathers:
                 yield gathers[u]
-            if fsdp_s and u not in hooked:
+            if (fsdp_s or tensor_s) and u not in hooked:
                 hooked.add(u)
                 moved = dict(zip(("all_gather", "reduce_scatter"), sizes(u), strict=True))
-                p.host_s += fsdp_s * sum(moved[c] > 0 for c in FSDP_CALLS[kind])
+                calls = sum(moved[c] > 0 for c in FSDP_CALLS[kind])
+                tensors = plan.unit_tensors(u) if tensor_s and plan.unit_tensors else 0
+                p.host_s += calls * (fsdp_s + tensor_s * tensors)
             # Let the collectives issued at this instant start, so the kernels see them.
             yield self.env.timeout(0)
             f = mem_after

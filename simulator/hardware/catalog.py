@@ -135,6 +135,10 @@ class GPUSpec:
     #: (a unit's all-gather with its copy-in, copy-out and reshard; a reduce-scatter with its
     #: chunk-cat and the sharded gradients' views), beyond its kernels' own rate (gpus.yaml)
     host_fsdp_call_s: float = 0.0
+    #: host time FSDP2 spends on each parameter tensor of a unit in each such call (its
+    #: all-gather input and output views and module attribute swaps, its sharded gradient's
+    #: view), beyond the call's own (gpus.yaml)
+    host_fsdp_tensor_s: float = 0.0
     #: NVLink generation (3 Ampere, 4 Hopper, 5 Blackwell); None for a GPU without NVLink
     nvlink_generation: int | None = None
     #: NVLink line rate per GPU per direction (links x signalling rate); what a topology uses
@@ -392,7 +396,7 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
         )
     values["runtime_reserved_GiB"] = float(reserved)
     for key in ("host_op_s", "host_collective_s", "host_sync_s", "host_moe_op_s",
-                "host_fsdp_call_s"):
+                "host_fsdp_call_s", "host_fsdp_tensor_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
     for key in ("nvlink_line_GBps", "nic_Gbps", "pcie_GBps"):

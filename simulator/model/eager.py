@@ -40,6 +40,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from simulator.config.schema import ModelConfig
+from simulator.model import mla
 from simulator.model.ops import (
     FP32,
     MASK,
@@ -416,3 +417,49 @@ def head_backward(model: ModelConfig, b: int, tp: int, sp: bool, d: int, P: int)
     ops.append(cast_op("ce_upcast", "head", x, FP32, d, True))
     ops += _linear_bwd(gemm_op("lm_head", "head", T, h, L.vocab, d), False, P, d)
     return ops + _norm_bwd("final_norm", "head", model.norm_kind, NT, h, P, d, P, False)
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter tensors (FSDP2's per-parameter host work, :mod:`simulator.engine.host`)
+
+
+def _linear_tensors(model: ModelConfig, n: int) -> int:
+    """``n`` ``nn.Linear`` modules: a weight each, and a bias each in the GPT family."""
+    return n * (2 if arch(model).biases else 1)
+
+
+def _norm_tensors(model: ModelConfig) -> int:
+    """A norm's gain, and its bias for LayerNorm."""
+    return 2 if model.norm_kind == "layernorm" else 1
+
+
+def layer_param_tensors(model: ModelConfig, moe_layer: bool = False, local_experts: int = 0
+                        ) -> int:
+    """Parameter tensors of one layer of the eager model this module describes: the attention's
+    projections as its GEMMs (one fused QKV and the output projection; MLA its down and up
+    projections and the latent norms), the MLP's (one fused gate-up for SwiGLU and the down
+    projection; an MoE layer the router and, per expert held, its two projections), each
+    with a bias in the GPT family, and the two norms: 6 in the Llama family (QKV, output,
+    gate-up, down, two RMSNorm gains), 12 in the GPT family (four weights and biases, two
+    LayerNorms' gains and biases)."""
+    if model.attention_kind == "mla":
+        rq = model.mla.q_lora_rank
+        attn = _linear_tensors(model, len(mla.mla_matrices(model))) + (2 if rq else 1)
+    else:
+        attn = _linear_tensors(model, 2)
+    if moe_layer and model.moe is not None:
+        held = local_experts + model.moe.shared_experts
+        mlp = 1 + held * _linear_tensors(model, 2)
+    else:
+        mlp = _linear_tensors(model, 2)
+    return attn + mlp + 2 * _norm_tensors(model)
+
+
+def embedding_param_tensors(model: ModelConfig) -> int:
+    """The word embedding, and the learned positions in the GPT family."""
+    return 2 if arch(model).learned_positions else 1
+
+
+def head_param_tensors(model: ModelConfig) -> int:
+    """The final norm and the LM head's weight (none when tied to the embedding)."""
+    return _norm_tensors(model) + (0 if model.tied_embeddings else 1)
