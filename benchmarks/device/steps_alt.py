@@ -105,6 +105,27 @@ CASES = {
                           n_mb=8),
     "h6_moe_ep4_W": dict(shape="W", world=4, scheme="moe", mb=8, n_mb=2),
 }
+# The seventh batch (heldout-freeze-7): new shapes, written after the sixth was measured.
+SHAPES.update({
+    # 24 GPT-2 blocks of width 2048 (16 heads of 128), GPT-2's padded vocabulary, 2K sequences.
+    "X": dict(layers=24, hidden=2048, heads=16, vocab=50304, seq=2048),
+    # MoE: 6 blocks of width 1536 (12 heads of 128), 8 GELU experts of 4096, top-2, 2K sequences.
+    "Y": dict(layers=6, hidden=1536, heads=12, vocab=32768, seq=2048, experts=8, top_k=2,
+              expert_ffn=4096),
+})
+CASES7 = {
+    "h7_single_X": dict(shape="X", world=1, scheme="single", mb=2, n_mb=2),
+    "h7_ddp2_X": dict(shape="X", world=2, scheme="ddp", mb=2, n_mb=2),
+    "h7_ddp2_X_straggler": dict(shape="X", world=2, scheme="ddp", mb=2, n_mb=2, straggler=1.3),
+    "h7_fsdp2_X": dict(shape="X", world=2, scheme="fsdp", mb=4, n_mb=1),
+    "h7_fsdp2_X_ac": dict(shape="X", world=2, scheme="fsdp", mb=4, n_mb=1, ac=True),
+    "h7_tp2_X": dict(shape="X", world=2, scheme="tp", mb=4, n_mb=1),
+    "h7_tp2sp_X": dict(shape="X", world=2, scheme="tp", sp=True, mb=2, n_mb=2),
+    "h7_pp2_gpipe_X": dict(shape="X", world=2, scheme="pp", schedule="gpipe", mb=1, n_mb=8),
+    "h7_pp2_1f1b_X": dict(shape="X", world=2, scheme="pp", schedule="1f1b", mb=2, n_mb=4),
+    "h7_moe_ep2_Y": dict(shape="Y", world=2, scheme="moe", mb=4, n_mb=2),
+}
+CASES.update(CASES7)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 
