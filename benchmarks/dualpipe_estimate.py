@@ -91,7 +91,8 @@ def stage_activation(plan, stage: int) -> float:
 
 def main(argv: list[str]) -> int:
     sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
-    loaded = load_workload(WORKLOAD, [*sets, "training.overlap_moe_expert_parallel_comm=false"])
+    loaded = load_workload(WORKLOAD, [*sets, "training.overlap_moe_expert_parallel_comm=false",
+                                       "parallelism.pp_schedule=1f1b"])  # the chunk times of 1F1B
     machine = make_machine(loaded)
     res = resolve_loaded(loaded)
     job = make_job(loaded.workload, loaded.topology, res, machine)
@@ -105,7 +106,7 @@ def main(argv: list[str]) -> int:
           f"replica; slowest stage {pace}: F {f * 1e3:.1f} ms, B {b * 1e3:.1f} ms, "
           f"W {w * 1e3:.1f} ms, F&B {fb * 1e3:.1f} ms (F + B {(f + b) * 1e3:.1f})")  # fmt: skip
     plain = simulate(loaded).summary
-    comb = simulate(load_workload(WORKLOAD, [*sets,
+    comb = simulate(load_workload(WORKLOAD, [*sets, "parallelism.pp_schedule=1f1b",
                     "training.overlap_moe_expert_parallel_comm=true"])).summary  # fmt: skip
     est_1f1b = m * (f + b) + table2_bubble("1f1b", pp, f, b)
     est_comb = m * fb + table2_bubble("1f1b", pp, f, b)

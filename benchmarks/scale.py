@@ -80,9 +80,9 @@ OVERLAP_CASES = [  # (name, workload, overrides): one layout, gradient reduction
     for w in ("llama3-405b", "llama70b") for o in ("true", "false")
 ]
 SCHEDULE_CASES = [  # (name, workload, overrides): one MoE job under each pipeline schedule
-    ("deepseek-v3 1f1b", "workloads/deepseek-v3.yaml", []),
+    ("deepseek-v3 1f1b", "workloads/deepseek-v3.yaml", ["parallelism.pp_schedule=1f1b"]),
     ("deepseek-v3 combined 1f1b", "workloads/deepseek-v3.yaml",
-     ["training.overlap_moe_expert_parallel_comm=true"]),
+     ["parallelism.pp_schedule=1f1b", "training.overlap_moe_expert_parallel_comm=true"]),
     ("deepseek-v3 dualpipe", "workloads/deepseek-v3.yaml", ["parallelism.pp_schedule=dualpipe"]),
 ]
 HEAVY = ("matplotlib", "pandas", "pyarrow", "ray", "networkx")
