@@ -308,10 +308,10 @@ class TrainingConfig(Frozen):
     ddp_buckets: Literal["separate", "view", "none"] = Field(
         "separate",
         description="eager code with dp > 1 and ZeRO 0, how gradients reach the all-reduce: "
-        "separate: PyTorch DDP's default, flat buckets beside .grad (copied in and out; two "
-        "bucket sets live from the second iteration); view: DDP(gradient_as_bucket_view=True), "
-        "the gradients are views of the current bucket set (no copies; the first set stays "
-        "live); none: no DDP reducer, the script all-reduces one transient flat bucket at a time",
+        "separate: PyTorch DDP's default, flat buckets beside .grad (copied in and out; one "
+        "bucket set, the one rebuilt in the second iteration, live in the steady state); view: "
+        "DDP(gradient_as_bucket_view=True), the gradients become views of the bucket set (no "
+        "copies; no_sync micro-batches' gradients live beside it until the last backward); none: no DDP reducer, the script all-reduces one transient flat bucket at a time",
     )
     optimizer: Literal["adam"] = "adam"
     optimizer_moments_dtype: Literal["fp32", "bf16"] = Field(

