@@ -311,3 +311,49 @@ def test_ddp_steady_state_holds_one_bucket_set_as_measured():
         loaded = load_workload(ROOT / "validation" / "heldout6" / f"{case}.yaml")
         pred[case] = summary_value(simulate(loaded).summary, "memory_gib.allocated")
     assert pred["h6_ddp2_U"] - pred["h6_single_U"] == pytest.approx(one_set, rel=1e-3)
+
+
+def test_dropout_key_and_layernorm_in_the_streams_dtype():
+    """GPT block without dropout (model.dropout: false, nanoGPT with p = 0): the two 1-byte
+    masks go; with bf16 parameters and no autocast (FSDP2 MixedPrecisionPolicy) nn.LayerNorm
+    saves its bf16 input (2 bytes, not 4) beside the fp32 row mean and rstd."""
+    b, s_, h = 2, 128, 256
+    t_ = b * s_
+    nodrop = GPT_SMALL.model_copy(update={"dropout": False})
+    with_drop = sum(eager(GPT_SMALL, b=b).values())
+    assert sum(eager(nodrop, b=b).values()) == with_drop - 2 * t_ * h
+    bf16 = eager(nodrop, b=b, P="bf16")
+    assert bf16["norm1_input"] == bf16["norm2_input"] == 2 * t_ * h
+    assert bf16["norm1_mean_rstd"] == 2 * 4 * t_
+    fp32 = eager(nodrop, b=b)
+    # fp32 params: the LayerNorm inputs at 4 bytes, and autocast's weight casts
+    assert sum(fp32.values()) - sum(bf16.values()) == 2 * (2 * t_ * h) + fp32["weight_casts"]
+    # a Llama model keeps no dropout unless asked
+    from simulator.model.ops import arch
+
+    assert not arch(PROBE).dropout
+    assert arch(PROBE.model_copy(update={"dropout": True})).dropout
+
+
+def _one_gpu_eager_peak(tmp_path, micro_batches: int) -> tuple[float, float]:
+    from simulator.config.load import load_workload
+    from tests.conftest import SMALL_MODEL, small_topology, write_case
+
+    work = {"name": "t", "model": dict(SMALL_MODEL),
+            "training": {"global_batch": micro_batches, "micro_batch": 1, "kernels": "eager",
+                         "param_dtype": "fp32"},
+            "parallelism": {"tp": 1, "pp": 1, "dp": 1}}
+    d = tmp_path / f"m{micro_batches}"
+    d.mkdir()
+    loaded = load_workload(write_case(d, work, small_topology(1, 1)))
+    s = simulate(loaded).summary
+    return summary_value(s, "memory_gib.allocated") * 2**30, tf.total_params(loaded.workload.model)
+
+
+def test_eager_gradients_exist_from_the_first_backward(tmp_path):
+    """zero_grad(set_to_none=True): with one micro-batch the forward and the loss run before
+    any .grad exists; with two the second micro-batch's loss runs beside the first's fp32
+    gradients. The peaks differ by exactly the gradients, 4 bytes a parameter."""
+    one, n = _one_gpu_eager_peak(tmp_path, 1)
+    two, _ = _one_gpu_eager_peak(tmp_path, 2)
+    assert two - one == pytest.approx(4 * n, rel=1e-9)

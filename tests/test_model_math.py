@@ -318,6 +318,24 @@ def test_optimizer_ops_bytes_per_param():
     assert ops[1].bytes == 28 * n
     with pytest.raises(ConfigError):
         tf.optimizer_ops(n, param_dtype="int4", grad_dtype="bf16")
+    with pytest.raises(ConfigError):
+        tf.optimizer_ops(n, param_dtype="fp32", grad_dtype="fp32", impl="apex")
+
+
+def test_foreach_adamw_passes():
+    """torch.optim.AdamW(foreach=True) over fp32 parameters, fp32 gradients and moments, pass
+    by pass (read + write, 4 bytes each): weight decay on p 8; lerp_(m, g) 12; v *= beta2 8;
+    addcmul_(v, g, g) 12; sqrt(v) into a new list 8; /= 8; += eps 8; addcdiv_(p, m, denom) 16."""
+    n = 1e9
+    passes = 8 + 12 + 8 + 12 + 8 + 8 + 8 + 16
+    assert passes == 80
+    ops = tf.optimizer_ops(n, param_dtype="fp32", grad_dtype="fp32", impl="foreach")
+    assert ops[1].bytes == passes * n
+    # bf16 moments: the seven passes over m or v move 2-byte elements (14 of them), the
+    # parameter passes 16 bytes, the gradient 2 reads of 4: 16 + 8 + 28
+    ops = tf.optimizer_ops(n, param_dtype="fp32", grad_dtype="fp32", moments_dtype="bf16",
+                           impl="foreach")
+    assert ops[1].bytes == 52 * n
 
 
 def test_comm_volumes():

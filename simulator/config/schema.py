@@ -178,6 +178,13 @@ class ModelConfig(Frozen):
         None, description="default: rmsnorm for swiglu models, layernorm for gelu models"
     )
     tied_embeddings: Bool = Field(False, description="LM head shares the embedding matrix")
+    dropout: Bool | None = Field(
+        None,
+        description="whether the model applies dropout (attention probabilities, both residual "
+        "branches, the embeddings); default: yes for gelu (GPT) models, no for swiglu (Llama). "
+        "false for dropout probability 0: PyTorch's dropout with p = 0 returns its input "
+        "without a kernel or mask (nanoGPT's pretraining default, dropout = 0.0)",
+    )
     kv_channels: PositiveInt | None = Field(
         None,
         description="width of one attention head (Megatron's --kv-channels); default "
@@ -311,9 +318,18 @@ class TrainingConfig(Frozen):
         "separate: PyTorch DDP's default, flat buckets beside .grad (copied in and out; one "
         "bucket set, the one rebuilt in the second iteration, live in the steady state); view: "
         "DDP(gradient_as_bucket_view=True), the gradients become views of the bucket set (no "
-        "copies; no_sync micro-batches' gradients live beside it until the last backward); none: no DDP reducer, the script all-reduces one transient flat bucket at a time",
+        "copies; no_sync micro-batches' gradients live beside it until the last backward); "
+        "none: no DDP reducer, the script all-reduces one transient flat bucket at a time",
     )
     optimizer: Literal["adam"] = "adam"
+    optimizer_impl: Literal["fused", "foreach"] = Field(
+        "fused",
+        description="how Adam's step runs: fused, one multi-tensor kernel reading and writing "
+        "each state once (Megatron-LM, Apex, torch.optim.AdamW(fused=True)); foreach, "
+        "torch.optim.AdamW(foreach=True), PyTorch's default on CUDA: eight multi-tensor "
+        "passes (weight decay, lerp of m, two of v, sqrt into a new list, divide, add eps, "
+        "addcdiv), about 80 bytes per fp32 parameter instead of 28",
+    )
     optimizer_moments_dtype: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="dtype of Adam's first and second moments; the master weights stay fp32 "

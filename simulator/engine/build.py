@@ -429,15 +429,37 @@ class _Builder:
                   weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0])  # fmt: skip
         ms = mem.model_state_bytes(dense, dp=self.shard, **kw)
         mx = mem.model_state_bytes(expert, dp=self.edp, **kw)
-        # PyTorch DDP's gradient buckets (eager): gradient copies, counted with the gradients
-        buckets = mem.ddp_bucket_bytes(
-            dense + expert, kernels=t.kernels, zero=zero, dp=self.shard,
+        return {"weights": ms.weights + mx.weights,
+                "gradients": ms.gradients + mx.gradients + self._buckets(p) - self.lazy_grads(p),
+                "optimizer": ms.optimizer + mx.optimizer}  # fmt: skip
+
+    def _buckets(self, p: Proc) -> float:
+        """PyTorch DDP's gradient buckets (eager): gradient copies, counted with the gradients."""
+        t = self.t
+        return mem.ddp_bucket_bytes(
+            sum(self.stage_local(p.stage)), kernels=t.kernels, zero=self.par.zero, dp=self.shard,
             param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype, buckets=t.ddp_buckets,
             micro_batches=self.job.microbatches,
         )  # fmt: skip
-        return {"weights": ms.weights + mx.weights,
-                "gradients": ms.gradients + mx.gradients + buckets,
-                "optimizer": ms.optimizer + mx.optimizer}  # fmt: skip
+
+    def lazy_grads(self, p: Proc) -> float:
+        """Gradient bytes that exist only from the step's first backward: eager code's ``.grad``
+        tensors, freed by ``zero_grad(set_to_none=True)`` (PyTorch's default since 2.0) and
+        made again by the next backward, so the first micro-batch's forward and loss run
+        without them. Not DDP's buckets (kept by the Reducer), and with
+        ``gradient_as_bucket_view`` the gradients are the buckets: there only the ``no_sync``
+        micro-batches' gradients beside them are lazy. Fused (Megatron-LM) code keeps one
+        contiguous gradient buffer: none."""
+        t = self.t
+        if t.kernels != "eager":
+            return 0.0
+        if self.par.zero == 0 and self.shard > 1 and t.ddp_buckets == "view":
+            return self._buckets(p)
+        dense, expert = self.stage_local(p.stage)
+        kw = dict(zero=self.par.zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
+                  kernels=t.kernels, moments_dtype=t.optimizer_moments_dtype)  # fmt: skip
+        return (mem.model_state_bytes(dense, dp=self.shard, **kw).gradients
+                + mem.model_state_bytes(expert, dp=self.edp, **kw).gradients)  # fmt: skip
 
     def optimizer_program(self, p: Proc) -> tuple[Part, ...]:
         t = self.t
@@ -445,7 +467,7 @@ class _Builder:
         z = self.par.zero >= 1
         local = dense / (self.shard if z else 1) + expert / (self.edp if z else 1)
         ops = tf.optimizer_ops(local, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
-                               moments_dtype=t.optimizer_moments_dtype)
+                               moments_dtype=t.optimizer_moments_dtype, impl=t.optimizer_impl)
         pr = Pricer(self.job.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
         return tuple(pr.part(op) for op in ops)
 
@@ -750,6 +772,7 @@ class _Builder:
             act_bytes_head_transient=self.head_transient(),
             act_bytes_recompute=act_recompute,
             static_mem=self.static_mem,
+            lazy_grad_mem=self.lazy_grads,
             optimizer_program=self.optimizer_program,
             pp_bytes=self.pp_bytes(),
             participants=self.participants,

@@ -125,6 +125,9 @@ class StepPlan:
     act_bytes_head_transient: float = 0.0
     # what a recomputed layer holds again from its recompute to the end of its backward
     act_bytes_recompute: float = 0.0
+    #: gradient bytes of a process not in ``static_mem``: allocated by its step's first
+    #: backward (eager code after ``zero_grad(set_to_none=True)``), counted from its end
+    lazy_grad_mem: Callable[[Proc], float] | None = None
     part_cost: Callable[[Proc, Part], object] | None = None  # folded: a program collective's cost
     #: folded: when a process's program collectives run in the flow network (``never`` |
     #: ``with_dp`` | ``always``), and whether a send (process, destination pid) does
@@ -465,9 +468,17 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
             return f
 
         fwd_mem, bwd_mem = act_delta(+1), act_delta(-1)
+        lazy = [plan.lazy_grad_mem(p) if plan.lazy_grad_mem is not None else 0.0]
+
+        def grads_allocated():  # the first backward made the .grad tensors
+            if lazy[0]:
+                self.mem.append((env.now, p.pid, lazy[0], "gradients"))
+                lazy[0] = 0.0
+
         for w in steps:
             if not isinstance(w, Work):  # a combined step (forward, backward)
                 yield from self._pair(p, w, act_delta, start_gathers)
+                grads_allocated()
                 continue
             vs = plan.vs_of(p.stage, w.chunk)
             segs = self._phase_segments(p, w.chunk, w.phase)
@@ -530,6 +541,7 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
                         ebuckets[w.chunk] += expert
                 if vs > 0 and not weights:
                     self._send(p, "B", vs, w.microbatch, w.chunk)
+                grads_allocated()
 
         if plan.zero != 3 and not plan.overlap_grad_reduce:
             # Without overlap Megatron-LM puts a model chunk's whole gradient buffer in one

@@ -292,18 +292,22 @@ def _tensors(
     return tuple((k, float(v)) for k, v in t.items())
 
 
-def _eager_norm(name: str, kind: str, n: int, h: int) -> dict[str, float]:
-    """What an eager pre-norm saves on ``n`` tokens: its fp32 input (the residual stream itself
-    when that is fp32, else the ``x.float()`` / autocast copy), and for measure.py's RMSNorm
-    (``xf * rsqrt(mean(xf^2) + eps) * w``) the per-row ``rsqrt`` and the normalised ``y`` (the
-    gain multiply saves it), for ``native_layer_norm`` the row mean and rstd."""
-    t = {f"{name}_input_fp32": float(n * h * FP32)}
+def _eager_norm(name: str, kind: str, n: int, h: int, R: int = FP32) -> dict[str, float]:
+    """What an eager pre-norm saves on ``n`` tokens: for measure.py's RMSNorm
+    (``xf * rsqrt(mean(xf^2) + eps) * w``) its fp32 input (``x.float()``, the residual stream
+    itself when that is fp32), the per-row ``rsqrt`` and the normalised ``y`` (the gain
+    multiply saves it); for ``nn.LayerNorm`` (``native_layer_norm``) its input as it comes,
+    in the residual stream's dtype ``R`` (fp32 with AMP master weights, where autocast runs
+    layer_norm in fp32 on the fp32 stream; bf16 when FSDP hands bf16 parameters to a model
+    run without autocast), and the fp32 row mean and rstd."""
     if kind == "rmsnorm":
-        t[f"{name}_rstd"] = float(n * FP32)
-        t[f"{name}_normalized"] = float(n * h * FP32)
-    else:
-        t[f"{name}_mean_rstd"] = float(2 * n * FP32)
-    return t
+        return {
+            f"{name}_input_fp32": float(n * h * FP32),
+            f"{name}_rstd": float(n * FP32),
+            f"{name}_normalized": float(n * h * FP32),
+        }
+    key = f"{name}_input_fp32" if R == FP32 else f"{name}_input"
+    return {key: float(n * h * R), f"{name}_mean_rstd": float(2 * n * FP32)}
 
 
 @lru_cache(maxsize=1024)
@@ -316,7 +320,8 @@ def _eager_tensors(
     Per layer, ``T`` GEMM tokens and ``NT`` norm tokens (``T/t`` with SP), ``d`` the compute
     dtype, residual stream in the parameter dtype:
 
-    * each norm: :func:`_eager_norm` (two fp32 ``NT x h`` tensors for RMSNorm);
+    * each norm: :func:`_eager_norm` (two fp32 ``NT x h`` tensors for RMSNorm, one in the
+      residual stream's dtype for LayerNorm);
     * the norm output cast to ``d``, saved by the next GEMM (``qkv_input``, ``fc1_input``);
     * the QKV output: ``split``/``view`` make Q, K, V views of it and the attention saves V
       (and for GPT Q and K too), so the whole ``T x (q + 2kv)`` storage stays;
@@ -345,7 +350,7 @@ def _eager_tensors(
     if recompute == "full":
         t["layer_input"] = NT * h * P
     else:
-        t.update(_eager_norm("norm1", kind, NT, h))
+        t.update(_eager_norm("norm1", kind, NT, h, P))
         t["qkv_input"] = T * h * d
         t["qkv_output"] = T * (q_w + 2 * kv_w) * d
         if A.rotary:
@@ -369,7 +374,7 @@ def _eager_tensors(
             t["attn_output"] = T * q_w * d
         if A.dropout:
             t["attn_dropout_mask"] = NT * h * MASK
-        t.update(_eager_norm("norm2", kind, NT, h))
+        t.update(_eager_norm("norm2", kind, NT, h, P))
         t["fc1_input"] = T * h * d
         t["fc1_output"] = T * L.fc1_out * d
         if model.activation == "swiglu":
@@ -474,7 +479,7 @@ def head_activation_tensors(
     L = local_dims(model, micro_batch, tp, sequence_parallel)
     h, d, x = model.hidden, dtype_bytes, L.tokens * L.vocab
     if kernels == "eager":
-        t = _eager_norm("final_norm", model.norm_kind, L.norm_tokens, h)
+        t = _eager_norm("final_norm", model.norm_kind, L.norm_tokens, h, P)
         t["head_input"] = float(L.tokens * h * d)
         if tp == 1:
             t["log_softmax"] = float(x * FP32)

@@ -74,9 +74,11 @@ class Arch:
 
 
 def arch(model: ModelConfig) -> Arch:
-    """GPT conventions for GELU models, Llama conventions for SwiGLU models."""
+    """GPT conventions for GELU models, Llama conventions for SwiGLU models; ``model.dropout``
+    overrides the family's dropout."""
     gpt = model.activation == "gelu"
-    return Arch(biases=gpt, learned_positions=gpt, dropout=gpt, rotary=not gpt)
+    drop = gpt if model.dropout is None else model.dropout
+    return Arch(biases=gpt, learned_positions=gpt, dropout=drop, rotary=not gpt)
 
 
 def dtype_bytes(name: str, field: str = "training.precision") -> int:

@@ -377,8 +377,26 @@ def head_backward_ops(
     return _master_weights(ops, d, False) if P == FP32 else list(ops)
 
 
+def foreach_adam_bytes(g: int, m: int) -> int:
+    """Bytes per parameter of ``torch.optim.AdamW(foreach=True)``'s step over fp32 parameters
+    with ``g``-byte gradients and ``m``-byte moments (PyTorch's ``_multi_tensor_adam``,
+    torch/optim/adam.py, decoupled weight decay, float lr, not capturable, not amsgrad): eight
+    multi-tensor passes, each reading its inputs and writing its output once:
+    ``params *= 1 - lr wd`` (read, write the parameter: 8), ``lerp_(m, g)`` (``2m + g``),
+    ``v *= beta2`` (``2m``), ``addcmul_(v, g, g)`` (``2m + g``, the gradient read once),
+    ``denom = sqrt(v)`` into a new list (``2m``), ``denom /= sqrt(bias correction)`` (``2m``),
+    ``denom += eps`` (``2m``), ``addcdiv_(params, m, denom)`` (``8 + 2m``): ``16 + 2g + 14m``,
+    80 for fp32 everywhere."""
+    return 4 * FP32 + 2 * g + 14 * m
+
+
 def optimizer_ops(
-    n_params_local: float, *, param_dtype: str, grad_dtype: str, moments_dtype: str = "fp32"
+    n_params_local: float,
+    *,
+    param_dtype: str,
+    grad_dtype: str,
+    moments_dtype: str = "fp32",
+    impl: str = "fused",
 ) -> list[Op]:
     """The optimizer step of the parameters this rank updates, memory-bound.
 
@@ -388,12 +406,23 @@ def optimizer_ops(
     2020, ZeRO, Section 3.1: 16 bytes of state per parameter); with fp32 weights (AMP) there
     is no master copy: read g, p, m, v, write p, m, v (g + 24). ``moments_dtype="bf16"``
     (DeepSeek-V3) reads and writes m and v at 2 bytes: g + 8 + 8 + p (g + 16 with AMP).
+    ``impl="foreach"``: PyTorch's multi-tensor AdamW (:func:`foreach_adam_bytes`), plus the
+    working copy's write with narrower parameters.
     """
     p = dtype_bytes(param_dtype, "training.param_dtype")
     g = dtype_bytes(grad_dtype, "training.grad_reduce_dtype")
-    mv = 2 * dtype_bytes(moments_dtype, "training.optimizer_moments_dtype")
+    m = dtype_bytes(moments_dtype, "training.optimizer_moments_dtype")
+    mv = 2 * m
     if p == FP32:
-        g, per = FP32, FP32 + 2 * (FP32 + mv)
+        g = FP32
+    if impl == "foreach":
+        per = foreach_adam_bytes(g, m) + (0 if p == FP32 else p)
+    elif impl != "fused":
+        raise ConfigError(
+            f"optimizer_impl={impl!r} (accepted: fused, foreach)", field="training.optimizer_impl"
+        )
+    elif p == FP32:
+        per = FP32 + 2 * (FP32 + mv)
     else:
         per = g + 2 * (FP32 + mv) + p
     return [
