@@ -279,6 +279,9 @@ def _simulate_every(
     mem_gib, worst_proc = memory_peak(
         memory, machine.gpu.hbm_GiB * GiB, getattr(machine.gpu, "runtime_reserved_GiB", 0.0) * GiB
     )
+    first = max((plan.first_steps_mem(p) for p in procs), default=0.0) if (
+        plan.first_steps_mem is not None) else 0.0
+    mem_gib["allocated_first_steps"] = mem_gib["allocated"] + first / GiB
     links = _link_loads(engine, machine, net, step)
 
     m, t = work.model, work.training

@@ -249,7 +249,7 @@ def test_engine_peak_is_the_analytic_sum():
 
 def test_memory_suite_runs_with_a_dotted_metric():
     res = run_suite(ROOT / "validation" / "measured-memory" / "suite.yaml")
-    assert res.cases and all(c.metric == "memory_gib.allocated" for c in res.cases)
+    assert res.cases and all(c.metric == "memory_gib.allocated_first_steps" for c in res.cases)
     assert res.role == "development"
 
 

@@ -442,6 +442,19 @@ class _Builder:
             micro_batches=self.job.microbatches,
         )  # fmt: skip
 
+    def first_steps_extra(self, p: Proc) -> float:
+        """Bytes beyond the steady-state peak in a run's first steps: PyTorch DDP's constructor
+        bucket set, still live at the peak of the iteration that rebuilds the buckets
+        (:data:`simulator.model.memory.DDP_REBUILD_EXTRA_SETS`)."""
+        t = self.t
+        if t.kernels != "eager" or self.par.zero != 0 or self.shard <= 1 or t.ddp_buckets == "none":
+            return 0.0
+        one_set = mem.ddp_bucket_bytes(
+            sum(self.stage_local(p.stage)), kernels=t.kernels, zero=0, dp=self.shard,
+            param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
+        )  # fmt: skip
+        return mem.DDP_REBUILD_EXTRA_SETS * one_set / mem.DDP_BUCKET_SETS
+
     def lazy_grads(self, p: Proc) -> float:
         """Gradient bytes that exist only from the step's first backward: eager code's ``.grad``
         tensors, freed by ``zero_grad(set_to_none=True)`` (PyTorch's default since 2.0) and
@@ -773,6 +786,7 @@ class _Builder:
             act_bytes_recompute=act_recompute,
             static_mem=self.static_mem,
             lazy_grad_mem=self.lazy_grads,
+            first_steps_mem=self.first_steps_extra,
             optimizer_program=self.optimizer_program,
             pp_bytes=self.pp_bytes(),
             participants=self.participants,

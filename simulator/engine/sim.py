@@ -128,6 +128,9 @@ class StepPlan:
     #: gradient bytes of a process not in ``static_mem``: allocated by its step's first
     #: backward (eager code after ``zero_grad(set_to_none=True)``), counted from its end
     lazy_grad_mem: Callable[[Proc], float] | None = None
+    #: bytes a process holds beyond a steady-state step's peak in the run's first steps (DDP's
+    #: constructor bucket set, live through the iteration that rebuilds the buckets)
+    first_steps_mem: Callable[[Proc], float] | None = None
     part_cost: Callable[[Proc, Part], object] | None = None  # folded: a program collective's cost
     #: folded: when a process's program collectives run in the flow network (``never`` |
     #: ``with_dp`` | ``always``), and whether a send (process, destination pid) does
