@@ -702,10 +702,19 @@ class _Builder:
 
     def host_rates(self) -> HostRates | None:
         """Eager code: the host's time per kernel, per collective call and per MoE count
-        synchronisation (gpus.yaml). Fused (Megatron) kernels: ``None``, the host stays ahead
-        of the GPU."""
+        synchronisation (gpus.yaml). Fused (Megatron-Core) kernels: only an MoE model's, whose
+        every MoE layer forward waits on its host for the token counts
+        (:func:`simulator.model.moe_layer._sync_at`), with ``host_fused_op_s`` and
+        ``host_fused_collective_s`` per kernel and collective call (0 unless measured: the host
+        is then ahead of the GPU but at those synchronisations); ``None`` otherwise, the host
+        stays ahead of the GPU."""
         gpu = self.job.machine.gpu
-        if self.t.kernels != "eager" or (gpu.host_op_s <= 0.0 and gpu.host_collective_s <= 0.0):
+        if self.t.kernels != "eager":
+            if self.m.moe is None or max(gpu.host_sync_s, gpu.host_fused_op_s,
+                                         gpu.host_fused_collective_s) <= 0.0:
+                return None
+            return HostRates(gpu.host_fused_op_s, gpu.host_fused_collective_s, gpu.host_sync_s)
+        if gpu.host_op_s <= 0.0 and gpu.host_collective_s <= 0.0:
             return None
         return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s,
                          gpu.host_moe_op_s, gpu.host_fsdp_call_s, gpu.host_fsdp_tensor_s)

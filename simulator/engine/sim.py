@@ -323,11 +323,15 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
             def gpu_time(parts) -> float:
                 return program_time(parts, slowdown, self.plan.interference)[0]
 
-            hit = self._host_cache[key] = (prog, program_matrix(prog, self.plan.host, gpu_time))
-        _, gh, hg, hh = hit[1]
+            m = program_matrix(prog, self.plan.host, gpu_time)
+            # what a synchronisation adds to the GPU's own path (the GPU idles while the host
+            # resumes and issues what follows): gg beyond the program's time back to back
+            hit = self._host_cache[key] = (prog, m, max(0.0, m[0] - gpu_time(prog)))
+        _, (_, gh, hg, hh), sync_gap = hit
         # the GPU term is the engine's own ``end`` (not ``start + gg``: a program split at a
-        # synchronisation prices its pieces apart, which can differ from the engine's time)
-        done = max(end, p.host_s + gh)
+        # synchronisation prices its pieces apart, which can differ from the engine's time),
+        # plus what its synchronisations add when the host is ahead
+        done = max(end + sync_gap, p.host_s + gh)
         p.host_s = max(start + hg, p.host_s + hh)
         return done, ((*comm, ("host", done - end)) if done > end else comm)
 

@@ -139,6 +139,11 @@ class GPUSpec:
     #: all-gather input and output views and module attribute swaps, its sharded gradient's
     #: view), beyond the call's own (gpus.yaml)
     host_fsdp_tensor_s: float = 0.0
+    #: host time per kernel and per collective call of fused (Megatron-Core / Transformer
+    #: Engine) code; only an MoE model's fused programs use them, after each count
+    #: synchronisation (0: not measured, see gpus.yaml)
+    host_fused_op_s: float = 0.0
+    host_fused_collective_s: float = 0.0
     #: NVLink generation (3 Ampere, 4 Hopper, 5 Blackwell); None for a GPU without NVLink
     nvlink_generation: int | None = None
     #: NVLink line rate per GPU per direction (links x signalling rate); what a topology uses
@@ -396,7 +401,8 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
         )
     values["runtime_reserved_GiB"] = float(reserved)
     for key in ("host_op_s", "host_collective_s", "host_sync_s", "host_moe_op_s",
-                "host_fsdp_call_s", "host_fsdp_tensor_s"):
+                "host_fsdp_call_s", "host_fsdp_tensor_s", "host_fused_op_s",
+                "host_fused_collective_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
     for key in ("nvlink_line_GBps", "nic_Gbps", "pcie_GBps"):

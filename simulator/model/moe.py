@@ -42,7 +42,8 @@ from simulator.model.ops import FP32, Op, gemm_grads, gemm_op, mem_op
 #: int64 indices (token ids, permutations)
 I64 = 8
 #: eager ops whose backward runs no kernel (views, constants, integer bookkeeping)
-NO_BACKWARD = ("expert_cat", "combine_zeros", "perm_cat", "inv_arange", "inv_scatter")
+NO_BACKWARD = ("expert_cat", "combine_zeros", "perm_cat", "inv_arange", "inv_scatter",
+               "shared_add")
 
 #: The collective of a node-aware dispatch or combine (``moe_dispatcher: deepep``): ``nbytes``
 #: is one vector per token of the rank, spread as :func:`simulator.model.moe_routing.
@@ -61,9 +62,18 @@ def routing_op(name: str) -> bool:
 
 DEEPEP = "deepep"
 
-#: GEMM tile rows a grouped-GEMM kernel pads each expert's token count to (CUTLASS grouped
-#: GEMM with 128-row tiles, as Transformer Engine's grouped linear uses on Hopper).
+#: GEMM tile rows a grouped GEMM pads each expert's token count to (a 128-row output tile: an
+#: expert's last partial tile costs a whole one).
 GROUPED_TILE_M = 128
+
+#: Streams over which Transformer Engine runs a grouped GEMM's per-expert GEMMs. Its
+#: ``GroupedLinear`` (Megatron-Core's ``TEGroupedMLP``) calls ``nvte_multi_tensor_gemm``, which
+#: issues one cuBLAS GEMM per expert, round-robin over ``nvte_get_num_compute_streams()`` = 4
+#: compute streams, unless ``NVTE_USE_CUTLASS_GROUPED_GEMM`` selects the CUTLASS grouped kernel
+#: (Hopper, BF16/FP16 only; off by default) (TransformerEngine ``common/gemm/cublaslt_gemm.cu``,
+#: ``common/util/multi_stream.cpp``, 2026-08). So experts run four at a time: each round of four
+#: GEMMs fills the GPU like one GEMM of their rows together.
+TE_GEMM_STREAMS = 4
 
 
 def _mats(model: ModelConfig) -> int:
@@ -211,16 +221,23 @@ class Comm:
     share: float | None = None
 
 
-def _grouped_gemm(name: str, loc: MoELocal, k: int, n: int, d: int) -> Op:
-    """The busiest rank's experts as one grouped-GEMM kernel ``[tokens_e, k] @ [k, n]``: FLOPs
-    and bytes of the real tokens, shape of every expert's tokens padded to the kernel's tile
-    (the small-M cost of a grouped GEMM: an expert with 10 tokens costs a 128-row tile)."""
-    real = sum(loc.expert_tokens)
-    padded = sum(-(-round(m) // GROUPED_TILE_M) * GROUPED_TILE_M for m in loc.expert_tokens)
-    return Op(
-        name, "gemm", "moe", m=max(1, int(padded)), k=k, n=n,
-        flops=2.0 * real * k * n, bytes=float((real * k + loc.local_experts * k * n + real * n) * d),
-    )  # fmt: skip
+def _grouped_gemm(name: str, loc: MoELocal, k: int, n: int, d: int) -> list[Op]:
+    """The busiest rank's experts as Transformer Engine's grouped GEMM ``[tokens_e, k] @ [k,
+    n]``: one cuBLAS GEMM per expert, :data:`TE_GEMM_STREAMS` at a time, so one op per round of
+    that many experts, priced as one GEMM of their rows. FLOPs and bytes of the real tokens;
+    each expert's rows padded to the tile (an expert with 10 tokens costs a 128-row tile).
+    With at most :data:`TE_GEMM_STREAMS` local experts this is one op."""
+    ops = []
+    tok = loc.expert_tokens
+    for r0 in range(0, len(tok), TE_GEMM_STREAMS):
+        part = tok[r0 : r0 + TE_GEMM_STREAMS]
+        real = sum(part)
+        padded = sum(-(-round(m) // GROUPED_TILE_M) * GROUPED_TILE_M for m in part)
+        ops.append(Op(
+            name, "gemm", "moe", m=max(1, int(padded)), k=k, n=n, flops=2.0 * real * k * n,
+            bytes=float((real * k + len(part) * k * n + real * n) * d),
+        ))  # fmt: skip
+    return ops
 
 
 def _expert_ops(model: ModelConfig, loc: MoELocal, d: int, grouped: bool) -> list[Op]:
@@ -233,9 +250,9 @@ def _expert_ops(model: ModelConfig, loc: MoELocal, d: int, grouped: bool) -> lis
     if grouped:
         R = sum(loc.expert_tokens)
         return [
-            _grouped_gemm("expert_fc1", loc, h, fc1_out, d),
+            *_grouped_gemm("expert_fc1", loc, h, fc1_out, d),
             mem_op("expert_act", "moe", R * per_tok),
-            _grouped_gemm("expert_fc2", loc, f, h, d),
+            *_grouped_gemm("expert_fc2", loc, f, h, d),
         ]
     ops = []
     for i, m in enumerate(loc.expert_tokens):
@@ -299,17 +316,22 @@ def moe_forward_ops(
             mem_op("permute", "moe", (full + R) * h * d),
         ]
     else:
-        ops.append(mem_op("permute", "moe", (1 + k) * t * h * d))
+        # DeepEP's dispatch and combine kernels read and write the tokens in their own order
+        # (Megatron-Core's flex dispatcher permutes only the received tokens, after the
+        # dispatch), so fused code has no permutation before it and no un-permutation after
+        # the combine; Megatron-Core's alltoall dispatcher exchanges the counts before it
+        # permutes (its ``preprocess``), eager code permutes first (benchmarks/device/steps.py)
+        fused_deepep = grouped and dispatcher == DEEPEP
+        permute = [] if fused_deepep else [mem_op("permute", "moe", (1 + k) * t * h * d)]
+        counts = [Comm("moe_counts", "all_to_all", "ep", ep * (E // ep) * 8.0)] if ep > 1 else []
+        ops += [*counts, *permute] if grouped else [*permute, *counts]
         if ep > 1:
-            ops += [
-                Comm("moe_counts", "all_to_all", "ep", ep * (E // ep) * 8.0),
-                Comm("moe_dispatch", a2a, "ep", t * copies * h * q, None if loc.uniform else loc.busiest_share),
-            ]
+            ops.append(Comm("moe_dispatch", a2a, "ep", t * copies * h * q, None if loc.uniform else loc.busiest_share))
         if etp > 1:
             ops.append(Comm("moe_etp_gather", "all_gather", "etp", R * h * q))
         if ep > 1 and not grouped:
             ops += _eager_index_ops("perm", loc.local_experts * ep, R_ep)
-        if ep > 1 and loc.local_experts > 1:
+        if ep > 1 and (loc.local_experts > 1 or fused_deepep):
             ops.append(mem_op("sort_chunks", "moe", 2 * R_ep * h * d))
     ops += _expert_ops(model, loc, d, grouped)
     if not grouped:  # torch.cat of the experts' outputs
@@ -324,15 +346,19 @@ def moe_forward_ops(
             ops.append(Comm("moe_etp_scatter", "reduce_scatter", "etp", R * h * d))
         if ep > 1 and not grouped:
             ops += _eager_index_ops("inv", 2, R_ep)
-        if ep > 1 and loc.local_experts > 1:
+        if ep > 1 and (loc.local_experts > 1 or fused_deepep):
             ops.append(mem_op("unsort_chunks", "moe", 2 * R_ep * h * d))
         if ep > 1:
             ops.append(Comm("moe_combine", a2a, "ep", t * copies * h * d, None if loc.uniform else loc.busiest_share))
-        if grouped:
+        if grouped and not fused_deepep:
             ops.append(mem_op("unpermute", "moe", (k * t * h + t * h) * d + t * k * FP32))
-        else:
+        elif not grouped:
             ops += _eager_combine_ops(t, k, h, d)
     ops += _shared_expert_ops(model, t, tp, d)
+    if grouped and moe.shared_experts:
+        # Megatron-Core adds the shared experts' output to the combined tokens
+        # (``combine_postprocess``: ``output += shared_expert_output``)
+        ops.append(mem_op("shared_add", "moe", 3 * t * h * d))
     ops.append(mem_op("residual2", "moe", 3 * t * h * d))
     return ops
 

@@ -135,10 +135,30 @@ def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, di
     if param_dtype == "fp32":
         casts = _expert_weight_casts(model, loc, d, backward)
         body = [*body, *casts] if backward else [*casts, *body]
-    if kernels == "eager" and not backward:
-        # Plain PyTorch splits the tokens per expert with sizes it reads on the host
-        # (``counts.tolist()``, after the count exchange when there is one): the host waits
-        # for the GPU there (the host clock of simulator.engine.host prices what follows).
-        at = max(i for i, op in enumerate(body) if op.name in ("permute", "moe_counts"))
-        body.insert(at + 1, Op("moe_counts_sync", HOST_SYNC, "moe"))
+    if not backward:
+        body.insert(_sync_at(body, kernels), Op("moe_counts_sync", HOST_SYNC, "moe"))
     return body
+
+
+def _sync_at(body: list[Op], kernels: str) -> int:
+    """Where an MoE layer's forward waits on its host for the token counts (the host clock of
+    :mod:`simulator.engine.host` prices what follows).
+
+    Plain PyTorch splits the tokens per expert with sizes it reads on the host
+    (``counts.tolist()``, after the permutation and the count exchange). Megatron-Core
+    (``megatron/core/transformer/moe/token_dispatcher.py``, 2026-08) does so in every
+    dispatcher of a dropless MoE: the alltoall dispatcher copies the split sizes to the host
+    on a side stream once the counts are exchanged and waits for that copy before the EP
+    all-to-all (``cuda_sync_point`` ``before_ep_alltoall`` with EP or expert TP, else
+    ``before_finish``, before the experts, whose grouped GEMM takes the per-expert sizes on the
+    host); the allgather dispatcher calls ``.cpu()`` on the tokens per expert after its
+    gather; DeepEP's dispatch waits on the host for its count exchange (``num_recv_tokens_
+    per_expert_list``) before it sends. So the sync follows the count exchange (or the
+    gather), else comes before the first expert GEMM."""
+    names = [op.name for op in body]
+    if kernels == "eager":
+        return max(i for i, n in enumerate(names) if n in ("permute", "moe_counts")) + 1
+    for after in ("moe_counts", "moe_gather"):
+        if after in names:
+            return names.index(after) + 1
+    return next(i for i, n in enumerate(names) if n.startswith("expert_fc1"))

@@ -1,0 +1,126 @@
+"""Megatron-Core's MoE mechanics in fused programs: the one host synchronisation per MoE layer
+forward where its dispatchers wait for the token counts, DeepEP's fused permutation,
+Transformer Engine's grouped GEMM four experts at a time, and what the synchronisation costs a
+step (closed forms; dense fused programs untouched)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simulator.cli import main
+from simulator.config.schema import ModelConfig
+from simulator.model import moe
+from simulator.model.moe_layer import layer_ops
+from simulator.model.ops import HOST_SYNC
+from tests.conftest import small_topology, write_case
+
+MODEL = ModelConfig(
+    layers=2, hidden=1024, ffn_hidden=4096, heads=16, kv_heads=8, vocab=32000, seq_len=2048,
+    activation="swiglu",
+    moe={"experts": 64, "top_k": 4, "ffn_hidden": 512, "shared_experts": 1},
+)  # fmt: skip
+
+
+def _ops(backward=False, kernels="fused", **kw):
+    args = dict(micro_batch=1, tp=2, sequence_parallel=True, backward=backward, moe_layer=True,
+                kernels=kernels, ep=4, etp=1)  # fmt: skip
+    args.update(kw)
+    return layer_ops(MODEL, **args)
+
+
+def _names(ops):
+    return [op.name for op in ops]
+
+
+def test_alltoall_forward_syncs_once_after_the_count_exchange():
+    names = _names(_ops())
+    syncs = [op for op in _ops() if op.kind == HOST_SYNC]
+    assert len(syncs) == 1
+    i = names.index("moe_counts_sync")
+    # Megatron-Core's alltoall dispatcher: counts, host copy and wait, permutation, all-to-all
+    assert names[i - 1] == "moe_counts"
+    assert names.index("permute") == i + 1 < names.index("moe_dispatch")
+    assert not any(op.kind == HOST_SYNC for op in _ops(backward=True))
+
+
+def test_deepep_fused_has_no_token_permutation_around_its_exchange():
+    names = _names(_ops(dispatcher="deepep"))
+    assert "permute" not in names and "unpermute" not in names
+    i = names.index("moe_counts_sync")
+    assert names[i - 1] == "moe_counts" and names[i + 1] == "moe_dispatch"
+    # the received tokens are still sorted by expert and back, even with one local expert
+    one = _names(layer_ops(MODEL.model_copy(update={"moe": MODEL.moe.model_copy(
+        update={"experts": 4})}), micro_batch=1, tp=2, sequence_parallel=True, backward=False,
+        moe_layer=True, ep=4, dispatcher="deepep"))  # fmt: skip
+    assert "sort_chunks" in one and "unsort_chunks" in one
+    # eager code keeps its permutation before the counts
+    eager = _names(_ops(kernels="eager"))
+    assert eager.index("permute") < eager.index("moe_counts") < eager.index("moe_counts_sync")
+
+
+def test_other_dispatchers_sync_where_megatron_reads_the_counts():
+    gather = _names(_ops(dispatcher="allgather"))
+    assert gather[gather.index("moe_counts_sync") - 1] == "moe_gather"
+    alone = _names(_ops(ep=1))
+    assert alone[alone.index("moe_counts_sync") + 1] == "expert_fc1"
+
+
+def test_shared_expert_output_is_added_once_forward_only():
+    assert _names(_ops()).count("shared_add") == 1
+    assert "shared_add" not in _names(_ops(backward=True))
+
+
+@pytest.mark.parametrize("experts,ep,rounds", [(64, 4, 4), (16, 4, 1), (64, 16, 1), (64, 8, 2)])
+def test_grouped_gemm_runs_four_experts_at_a_time(experts, ep, rounds):
+    model = MODEL.model_copy(update={"moe": MODEL.moe.model_copy(update={"experts": experts})})
+    loc = moe.moe_local(model, 1, 2, 1, ep, 1)
+    local = experts // ep
+    per_expert = 1024 * 4 * ep / experts  # s/tp tokens x top_k x EP ranks, over the experts
+    assert loc.expert_tokens == pytest.approx((per_expert,) * local)
+    ops = moe.moe_forward_ops(model, loc, tp=2, ep=ep, etp=1, d=2)
+    fc1 = [op for op in ops if op.name == "expert_fc1"]
+    assert len(fc1) == rounds
+    tile = -(-round(per_expert) // 128) * 128
+    assert [op.m for op in fc1] == [tile * min(4, local - 4 * r) for r in range(rounds)]
+    # FLOPs of the real tokens: 2 x copies x h x 2 ffn (SwiGLU's two projections)
+    assert sum(op.flops for op in fc1) == pytest.approx(2 * per_expert * local * 1024 * 1024)
+
+
+# ---- the engine: what the synchronisation costs
+
+
+def _step(tmp_path, capsys, model: dict, gpu: dict, **par) -> float:
+    work = {
+        "name": "sync",
+        "model": model,
+        "training": {"global_batch": 8, "micro_batch": 1, "precision": "bf16"},
+        "parallelism": {"tp": 1, "pp": 1, "zero": 1, **par},
+    }
+    p = write_case(tmp_path, work, small_topology(1, 8, gpu=gpu))
+    assert main(["run", str(p), "--json", "--no-files"]) == 0
+    return json.loads(capsys.readouterr().out)["step_time_s"]
+
+
+MOE = {"layers": 3, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "kv_heads": 8,
+       "vocab": 32000, "seq_len": 2048, "activation": "swiglu",
+       "moe": {"experts": 8, "top_k": 2, "ffn_hidden": 1024}}  # fmt: skip
+
+
+def test_each_moe_forward_waits_for_its_counts(tmp_path, capsys):
+    """The host is ahead (no host time per fused kernel), so each MoE layer forward idles the
+    GPU exactly ``host_sync_s`` after the count exchange: 3 layers x 1 micro-batch per replica
+    (global batch 8 over dp 8) x the difference."""
+    base = {"base": "H100-SXM-80GB", "host_sync_s": 0.0}
+    slow = {"base": "H100-SXM-80GB", "host_sync_s": 1e-3}
+    a = _step(tmp_path, capsys, MOE, base, dp=8, ep=4)
+    b = _step(tmp_path, capsys, MOE, slow, dp=8, ep=4)
+    assert b - a == pytest.approx(3 * 1 * 1e-3, rel=1e-6)
+
+
+def test_dense_fused_programs_have_no_host_clock(tmp_path, capsys):
+    dense = {k: v for k, v in MOE.items() if k != "moe"}
+    base = {"base": "H100-SXM-80GB", "host_sync_s": 0.0}
+    slow = {"base": "H100-SXM-80GB", "host_sync_s": 1e-3, "host_fused_op_s": 1e-3}
+    assert _step(tmp_path, capsys, dense, slow, dp=8) == _step(tmp_path, capsys, dense, base, dp=8)
