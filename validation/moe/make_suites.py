@@ -61,10 +61,19 @@ HYPOTHESES = {
         "(19.7 s) although its EP stays on NVLink and it fits (64 GiB predicted); no recompute "
         "and a different code version (main 1e057005); hypotheses: real (dropless) routing "
         "without forced balance (the readme's long-context table loses 8-20 % of its TFLOP/s to "
-        "it), an untuned run"),
+        "it), an untuned run; its 16 local experts now run as Transformer Engine's grouped "
+        "GEMM does, four at a time (+0.7 %); not measured: the host, which issues twice the "
+        "micro-batches of half the tokens here, with 16 experts' GEMM calls each (Megatron-Core's "
+        "MoE guide: a CPU-overhead bottleneck is relieved by a smaller TP or a larger "
+        "micro-batch)"),
     "zoo-qwen3-235b-h100-bf16-256-cross-node-ep-1f1b-overlap": (
         "combined 1F1B hides more of the exchange than the run gained (19.7 -> 17.6 s "
-        "measured, 17.3 -> 14.2 s predicted)"),
+        "measured, 17.1 -> 13.8 s predicted); Megatron-Core's fixed per-layer issue order "
+        "(communication stream: combine_bwd | dispatch_fwd, dispatch_bwd | combine_fwd; compute "
+        "stream: attention_fwd | mlp_bwd, mlp_wgrad, mlp_fwd | attention_bwd, "
+        "model_chunk_schedule_plan.py) hides as much here as the engine's pairing (6.37 against "
+        "6.28 ms a layer pair, checked), so that is not it; not modelled: the one host issuing "
+        "both micro-batches' kernels (its time per fused kernel is not measured)"),
     "mbridge-25.09-deepseek-v3-h100": (
         "fast (-32 %; -14 % without combined 1F1B, which hides 4.4 s here: as on the ModelZoo "
         "overlap row, more than the runs gain); the missing MTP module would add an MoE layer "
@@ -216,6 +225,10 @@ def _mbridge_not_modelled(row: dict) -> str:
            "pipeline layout (the rule below instead), CUDA graphs" if recipe else
            "CUDA graphs, TP communication overlap (userbuffers), the recipe's dispatcher "
            "(HybridEP/DeepEP), recompute and all-to-all overlap settings (not read)")
+    out += ("; the host's time per kernel of Megatron-Core and Transformer Engine code (not "
+            "measured: only the wait for the token counts, once per MoE layer forward, is "
+            "priced; on Grace hosts (GB200, GB300) a Transformer Engine Linear's forward took "
+            "100 us of CPU where torch's took 37, TransformerEngine issue #2053)")
     if (row["model"].get("mtp_depth") or 0) > 0:
         out += "; the MTP module"
     return out
@@ -263,7 +276,9 @@ SOURCES = {
         "measured": _step_from_tokens,
         "not_modelled": lambda r: "DeepEP's SMs beside compute (priced as an NCCL kernel's "
         "measured interference); CUDA graphs of the router and preprocessing; real routing "
-        "(forced balance assumed)",
+        "(forced balance assumed); the host's time per kernel of Megatron-Core and Transformer "
+        "Engine code (not measured: only the wait for DeepEP's counts, once per MoE layer "
+        "forward, is priced, at host_sync_s)",
     },
     "nemo-mbridge-moe": {
         "prefix": ("nemo-", "mbridge-"),
