@@ -75,7 +75,7 @@ HYPOTHESES = {
         "6.28 ms a layer pair, checked), so that is not it; not modelled: the one host issuing "
         "both micro-batches' kernels (its time per fused kernel is not measured)"),
     "mbridge-25.09-deepseek-v3-h100": (
-        "fast (-32 %; -14 % without combined 1F1B, which hides 4.4 s here: as on the ModelZoo "
+        "fast (-35 %; -15 % without combined 1F1B, which hides 4.9 s here: as on the ModelZoo "
         "overlap row, more than the runs gain); the missing MTP module would add an MoE layer "
         "and a second LM head to the last stage; DeepEP is priced at the NIC's rate, as its "
         "README measures it after its April 2025 internode optimisation (47-62 GB/s logical on "
