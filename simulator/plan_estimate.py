@@ -54,6 +54,7 @@ from simulator.model import comm as mc
 from simulator.model import memory as mem
 from simulator.model import moe_sizes
 from simulator.model import transformer as tf
+from simulator.model.moe import beside_ep_slowdown
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.network.interference import slowdown_fn
 from simulator.network.topology import load_fabrics
@@ -375,7 +376,9 @@ class Estimator:
         if vs == res.size("pp") * res.virtual_stages - 1:
             f, b = [*f, ("", -1, progs.head_fwd)], [("", -1, progs.head_bwd), *b]
         i = self.interference
-        return pair_schedule(chain_items(f, 1.0, i), chain_items(b, 1.0, i), i).total
+        ie = beside_ep_slowdown(i, self.work.training.moe_dispatcher,
+                                    self.machine.gpu.sm_count)
+        return pair_schedule(chain_items(f, 1.0, i), chain_items(b, 1.0, i), ie).total
 
     def _first_layers(self, res: Resolved, vs: int) -> tuple[int, int]:
         """(leading dense layers, other layers) of virtual stage ``vs`` (an MoE model's first

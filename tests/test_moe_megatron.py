@@ -124,3 +124,39 @@ def test_dense_fused_programs_have_no_host_clock(tmp_path, capsys):
     base = {"base": "H100-SXM-80GB", "host_sync_s": 0.0}
     slow = {"base": "H100-SXM-80GB", "host_sync_s": 1e-3, "host_fused_op_s": 1e-3}
     assert _step(tmp_path, capsys, dense, slow, dp=8) == _step(tmp_path, capsys, dense, base, dp=8)
+
+
+# ---- combined 1F1B: which stream runs what
+
+
+def _part(name, dur, comm=False):
+    from simulator.engine.program import Part
+
+    return Part(name, "comm" if comm else "compute", dur, dim="ep" if comm else "")
+
+
+def test_alltoall_counts_run_with_the_pre_dispatch_compute():
+    """Megatron-Core's combined 1F1B runs the alltoall dispatcher's count exchange in the
+    pre-dispatch computation node (compute stream) with the router and the permutation;
+    DeepEP's count exchange is part of its dispatch (communication stream)."""
+    from simulator.engine.combined import chain_items
+    from simulator.engine.program import Part
+
+    sync = Part("moe_counts_sync", HOST_SYNC, 0.0)
+    a2a = (_part("router", 1e-3), _part("moe_counts", 5e-5, True), sync,
+           _part("permute", 1e-4), _part("moe_dispatch", 2e-3, True), _part("expert", 3e-3))  # fmt: skip
+    items = chain_items([("l", 0, a2a)], 1.0, 0.0)
+    assert [(it.comm, round(it.dur, 9)) for it in items] == [
+        (False, 1.15e-3), (True, 2e-3), (False, 3e-3)]  # fmt: skip
+    deepep = (_part("router", 1e-3), _part("moe_counts", 5e-5, True), sync,
+              _part("moe_dispatch", 2e-3, True), _part("expert", 3e-3))  # fmt: skip
+    items = chain_items([("l", 0, deepep)], 1.0, 0.0)
+    assert [(it.comm, round(it.dur, 9)) for it in items] == [
+        (False, 1e-3), (True, 5e-5), (True, 2e-3), (False, 3e-3)]  # fmt: skip
+
+
+def test_deepep_kernels_take_their_sms_from_compute():
+    # 20 of an H100's 132 SMs: the rest run 132 / 112 as long, above NCCL's measured 14.4 %
+    assert moe.beside_ep_slowdown(0.144, "deepep", 132) == pytest.approx(20 / 112)
+    assert moe.beside_ep_slowdown(0.25, "deepep", 132) == 0.25
+    assert moe.beside_ep_slowdown(0.144, "alltoall", 132) == 0.144

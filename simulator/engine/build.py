@@ -36,6 +36,7 @@ from simulator.model import comm as mc
 from simulator.model import eager, moe_sizes
 from simulator.model import memory as mem
 from simulator.model import transformer as tf
+from simulator.model.moe import beside_ep_slowdown
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
@@ -813,6 +814,9 @@ class _Builder:
             ),
             grad_finalize=grad_finalize,
             interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
+            ep_interference=beside_ep_slowdown(
+                float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
+                self.t.moe_dispatcher, self.job.machine.gpu.sm_count),
             host=self.host_rates(),
             unit_tensors=self.unit_tensors,
             comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),

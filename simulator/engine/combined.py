@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulator.engine.program import Part, Program, program_time
+from simulator.model.ops import HOST_SYNC
 from simulator.parallel.schedules import Work
 
 #: the parallel dimension whose collectives run on the communication stream when paired
@@ -62,16 +63,35 @@ class PairResult:
     bwd_segs: tuple[tuple[float, float], ...]
 
 
+def _comm_stream(prog: Program, k: int) -> bool:
+    """Whether part ``k`` runs on the EP communication stream when paired: an EP collective,
+    except a count exchange the compute stream runs before a permutation. Megatron-Core's
+    alltoall dispatcher exchanges the counts in its ``preprocess``, which the combined 1F1B
+    schedule runs in the pre-dispatch computation node, with the router and the permutation
+    (``megatron/core/models/gpt/fine_grained_callables.py``); DeepEP's count exchange is part
+    of its dispatch, on the communication stream, where the dispatch follows it directly."""
+    part = prog[k]
+    if part.kind != "comm" or part.dim != EP_DIM:
+        return False
+    if part.name != "moe_counts":
+        return True
+    nxt = next((q for q in prog[k + 1:] if q.kind != HOST_SYNC), None)
+    return nxt is not None and nxt.kind == "comm" and nxt.dim == EP_DIM
+
+
 def chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
                 interference: float) -> list[Item]:  # fmt: skip
-    """A pass's segments as a chain: each segment's parts split at its EP collectives; the GPU
-    work between them priced as :func:`program_time` prices a program run alone."""
+    """A pass's segments as a chain: each segment's parts split at the collectives of the EP
+    communication stream (:func:`_comm_stream`); the GPU work between them priced as
+    :func:`program_time` prices a program run alone."""
     items: list[Item] = []
     for i, (_, _, prog) in enumerate(segs):
         n0 = len(items)
         run: list[Part] = []
-        for part in (*prog, None):  # None: the end of the segment
-            if part is None or (part.kind == "comm" and part.dim == EP_DIM):
+        for k, part in enumerate((*prog, None)):  # None: the end of the segment
+            if part is not None and part.kind == HOST_SYNC:
+                continue  # the host's wait: no GPU work (the host is not modelled here)
+            if part is None or _comm_stream(prog, k):
                 if run:
                     total, comp, exposed = program_time(tuple(run), slowdown, interference)
                     items.append(Item(i, False, total, comp, exposed))
@@ -179,7 +199,8 @@ class CombinedSteps:
         fs = self._chunk_segments(p, f.chunk, "F")
         bs = self._chunk_segments(p, b.chunk, "B")
         slow, i = self._slowdown(p), plan.interference
-        res = pair_schedule(chain_items(fs, slow, i), chain_items(bs, slow, i), i)
+        ie = i if plan.ep_interference is None else plan.ep_interference
+        res = pair_schedule(chain_items(fs, slow, i), chain_items(bs, slow, i), ie)
         t0 = env.now
         for segs, spans, sign, mb in ((fs, res.fwd_segs, 1, f.microbatch),
                                       (bs, res.bwd_segs, -1, b.microbatch)):  # fmt: skip

@@ -109,6 +109,9 @@ class StepPlan:
     comm_exec: Callable[[CommSpec, Proc], object] | None  # full: generator running the steps
     detail: str = "folded"
     interference: float = 0.0  # compute slowdown while a collective shares the GPU
+    #: compute slowdown beside the EP collectives of a paired step (None: ``interference``;
+    #: DeepEP's kernels hold SMs of their own: simulator.model.moe.beside_ep_slowdown)
+    ep_interference: float | None = None
     #: GPUs in a group of each stream (``dp`` and ``gather``: the gradient-reduction group,
     #: cp x dp); a collective over one GPU completes at once and moves nothing
     group_size: dict[str, int] = field(default_factory=dict)

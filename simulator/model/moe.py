@@ -62,6 +62,22 @@ def routing_op(name: str) -> bool:
 
 DEEPEP = "deepep"
 
+#: SMs DeepEP's dispatch and combine kernels occupy while they run: Megatron-Core sets
+#: ``set_deepep_num_sms(moe_flex_dispatcher_num_sms or 20)`` (``token_dispatcher.py``,
+#: ``_DeepepManager``: "DeepEP's historical mcore default"); DeepSeek-V3 kept 20 of 132 SMs
+#: for communication (arXiv:2412.19437, Section 3.2.2)
+DEEPEP_SMS = 20
+
+
+def beside_ep_slowdown(interference: float, dispatcher: str, sm_count: int) -> float:
+    """How much slower kernels run beside an EP collective (combined 1F1B, DualPipe): the
+    machine's measured slowdown beside an NCCL kernel, or for DeepEP at least what its
+    :data:`DEEPEP_SMS` SMs take away from them, ``sms / (sm_count - sms)`` (20 of 132 SMs:
+    17.9 %)."""
+    if dispatcher != DEEPEP or sm_count <= DEEPEP_SMS:
+        return interference
+    return max(interference, DEEPEP_SMS / (sm_count - DEEPEP_SMS))
+
 #: GEMM tile rows a grouped GEMM pads each expert's token count to (a 128-row output tile: an
 #: expert's last partial tile costs a whole one).
 GROUPED_TILE_M = 128
