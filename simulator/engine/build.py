@@ -816,7 +816,8 @@ class _Builder:
             interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
             ep_interference=beside_ep_slowdown(
                 float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
-                self.t.moe_dispatcher, self.job.machine.gpu.sm_count),
+                DEEPEP, self.job.machine.gpu.sm_count,
+            ) if m.moe is not None and self.t.moe_dispatcher == DEEPEP else None,
             host=self.host_rates(),
             unit_tensors=self.unit_tensors,
             comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),
