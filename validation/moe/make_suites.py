@@ -68,14 +68,14 @@ HYPOTHESES = {
         "micro-batch)"),
     "zoo-qwen3-235b-h100-bf16-256-cross-node-ep-1f1b-overlap": (
         "combined 1F1B hides more of the exchange than the run gained (19.7 -> 17.6 s "
-        "measured, 17.1 -> 13.8 s predicted); Megatron-Core's fixed per-layer issue order "
+        "measured, 17.0 -> 14.0 s predicted); Megatron-Core's fixed per-layer issue order "
         "(communication stream: combine_bwd | dispatch_fwd, dispatch_bwd | combine_fwd; compute "
         "stream: attention_fwd | mlp_bwd, mlp_wgrad, mlp_fwd | attention_bwd, "
         "model_chunk_schedule_plan.py) hides as much here as the engine's pairing (6.37 against "
         "6.28 ms a layer pair, checked), so that is not it; not modelled: the one host issuing "
         "both micro-batches' kernels (its time per fused kernel is not measured)"),
     "mbridge-25.09-deepseek-v3-h100": (
-        "fast (-35 %; -15 % without combined 1F1B, which hides 4.9 s here: as on the ModelZoo "
+        "fast (-32 %; -16 % without combined 1F1B, which hides 4.2 s here: as on the ModelZoo "
         "overlap row, more than the runs gain); the missing MTP module would add an MoE layer "
         "and a second LM head to the last stage; DeepEP is priced at the NIC's rate, as its "
         "README measures it after its April 2025 internode optimisation (47-62 GB/s logical on "
