@@ -1,8 +1,8 @@
-"""The sixth held-out batch's workloads describe what its measuring script does.
+"""The sixth and seventh held-out batches' workloads describe what their measuring script does.
 
 ``benchmarks/device/steps_alt.py`` (which needs torch, absent in CI) is read as source: its
-``SHAPES`` and ``CASES`` tables are parsed, not imported. Each case must have a workload in
-``validation/heldout6/`` that says the same shape, batch, layout, precision and schedule, on a
+``SHAPES`` and ``CASES`` tables (with the seventh batch's ``SHAPES.update`` and ``CASES7``) are parsed, not
+imported. Each case must have a workload in ``validation/heldout6/`` (``h7_*``: ``heldout7/``) that says the same shape, batch, layout, precision and schedule, on a
 topology of the case's GPU count, and the suite templates must become valid suites once
 measured figures are filled in.
 """
@@ -35,8 +35,26 @@ def _table(name: str) -> dict[str, dict]:
     raise AssertionError(f"{name} not found in {SCRIPT}")
 
 
-SHAPES = _table("SHAPES")
-CASES = _table("CASES")
+def _shapes_update() -> dict[str, dict]:
+    """The shapes the script adds with ``SHAPES.update({...})``."""
+    out = {}
+    for node in ast.parse(SCRIPT.read_text()).body:
+        call = getattr(node, "value", None)
+        if (isinstance(node, ast.Expr) and isinstance(call, ast.Call)
+                and getattr(call.func, "attr", None) == "update"
+                and getattr(call.func.value, "id", None) == "SHAPES"):
+            for k, v in zip(call.args[0].keys, call.args[0].values, strict=True):
+                out[ast.literal_eval(k)] = {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
+    return out
+
+
+SHAPES = {**_table("SHAPES"), **_shapes_update()}
+CASES = {**_table("CASES"), **_table("CASES7")}
+
+
+def _dir(name: str) -> Path:
+    """The folder of case ``name``'s workload: ``h6_*`` in heldout6, ``h7_*`` in heldout7."""
+    return ROOT / "validation" / f"heldout{name[1]}"
 
 
 def _gpus(workload: Path, topo: str) -> int:
@@ -46,7 +64,7 @@ def _gpus(workload: Path, topo: str) -> int:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_workload_says_what_the_script_does(name):
-    c, path = CASES[name], DIR / f"{name}.yaml"
+    c, path = CASES[name], _dir(name) / f"{name}.yaml"
     s = SHAPES[c["shape"]]
     w = yaml.safe_load(path.read_text())
     m, t, p = w["model"], w["training"], w["parallelism"]
@@ -89,7 +107,8 @@ def test_workload_says_what_the_script_does(name):
 
 
 def test_every_case_has_a_workload_and_no_workload_is_orphaned():
-    workloads = {p.stem for p in DIR.glob("h6_*.yaml")}
+    workloads = {p.stem for p in DIR.glob("h6_*.yaml")} | {
+        p.stem for p in _dir("h7").glob("h7_*.yaml")}
     assert workloads == set(CASES)
 
 
@@ -109,5 +128,5 @@ def test_templates_become_valid_suites_once_measured(template, tmp_path):
     prep = prepare_suite(out)
     world = {"suite.yaml.in": (1, 2), "memory.yaml.in": (1, 2)}.get(template, (4,))
     names = {c["name"].split("-", 1)[1] for c in doc["cases"]}
-    assert names == {k for k, c in CASES.items() if c["world"] in world}
+    assert names == {k for k, c in CASES.items() if c["world"] in world and k.startswith("h6_")}
     assert prep.size == len(names)
