@@ -298,6 +298,7 @@ class Estimator:
                 recompute_modules=moe_sizes.recompute_modules(
                     t.model_copy(update={"recompute": cand.recompute})),
                 tp_input_dtype=self.work.parallelism.tp_input_dtype,
+                tp_impl=self.work.parallelism.tp_impl,
             )  # fmt: skip
             self._progs[key] = hit
         return hit

@@ -252,6 +252,11 @@ def _simulate_every(
             file=str(loaded.workload_path),
             field="training.precision",
         )
+    if work.parallelism.tp_impl == "dtensor" and res.size("tp") > 1 and not getattr(
+            machine.gpu, "host_dtensor", True):
+        raise ConfigError(
+            f"{machine.gpu.name} has no host_dtensor rates in gpus.yaml (DTensor's host time "
+            "per unit: not measured)", file=str(loaded.workload_path), field="parallelism.tp_impl")
     env = env if env is not None else CountingEnvironment()
     job = make_job(work, loaded.topology, res, machine)
     plan, net = build_plan(job, detail=detail, env=env)

@@ -36,6 +36,12 @@ Two kinds of measurement on 4x H100, and one on 2x H100, each with its README:
   (3 host_fsdp_call_s + host_op_s) + 3 x tensors x host_fsdp_tensor_s`` (``host_op_s``: the
   gradient cast before each reduce-scatter, a kernel the simulator already prices) on the
   rows the host sets (8 to 64 units at 512 tokens; :func:`fit_fsdp`).
+* ``data/measured/dtensor-host-h100x2/``: PyTorch DTensor tensor parallelism per unit of its
+  plan (``benchmarks/device/dtensor_host.py`` on 2x H100): chains of one unit at hidden 256,
+  timed on the host clock beside the same work on plain tensors with the collective wrappers
+  of ``steps.py``. ``host_dtensor`` is, for each unit of
+  :data:`simulator.hardware.catalog.DTENSOR_UNITS`, the mean over the ranks of the unit's
+  forward and backward time less its plain equivalent's (:func:`fit_dtensor`; none below zero).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ import pandas as pd
 
 from simulator.calibrate import REPO
 from simulator.engine.host import FSDP_CALLS
-from simulator.hardware.catalog import default_kernel_params
+from simulator.hardware.catalog import DTENSOR_UNITS, default_kernel_params
 from simulator.model.moe import routing_op
 
 DATA = (REPO / "data/measured/tiny-h100x4/steps.jsonl", REPO / "data/measured/tiny3-h100x4/steps.jsonl")
@@ -59,6 +65,7 @@ FSDP_UNITS = REPO / "data/measured/fsdp-units-h100x2/fsdp_units.jsonl"
 FSDP_TENSORS = REPO / "data/measured/fsdp-units-h100x2/fsdp_units_tensors.jsonl"
 FSDP_LAYERS = 64  # fsdp_units.py: Linear(4096, 4096) layers, split evenly into the units
 OPS = sorted((REPO / "data/measured/host-ops-h100x4").glob("host_ops_k*.jsonl"))
+DTENSOR = REPO / "data/measured/dtensor-host-h100x2/dtensor_host.jsonl"
 #: collective calls in one chain element of each wrapper of host_ops.py
 WRAPPER_CALLS = {"copy_to_tp": 1, "reduce_from_tp": 1, "gather_scatter_seq": 4,
                  "all_to_all_pair": 4}
@@ -231,6 +238,21 @@ def fit_fsdp(op_s: float) -> tuple[float, float, list[tuple[int, int, float]]]:
     return rates[0], rates[1], sel
 
 
+def fit_dtensor() -> dict[str, tuple[float, float]]:
+    """{unit: (forward_s, backward_s)}: DTensor's host time per unit beyond plain tensors, the
+    mean over ranks of ``dtensor_host.py``'s differences, clamped at zero ({} before the
+    measurement exists)."""
+    if not DTENSOR.exists():
+        return {}
+    rows = [json.loads(x) for x in DTENSOR.read_text().splitlines() if x.strip()]
+    out = {}
+    for unit in DTENSOR_UNITS:
+        mine = [r for r in rows if r.get("kind") == unit]
+        out[unit] = tuple(max(0.0, float(np.mean([r[f"extra_{w}_s"] for r in mine])))
+                          for w in ("fwd", "bwd"))
+    return out
+
+
 def refit() -> dict[str, tuple[float, float]]:
     """{constant: (refitted, shipped)}, the refit rounded as shipped (0.01 us, 0.1 us)."""
     op_s, coll_s, _ = fit()
@@ -238,7 +260,12 @@ def refit() -> dict[str, tuple[float, float]]:
     moe_s = fit_moe()[0]
     call_s, tensor_s, _ = fit_fsdp(op_s)
     d = default_kernel_params()
-    return {"defaults.host_op_s": (round(op_s * 1e8) / 1e8, d["host_op_s"]),
+    shipped, fitted, nan = d.get("host_dtensor") or {}, fit_dtensor(), float("nan")
+    dt = {f"defaults.host_dtensor.{u}.{w}_s": (round(v * 1e7) / 1e7,
+                                               shipped.get(u, {}).get(f"{w}_s", nan))
+          for u in sorted(set(fitted) | set(shipped))
+          for w, v in zip(("fwd", "bwd"), fitted.get(u, (nan, nan)), strict=True)}
+    return dt | {"defaults.host_op_s": (round(op_s * 1e8) / 1e8, d["host_op_s"]),
             "defaults.host_collective_s": (round(coll_s * 1e7) / 1e7, d["host_collective_s"]),
             "defaults.host_sync_s": (round(sync_s * 1e7) / 1e7, d["host_sync_s"]),
             "defaults.host_moe_op_s": (round(moe_s * 1e8) / 1e8, d["host_moe_op_s"]),

@@ -141,6 +141,10 @@ def resolve(
             f"seq_len={m.seq_len} is not divisible by tp={tp}",
         )
     _check_cp(work, sizes["cp"], tp, fail)
+    if par.tp_impl == "dtensor" and t.kernels != "eager":
+        raise fail("parallelism.tp_impl", "dtensor models PyTorch DTensor tensor parallelism in "
+                   "eager code: needs training.kernels: eager (accepted with fused kernels: "
+                   "megatron)")
 
     v = par.virtual_stages
     if par.pp_schedule == "dualpipev" and v != 2:

@@ -432,6 +432,16 @@ class ParallelismConfig(Frozen):
         "benchmarks/device/steps.py); compute: cast to bf16 before the region "
         "(benchmarks/device/measure.py). Fused (Megatron) code casts in its norms",
     )
+    tp_impl: Literal["megatron", "dtensor"] = Field(
+        "megatron",
+        description="how the tensor parallelism is written. megatron: hand-written TP regions "
+        "(Megatron-LM; eager code: custom autograd functions around process-group calls, "
+        "benchmarks/device/steps.py). dtensor: PyTorch's torch.distributed.tensor.parallel "
+        "(ColwiseParallel, RowwiseParallel, SequenceParallel with PrepareModuleInput, "
+        "loss_parallel; benchmarks/device/steps_alt.py), eager code only: the host's extra time "
+        "of each DTensor unit (gpus.yaml host_dtensor), and with SP the fp32 all-gather of a "
+        "norm's output kept for the backward instead of re-gathered",
+    )
     pp_scatter_gather: Bool = Field(
         True,
         description="send 1/tp of a stage boundary activation per TP rank and all-gather it over "

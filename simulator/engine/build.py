@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import numpy as np
 import simpy
@@ -26,9 +27,10 @@ from simulator.config.checks import Resolved
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.contention import contention_modes
 from simulator.engine.dispatch import DEEPEP, routed_cost, routed_steps
-from simulator.engine.host import HostRates
+from simulator.engine.host import HostRates, dtensor_extra
 from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_programs
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
+from simulator.errors import ConfigError
 from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import moe_dispatch_bytes, pricing_dtype, weight_bytes
@@ -304,6 +306,7 @@ class _Builder:
                 param_dtype=t.param_dtype, cp=self.lay.size("cp"), cp_comm=self.par.cp_comm,
                 moe_kw=self.moe_kw(), recompute_modules=moe_sizes.recompute_modules(t),
                 tp_input_dtype=self.par.tp_input_dtype,
+                tp_impl=self.par.tp_impl,
             )  # fmt: skip
             if self.pp > 1 and self.tp > 1 and self.par.pp_scatter_gather and not self.sp:
                 # Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1): each TP rank
@@ -717,8 +720,15 @@ class _Builder:
             return HostRates(gpu.host_fused_op_s, gpu.host_fused_collective_s, gpu.host_sync_s)
         if gpu.host_op_s <= 0.0 and gpu.host_collective_s <= 0.0:
             return None
+        extra: dict[str, float] = {}
+        if self.par.tp_impl == "dtensor" and self.tp > 1:
+            if not gpu.host_dtensor:
+                raise ConfigError(f"{gpu.name} has no host_dtensor rates in gpus.yaml (DTensor's "
+                                  "host time per unit, not measured)", field="parallelism.tp_impl")
+            extra = dtensor_extra(gpu.host_dtensor, self.sp)
         return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s,
-                         gpu.host_moe_op_s, gpu.host_fsdp_call_s, gpu.host_fsdp_tensor_s)
+                         gpu.host_moe_op_s, gpu.host_fsdp_call_s, gpu.host_fsdp_tensor_s,
+                         MappingProxyType(extra))
 
     def unit_tensors(self, unit: int | str) -> int:
         """Parameter tensors of a ZeRO-3 unit (a global layer, ``embed`` or ``head``) on one

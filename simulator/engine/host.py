@@ -27,8 +27,9 @@ product: :func:`program_matrix` builds it once per program, the engine applies i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from simulator.model.moe import routing_op
 from simulator.model.ops import HOST_SYNC
@@ -47,7 +48,8 @@ class HostRates:
     synchronisation, per kernel of an MoE layer's token routing (router, counts,
     permutation, combine: more Python per kernel than model code), per FSDP2 collective
     call of a ZeRO-3 unit with its hook, and per parameter tensor of the unit in each such
-    call (seconds; see :data:`FSDP_CALLS`)."""
+    call (seconds; see :data:`FSDP_CALLS`); ``extra``: more host time on the parts of these
+    names (DTensor tensor parallelism, :func:`dtensor_extra`)."""
 
     op_s: float
     collective_s: float
@@ -55,6 +57,8 @@ class HostRates:
     moe_op_s: float = 0.0
     fsdp_call_s: float = 0.0
     fsdp_tensor_s: float = 0.0
+    extra: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}),
+                                       compare=False)
 
     def part_s(self, part) -> float:
         """Host time to issue one part of a program."""
@@ -62,7 +66,34 @@ class HostRates:
             return self.collective_s
         if self.moe_op_s > 0.0 and part.block == "moe" and routing_op(part.name):
             return self.moe_op_s
-        return self.op_s
+        return self.op_s + self.extra.get(part.name, 0.0)
+
+
+def dtensor_extra(rates: Mapping[str, tuple[float, float]], sp: bool) -> dict[str, float]:
+    """The host time PyTorch DTensor tensor parallelism adds, by the name of the part it is
+    charged to, from gpus.yaml ``host_dtensor`` (``{unit: (forward_s, backward_s)}``, each
+    unit's DTensor time less the same work on plain tensors, its collectives included).
+
+    What becomes a DTensor in the plan of ``benchmarks/device/steps_alt.py`` (TorchTitan's):
+    per layer two ``ColwiseParallel`` Linears (qkv, fc1) and two ``RowwiseParallel`` ones
+    (out_proj, fc2); the attention and MLP interiors and the residual adds run on local
+    tensors (both styles return local outputs). Without SP a column-parallel Linear is the
+    ``colwise`` unit (its local input taken as Replicate, its input's gradient all-reduced)
+    and a row-parallel one ``rowwise`` (output all-reduced). With SP the norm before each
+    column-parallel Linear is a ``SequenceParallel`` module and ``PrepareModuleInput``
+    all-gathers its output: the three are the ``sp_colwise`` unit; the row-parallel Linear
+    reduce-scatters its output (``rowwise_rs``). The LM head is column-parallel (with SP its
+    final norm too), the token embedding row-parallel, the loss ``loss_parallel``'s.
+    Each unit's forward time is charged to its GEMM, its backward time to the GEMM's input
+    gradient (``_dgrad``); the loss to its first kernel each way."""
+    col = rates["sp_colwise" if sp else "colwise"]
+    row = rates["rowwise_rs" if sp else "rowwise"]
+    loss = rates["loss_parallel"]
+    out = {"ce_max": loss[0], "ce_scatter": loss[1], "embed": row[0], "embed_scatter": row[1]}
+    for name, (f, b) in (("qkv", col), ("fc1", col), ("lm_head", col), ("out_proj", row),
+                         ("fc2", row)):
+        out[name], out[f"{name}_dgrad"] = f, b
+    return out
 
 
 #: FSDP2's collective calls of one unit per pass, with reshard after forward (its default

@@ -222,6 +222,7 @@ def build_stage_programs(
     moe_kw: dict | None = None,
     recompute_modules: frozenset[str] = frozenset({"core_attn"}),
     tp_input_dtype: str = "residual",
+    tp_impl: str = "megatron",
 ) -> StagePrograms:
     """Price every program of one stage.
 
@@ -240,7 +241,8 @@ def build_stage_programs(
         micro_batch=micro_batch, tp=tp, sequence_parallel=sp, kernels=kernels,
         param_dtype=param_dtype, cp=cp,
     )  # fmt: skip
-    lkw = dict(kw, flash_attention=flash_attention, cp_comm=cp_comm, tp_input_dtype=tp_input_dtype)
+    lkw = dict(kw, flash_attention=flash_attention, cp_comm=cp_comm, tp_input_dtype=tp_input_dtype,
+               tp_impl=tp_impl)
     first: dict = {}
     if model.moe is not None or model.attention_kind == "mla":
         # activations stay 16-bit under the low-precision recipes (their GEMMs are priced in
@@ -270,10 +272,10 @@ def build_stage_programs(
         layer_re,
         price(mc.embedding_ops(model, backward=False, **kw), pr, comm_cost),
         price(mc.embedding_ops(model, backward=True, **kw), pr, comm_cost),
-        price(mc.head_ops(model, backward=False, tp_input_dtype=tp_input_dtype, **kw), pr,
-              comm_cost),
-        price(mc.head_ops(model, backward=True, tp_input_dtype=tp_input_dtype, **kw), pr,
-              comm_cost),
+        price(mc.head_ops(model, backward=False, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl,
+                          **kw), pr, comm_cost),
+        price(mc.head_ops(model, backward=True, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl,
+                          **kw), pr, comm_cost),
         **first,
     )
 

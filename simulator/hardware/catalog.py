@@ -38,6 +38,15 @@ CATALOG_FILE = DATA_DIR / "gpus.yaml"
 DTYPES = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4", "tf32")
 
 
+#: the units of PyTorch DTensor tensor parallelism whose host time gpus.yaml ``host_dtensor``
+#: gives (benchmarks/device/dtensor_host.py): a ``ColwiseParallel`` Linear taking a local input
+#: as Replicate (its backward all-reduces the input's gradient), a ``RowwiseParallel`` Linear
+#: with its output all-reduced (``rowwise``) or reduce-scattered along the sequence
+#: (``rowwise_rs``), the front of a sequence-parallel region (a ``SequenceParallel`` norm, the
+#: ``PrepareModuleInput`` all-gather, a ``ColwiseParallel`` Linear) and ``loss_parallel``'s
+#: cross-entropy
+DTENSOR_UNITS = ("colwise", "rowwise", "rowwise_rs", "sp_colwise", "loss_parallel")
+
 @dataclass(frozen=True)
 class GemmParams:
     """Calibrated parameters of the GEMM kernel-time model (see compute.py for the formula).
@@ -144,6 +153,11 @@ class GPUSpec:
     #: synchronisation (0: not measured, see gpus.yaml)
     host_fused_op_s: float = 0.0
     host_fused_collective_s: float = 0.0
+    #: host time PyTorch DTensor tensor parallelism adds to one unit of its plan beyond the
+    #: same work on plain tensors, ``{unit: (forward_s, backward_s)}`` for the units of
+    #: :data:`DTENSOR_UNITS` (``parallelism.tp_impl: dtensor``; gpus.yaml ``host_dtensor``)
+    host_dtensor: Mapping[str, tuple[float, float]] = field(
+        default_factory=lambda: MappingProxyType({}))
     #: NVLink generation (3 Ampere, 4 Hopper, 5 Blackwell); None for a GPU without NVLink
     nvlink_generation: int | None = None
     #: NVLink line rate per GPU per direction (links x signalling rate); what a topology uses
@@ -205,7 +219,7 @@ _REQUIRED = (
     "kernel_launch_s",
 )
 _FIELDS = tuple(f.name for f in fields(GPUSpec))
-_MERGED = ("peak_tflops", "sources", "gemm", "attention", "memory_access")  # overrides merge key by key
+_MERGED = ("peak_tflops", "sources", "gemm", "attention", "memory_access", "host_dtensor")  # overrides merge key by key
 
 
 # --------------------------------------------------------------------------------------------
@@ -405,6 +419,7 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
                 "host_fused_collective_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
+    values["host_dtensor"] = _dtensor_rates(entry, defaults, file=file, field=field)
     for key in ("nvlink_line_GBps", "nic_Gbps", "pcie_GBps"):
         if entry.get(key) is not None:
             values[key] = _positive(entry[key], file=file, field=f"{field}.{key}")
@@ -489,6 +504,24 @@ def _no_unknown(raw: Mapping[str, Any], names: list[str], *, file: str | None, f
                 file=file,
                 field=f"{field}.{key}",
             )
+
+
+def _dtensor_rates(entry: Mapping[str, Any], defaults: Mapping[str, Any], *, file: str | None,
+                   field: str) -> Mapping[str, tuple[float, float]]:
+    """``host_dtensor``: ``{unit: {fwd_s, bwd_s}}`` over :data:`DTENSOR_UNITS` (defaults merged
+    with the GPU's own)."""
+    given = entry.get("host_dtensor") or {}
+    _no_unknown(given, list(DTENSOR_UNITS), file=file, field=f"{field}.host_dtensor")
+    rates = _merge(defaults.get("host_dtensor") or {}, given)
+    out = {}
+    for unit, pair in rates.items():
+        f = f"{field}.host_dtensor.{unit}"
+        _no_unknown(pair, ["fwd_s", "bwd_s"], file=file, field=f)
+        if set(pair) != {"fwd_s", "bwd_s"}:
+            raise ConfigError("give fwd_s and bwd_s", file=file, field=f)
+        out[unit] = tuple(_positive(pair[k], file=file, field=f"{f}.{k}", zero_ok=True)
+                          for k in ("fwd_s", "bwd_s"))
+    return MappingProxyType(out)
 
 
 def _positive(value: Any, *, file: str | None, field: str, zero_ok: bool = False) -> float:

@@ -49,12 +49,16 @@ def _is(op: Op, names: tuple[str, ...]) -> bool:
     return op.kind == "gemm" and _gemm_base(op) in names
 
 
-def tp_forward(ops: Sequence[Op], nbytes: float, sp: bool) -> list[Op]:
-    """A layer's forward kernels with Megatron's TP collectives (module docstring)."""
+def tp_forward(ops: Sequence[Op], nbytes: float, sp: bool, gather_bytes: float | None = None
+               ) -> list[Op]:  # fmt: skip
+    """A layer's forward kernels with Megatron's TP collectives (module docstring).
+    ``gather_bytes``: the SP all-gather of a column-parallel input when it is not in the
+    compute dtype (DTensor's ``PrepareModuleInput`` gathers the norm's fp32 output)."""
     out: list[Op] = []
     for op in ops:
         if sp and _is(op, COLUMN_PARALLEL):
-            out.append(comm_op("tp_all_gather", "all_gather", "tp", nbytes))
+            g = nbytes if gather_bytes is None else gather_bytes
+            out.append(comm_op("tp_all_gather", "all_gather", "tp", g))
         out.append(op)
         if _is(op, ROW_PARALLEL):
             c = "reduce_scatter" if sp else "all_reduce"
@@ -63,14 +67,17 @@ def tp_forward(ops: Sequence[Op], nbytes: float, sp: bool) -> list[Op]:
 
 
 def tp_backward(ops: Sequence[Op], nbytes: float, sp: bool, grad_in_bytes: float | None = None,
-                overlap: bool = True) -> list[Op]:  # fmt: skip
+                overlap: bool = True, regather: bool = True) -> list[Op]:  # fmt: skip
     """A layer's backward kernels with Megatron's TP collectives (module docstring).
     ``grad_in_bytes``: the all-reduce of a column-parallel input's gradient without SP when
     that input is not in the compute dtype (eager code: the norm's output, in the residual
     stream's dtype). ``overlap=False`` (eager code): the collective on a column-parallel
     input's gradient runs after the layer's weight gradient, not beside it: autograd's
     ``MmBackward`` node computes both gradients before the input gradient reaches the TP
-    boundary's function, whose collective the stream then waits for."""
+    boundary's function, whose collective the stream then waits for. ``regather=False``
+    (DTensor): with SP the all-gathered input of a column-parallel GEMM was kept for the
+    backward (autograd saved it), so it is not gathered again, and ``grad_in_bytes`` is also
+    the size of its gradient's reduce-scatter."""
     out: list[Op] = []
     pending: list[Op] = []  # eager: the input gradient's collective, after the weight gradient
     seen_row: set[str] = set()
@@ -80,11 +87,11 @@ def tp_backward(ops: Sequence[Op], nbytes: float, sp: bool, grad_in_bytes: float
             out.append(comm_op("tp_all_gather", "all_gather", "tp", nbytes))
             seen_row.add(base)
         if _is(op, COLUMN_PARALLEL) and op.name.endswith("_dgrad"):
-            if sp:
+            if sp and regather:
                 out.append(comm_op("tp_all_gather", "all_gather", "tp", nbytes, overlap=True))
             out.append(op)
             c = "reduce_scatter" if sp else "all_reduce"
-            g = nbytes if sp or grad_in_bytes is None else grad_in_bytes
+            g = nbytes if (sp and regather) or grad_in_bytes is None else grad_in_bytes
             if overlap:
                 out.append(comm_op(f"tp_{c}", c, "tp", g, overlap=True))
             else:
@@ -130,9 +137,10 @@ def layer_ops(
     kernels: str = "fused",
     param_dtype: str = "bf16",
     tp_input_dtype: str = "residual",
+    tp_impl: str = "megatron",
 ) -> list[Op]:
     """One layer's forward (or backward) on one rank: kernels and the TP and CP collectives
-    (``tp_input_dtype``: see ``parallelism.tp_input_dtype``)."""
+    (``tp_input_dtype``, ``tp_impl``: see ``parallelism``)."""
     local = cp_local(model, cp)
     kw = dict(
         micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
@@ -142,13 +150,14 @@ def layer_ops(
     ops = fn(local, **kw)
     if tp > 1:
         nbytes = tf.tp_comm_bytes(local, micro_batch=micro_batch)
+        res = (residual_comm_bytes(local, micro_batch, kernels, param_dtype)
+               if tp_input_dtype == "residual" else None)
+        dt = tp_impl == "dtensor"
         if backward:
-            grad_in = (residual_comm_bytes(local, micro_batch, kernels, param_dtype)
-                       if tp_input_dtype == "residual" else None)
-            ops = tp_backward(ops, nbytes, sequence_parallel, grad_in,
-                              overlap=kernels != "eager")
+            ops = tp_backward(ops, nbytes, sequence_parallel, res,
+                              overlap=kernels != "eager", regather=not dt)
         else:
-            ops = tp_forward(ops, nbytes, sequence_parallel)
+            ops = tp_forward(ops, nbytes, sequence_parallel, res if dt else None)
     if cp > 1:
         cp_ops = context.attention_ops(model, micro_batch, tp, cp, cp_comm, backward)
         i = next(k for k, op in enumerate(ops) if op.kind == "attention")
@@ -179,11 +188,13 @@ def embedding_ops(
 def head_ops(
     model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool,
     backward: bool, cp: int = 1, kernels: str = "fused", param_dtype: str = "bf16",
-    tp_input_dtype: str = "residual",
+    tp_input_dtype: str = "residual", tp_impl: str = "megatron",
 ) -> list[Op]:  # fmt: skip
     """Final norm, LM head and loss on one rank. With SP the head's input is gathered from
     the sequence-parallel region and its input gradient reduce-scattered back (Korthikanti et
-    al. 2022, Fig. 5 at the boundary); without SP the input gradient is all-reduced."""
+    al. 2022, Fig. 5 at the boundary); without SP the input gradient is all-reduced. DTensor
+    (``tp_impl``) gathers the final norm's output (``ColwiseParallel(input_layouts=Shard(1))``
+    on the LM head), in the residual stream's dtype as its gradient's reduce-scatter."""
     local = cp_local(model, cp)
     kw = dict(micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
               kernels=kernels, param_dtype=param_dtype)  # fmt: skip
@@ -191,6 +202,8 @@ def head_ops(
     if tp == 1:
         return ops
     nbytes = tf.tp_comm_bytes(local, micro_batch=micro_batch)
+    if sequence_parallel and tp_impl == "dtensor" and tp_input_dtype == "residual":
+        nbytes = residual_comm_bytes(local, micro_batch, kernels, param_dtype)
     if not backward:
         return [comm_op("tp_all_gather", "all_gather", "tp", nbytes), *ops] if sequence_parallel else ops
     if sequence_parallel:

@@ -83,6 +83,7 @@ def layer_ops(
     param_dtype: str = "bf16",
     precision_bytes: int = 2,
     tp_input_dtype: str = "residual",
+    tp_impl: str = "megatron",
     ep: int = 1,
     etp: int = 1,
     expert_load: tuple[float, ...] | None = None,
@@ -97,7 +98,7 @@ def layer_ops(
     dense = mc.layer_ops(
         model, micro_batch=b, tp=tp, sequence_parallel=sp, backward=backward, cp=cp,
         cp_comm=cp_comm, flash_attention=flash_attention, kernels=kernels,
-        param_dtype=param_dtype, tp_input_dtype=tp_input_dtype,
+        param_dtype=param_dtype, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl,
     )  # fmt: skip
     if not moe_layer and model.attention_kind != "mla":
         return dense
