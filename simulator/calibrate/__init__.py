@@ -20,6 +20,12 @@ validation suite (``validation/``) is read by any of them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines data file (blank lines skipped)."""
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]

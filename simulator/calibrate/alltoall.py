@@ -26,13 +26,12 @@ golden section.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 
 import numpy as np
 
-from simulator.calibrate import REPO
+from simulator.calibrate import REPO, jsonl
 from simulator.config.load import load_topology
 from simulator.hardware.catalog import load_gpu
 from simulator.network.collectives import CollectiveModel
@@ -51,7 +50,7 @@ def _groups(n: int) -> list[list[int]]:
 
 def rows() -> list[dict]:
     """The uniform all-to-all rows of the fit data."""
-    out = [json.loads(x) for x in FIT_DATA.read_text().splitlines() if x.strip()]
+    out = jsonl(FIT_DATA)
     return [r for r in out if r.get("op") == "all_to_all" and r.get("splits") == "uniform"]
 
 

@@ -55,7 +55,7 @@ import tempfile
 import numpy as np
 import pandas as pd
 
-from simulator.calibrate import REPO
+from simulator.calibrate import REPO, jsonl
 from simulator.engine.host import FSDP_CALLS
 from simulator.hardware.catalog import DTENSOR_UNITS, default_kernel_params
 from simulator.model.moe import routing_op
@@ -131,13 +131,12 @@ def moe_counts(workload: str, out_dir: str, extra: tuple[str, ...] = ()
 
 def measured() -> dict[str, float]:
     """{case: measured step time} of the tiny steps."""
-    return {r["case"]: r["step_time_s"] for f in DATA for r in
-            (json.loads(x) for x in f.read_text().splitlines() if x.strip())}
+    return {r["case"]: r["step_time_s"] for f in DATA for r in jsonl(f)}
 
 
 def micro() -> tuple[float, float]:
     """(host_collective_s, host_sync_s) from the micro-benchmarks (module docstring)."""
-    rows = [json.loads(x) for f in OPS for x in f.read_text().splitlines() if x.strip()]
+    rows = [r for f in OPS for r in jsonl(f)]
     coll = [r["per_call_s"] / WRAPPER_CALLS[r["kind"]] for r in rows if r["kind"] in WRAPPER_CALLS]
     sync = [r["per_call_s"] for r in rows if r["kind"] == "count_sync"]
     bare = [r["per_call_s"] for r in rows if r["kind"] == "dist_all_reduce"]
@@ -185,8 +184,7 @@ def fsdp_rows() -> tuple[list[tuple[int, int, float]], dict[int, float]]:
     {units: excess} at 16,384), the excess being the step less the same layers' step
     unsharded on one GPU; the default rows have one tensor a layer, the ``--tensors`` rows
     one and four."""
-    rows = [json.loads(x) for f in (FSDP_UNITS, FSDP_TENSORS)
-            for x in f.read_text().splitlines() if x.strip()]
+    rows = [r for f in (FSDP_UNITS, FSDP_TENSORS) for r in jsonl(f)]
     short, hidden = [], {}
     for r in rows:
         excess = r["step_s"] - r["alone_compute_s"]
@@ -244,7 +242,7 @@ def fit_dtensor() -> dict[str, tuple[float, float]]:
     measurement exists)."""
     if not DTENSOR.exists():
         return {}
-    rows = [json.loads(x) for x in DTENSOR.read_text().splitlines() if x.strip()]
+    rows = jsonl(DTENSOR)
     out = {}
     for unit in DTENSOR_UNITS:
         mine = [r for r in rows if r.get("kind") == unit]
