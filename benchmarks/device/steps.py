@@ -1237,6 +1237,34 @@ def _kind(name: str) -> str:
     return "other"
 
 
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
+
+
+def _host_side(prof, iv: list[tuple[float, float]]) -> dict:
+    """What the host did in the profiled step: its synchronisations (count, seconds), the
+    GPU's idle gaps between kernels (total, and those over 50 us), the CUDA launch calls and
+    the 60 aten ops of most host time (self and total, count)."""
+    syncs = [e for e in prof.events() if e.name in SYNC_CALLS]
+    launches = [e for e in prof.events() if e.name in ("cudaLaunchKernel", "cuLaunchKernel",
+                                                       "cudaLaunchKernelExC", "cuLaunchKernelEx")]
+    gaps, end = [], None
+    for a, b in sorted(iv):
+        if end is not None and a > end:
+            gaps.append(a - end)
+        end = b if end is None else max(end, b)
+    ops: dict[str, list[float]] = {}
+    for e in prof.key_averages():
+        if e.key.startswith("aten::") or e.key.startswith("autograd::"):
+            ops[e.key] = [e.self_cpu_time_total / 1e6, e.cpu_time_total / 1e6, e.count]
+    top = sorted(ops.items(), key=lambda kv: -kv[1][0])[:60]
+    return {"host_syncs": len(syncs), "host_sync_s": sum(e.cpu_time_total for e in syncs) / 1e6,
+            "launch_calls": len(launches), "gpu_idle_s": sum(gaps) / 1e6,
+            "gpu_idle_over_50us_s": sum(g for g in gaps if g > 50) / 1e6,
+            "gpu_idle_gaps_over_50us": sum(1 for g in gaps if g > 50),
+            "top_host_ops": [{"op": k, "self_s": v[0], "total_s": v[1], "count": v[2]}
+                             for k, v in top]}
+
+
 def profile_step(args, step, name, rank, world, dev) -> None:
     """One more step under torch.profiler: per rank, the step's wall time, the union of its
     kernels' busy time (all kernels, compute kernels, NCCL kernels), kernel time by kind, the
@@ -1271,6 +1299,7 @@ def profile_step(args, step, name, rank, world, dev) -> None:
     span = (max(b for _, b in iv["all"]) - min(a for a, _ in iv["all"])) / 1e6 if kern else 0.0
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:400]
     rec = {"case": name, "rank": rank, "wall_s": wall, "kernel_span_s": span,
+           **_host_side(prof, iv["all"]),
            "busy_s": _union(iv["all"]) / 1e6, "compute_busy_s": _union(iv["compute"]) / 1e6,
            "nccl_busy_s": _union(iv["nccl"]) / 1e6, "kernels": len(kern),
            "time_by_kind_s": by_kind,
@@ -1286,8 +1315,8 @@ def profile_step(args, step, name, rank, world, dev) -> None:
                 f.write(json.dumps(r) + "\n")
         r = recs[0]
         print(f"PROFILE {name}: wall {r['wall_s']:.4f} s, busy {r['busy_s']:.4f}, compute "
-              f"{r['compute_busy_s']:.4f}, nccl {r['nccl_busy_s']:.4f}, {r['kernels']} kernels",
-              flush=True)
+              f"{r['compute_busy_s']:.4f}, nccl {r['nccl_busy_s']:.4f}, {r['kernels']} kernels, "
+              f"{r['host_syncs']} syncs, GPU idle {r['gpu_idle_s']:.4f} s", flush=True)
 
 
 def write(args, rec, rank, fname="steps.jsonl"):

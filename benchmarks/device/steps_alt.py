@@ -773,6 +773,10 @@ def run_case(args) -> None:
         loads = [sum(mo.load) / len(mo.load) for mo in moes]
         r["routed_share_per_rank"] = gather(sum(loads) / len(loads), world, dev)
     rec.update(r)
+    if args.profile and dev.type == "cuda":  # diagnostics only: steps.py's profiler record
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from steps import profile_step
+        profile_step(args, step, args.case, rank, world, dev)
     if rank == 0:
         if rec["step_time_s"]:
             rec["tflops_per_gpu"] = rec["model_flops_per_step"] / rec["step_time_s"] / world / 1e12
@@ -809,6 +813,8 @@ def driver(args) -> int:
                "--warmup", str(args.warmup), "--steps", str(args.steps), "--label", args.label]
         if args.quick:
             cmd.append("--quick")
+        if args.profile:
+            cmd.append("--profile")
         print(f"=== {name} ({c['world']} ranks, limit {limit:.0f} s)", flush=True)
         t = time.time()
         p = subprocess.Popen(cmd, start_new_session=True)
@@ -841,6 +847,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--budget-s", type=float, default=400)
     ap.add_argument("--case-timeout-s", type=float, default=75)
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, one more step under torch.profiler (profile.jsonl, "
+                         "steps.py's record: kernels, GPU idle, host syncs, host ops)")
     args = ap.parse_args()
     if args.driver:
         return driver(args)
