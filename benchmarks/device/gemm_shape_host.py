@@ -41,8 +41,11 @@ BLOCKS, CALLS = 5, 40
 class Ms:
     """Row counts: fixed, fresh (never used before in the process) or from a used pool."""
 
+    fresh: dict[int, int] = {}  # per base: the last fresh M handed out (process-wide)
+
     def __init__(self, base: int):
-        self.base, self.next_fresh = base, base + 1000
+        self.base = base
+        Ms.fresh.setdefault(base, base + 1000)
         self.pool = [base - 32 + i for i in range(64)]
         self.i = 0
 
@@ -52,8 +55,8 @@ class Ms:
         if mode == "pool":
             self.i += 1
             return self.pool[self.i % len(self.pool)]
-        self.next_fresh += 1
-        return self.next_fresh
+        Ms.fresh[self.base] += 1
+        return Ms.fresh[self.base]
 
 
 def block(fn, ms: Ms, mode: str) -> tuple[float, float]:
@@ -96,7 +99,7 @@ def main() -> None:
     dev = torch.device("cuda")
     with open(os.path.join(args.out, "gemm_shape_host.jsonl"), "w") as out:
         for width, k, n, base in (("small", 256, 512, 512), ("real", 1536, 4096, 2048)):
-            big = max(base + 64, 1000 + base + (2 * 2 + 3) * BLOCKS * CALLS * 4 + 10) + 4096
+            big = base + 1000 + 6 * BLOCKS * CALLS + 64  # room for every fresh M
             x = torch.randn(big, k, device=dev, dtype=torch.bfloat16)
             g = torch.randn(big, n, device=dev, dtype=torch.bfloat16)
             w = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
