@@ -36,6 +36,10 @@ Two kinds of measurement on 4x H100, and one on 2x H100, each with its README:
   (3 host_fsdp_call_s + host_op_s) + 3 x tensors x host_fsdp_tensor_s`` (``host_op_s``: the
   gradient cast before each reduce-scatter, a kernel the simulator already prices) on the
   rows the host sets (8 to 64 units at 512 tokens; :func:`fit_fsdp`).
+* ``data/measured/gemm-shape-host-h100x2/``: the host time of a GEMM whose row count the
+  process has not launched before (``benchmarks/device/gemm_shape_host.py`` on one H100):
+  ``host_gemm_new_shape_{fwd,dgrad,wgrad}_s`` (:func:`fit_new_shape`), what eager MoE expert
+  GEMMs with learned routes pay (:func:`simulator.model.moe.new_shape_share`).
 * ``data/measured/dtensor-host-h100x2/``: PyTorch DTensor tensor parallelism per unit of its
   plan (``benchmarks/device/dtensor_host.py`` on 2x H100): chains of one unit at hidden 256,
   timed on the host clock beside the same work on plain tensors with the collective wrappers
@@ -66,6 +70,7 @@ FSDP_TENSORS = REPO / "data/measured/fsdp-units-h100x2/fsdp_units_tensors.jsonl"
 FSDP_LAYERS = 64  # fsdp_units.py: Linear(4096, 4096) layers, split evenly into the units
 OPS = sorted((REPO / "data/measured/host-ops-h100x4").glob("host_ops_k*.jsonl"))
 DTENSOR = REPO / "data/measured/dtensor-host-h100x2/dtensor_host.jsonl"
+NEW_SHAPE = REPO / "data/measured/gemm-shape-host-h100x2/gemm_shape_host.jsonl"
 #: collective calls in one chain element of each wrapper of host_ops.py
 WRAPPER_CALLS = {"copy_to_tp": 1, "reduce_from_tp": 1, "gather_scatter_seq": 4,
                  "all_to_all_pair": 4}
@@ -251,6 +256,25 @@ def fit_dtensor() -> dict[str, tuple[float, float]]:
     return out
 
 
+def fit_new_shape() -> dict[str, float]:
+    """{fwd, dgrad, wgrad}: the host time a GEMM of a shape the process has not launched adds
+    to the call (``gemm_shape_host.py``: fresh row count less the same call at a fixed one),
+    the mean over the two widths (and, forward, over ``mm`` and ``addmm``); {} before the
+    measurement exists."""
+    if not NEW_SHAPE.exists():
+        return {}
+    host = {(r["width"], r["kind"], r["mode"]): r["host_us_per_call"] * 1e-6
+            for r in jsonl(NEW_SHAPE)}
+    widths = sorted({w for w, _, _ in host})
+
+    def extra(kinds):
+        return float(np.mean([host[w, k, "fresh"] - host[w, k, "fixed"]
+                              for w in widths for k in kinds]))
+
+    return {"fwd": extra(("mm_fwd", "addmm_fwd")), "dgrad": extra(("mm_dgrad",)),
+            "wgrad": extra(("mm_wgrad",))}
+
+
 def refit() -> dict[str, tuple[float, float]]:
     """{constant: (refitted, shipped)}, the refit rounded as shipped (0.01 us, 0.1 us)."""
     op_s, coll_s, _ = fit()
@@ -263,7 +287,10 @@ def refit() -> dict[str, tuple[float, float]]:
                                                shipped.get(u, {}).get(f"{w}_s", nan))
           for u in sorted(set(fitted) | set(shipped))
           for w, v in zip(("fwd", "bwd"), fitted.get(u, (nan, nan)), strict=True)}
-    return dt | {"defaults.host_op_s": (round(op_s * 1e8) / 1e8, d["host_op_s"]),
+    shape = {f"defaults.host_gemm_new_shape_{k}_s": (round(v * 1e7) / 1e7,
+                                                      d[f"host_gemm_new_shape_{k}_s"])
+             for k, v in fit_new_shape().items()}
+    return dt | shape | {"defaults.host_op_s": (round(op_s * 1e8) / 1e8, d["host_op_s"]),
             "defaults.host_collective_s": (round(coll_s * 1e7) / 1e7, d["host_collective_s"]),
             "defaults.host_sync_s": (round(sync_s * 1e7) / 1e7, d["host_sync_s"]),
             "defaults.host_moe_op_s": (round(moe_s * 1e8) / 1e8, d["host_moe_op_s"]),

@@ -359,6 +359,20 @@ class TrainingConfig(Frozen):
     moe_expert_load: tuple[Float, ...] | None = Field(
         None, description="share of routed tokens per expert (sums to 1); default uniform"
     )
+    moe_routes: Literal["learned", "replayed"] = Field(
+        "learned",
+        description="where an eager MoE step's routes come from: learned (a router picks "
+        "experts per token, so each expert's token count, the row count of its GEMMs, changes "
+        "every micro-batch) or replayed (a benchmark replaying the same forced routes every "
+        "step, so the shapes repeat)",
+    )
+    measured_steps: tuple[PositiveInt, PositiveInt] | None = Field(
+        None,
+        description="[first, last] steps of a fresh process the prediction is for (a "
+        "benchmark timing steps 4..9 after 3 warm-up steps: [4, 9]); null: a long run's steady "
+        "state. Eager MoE with learned routes: expert GEMMs of row counts the process has not "
+        "seen pay cuBLAS's heuristic query on the host (gpus.yaml host_gemm_new_shape_*)",
+    )
     overlap_moe_expert_parallel_comm: Bool = Field(
         False,
         description="Megatron-Core's switch: the EP all-to-all of one micro-batch overlaps "
@@ -371,6 +385,14 @@ class TrainingConfig(Frozen):
         "precision recipe's format with its scales, as DeepSeek-V3 (arXiv:2412.19437 Sec. "
         "3.3.3; needs precision fp8 or mxfp8); the combine stays bf16",
     )
+
+    @model_validator(mode="after")
+    def _measured_steps_order(self) -> TrainingConfig:
+        if self.measured_steps is not None and self.measured_steps[0] > self.measured_steps[1]:
+            raise ValueError(
+                f"measured_steps: [first, last] with first <= last, got {list(self.measured_steps)}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_bucket_key(self) -> TrainingConfig:

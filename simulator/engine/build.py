@@ -38,7 +38,7 @@ from simulator.model import comm as mc
 from simulator.model import eager, moe_sizes
 from simulator.model import memory as mem
 from simulator.model import transformer as tf
-from simulator.model.moe import beside_ep_slowdown
+from simulator.model.moe import beside_ep_slowdown, new_shape_share
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
@@ -726,9 +726,13 @@ class _Builder:
                 raise ConfigError(f"{gpu.name} has no host_dtensor rates in gpus.yaml (DTensor's "
                                   "host time per unit, not measured)", field="parallelism.tp_impl")
             extra = dtensor_extra(gpu.host_dtensor, self.sp)
+        share = new_shape_share(self.m, self.t)
         return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s,
                          gpu.host_moe_op_s, gpu.host_fsdp_call_s, gpu.host_fsdp_tensor_s,
-                         MappingProxyType(extra))
+                         MappingProxyType(extra),
+                         (share * gpu.host_gemm_new_shape_fwd_s,
+                          share * gpu.host_gemm_new_shape_dgrad_s,
+                          share * gpu.host_gemm_new_shape_wgrad_s))
 
     def unit_tensors(self, unit: int | str) -> int:
         """Parameter tensors of a ZeRO-3 unit (a global layer, ``embed`` or ``head``) on one

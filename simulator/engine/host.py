@@ -59,6 +59,10 @@ class HostRates:
     fsdp_tensor_s: float = 0.0
     extra: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}),
                                        compare=False)
+    #: more host time on each expert GEMM of an eager MoE layer, (forward, data gradient,
+    #: weight gradient): the expected share of them with a new shape times the host cost of
+    #: one (:func:`simulator.model.moe.new_shape_share`, gpus.yaml host_gemm_new_shape_*)
+    expert_gemm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def part_s(self, part) -> float:
         """Host time to issue one part of a program."""
@@ -66,6 +70,11 @@ class HostRates:
             return self.collective_s
         if self.moe_op_s > 0.0 and part.block == "moe" and routing_op(part.name):
             return self.moe_op_s
+        if part.block == "moe" and part.name.startswith("expert_fc"):
+            fwd, dgrad, wgrad = self.expert_gemm_s
+            extra = dgrad if part.name.endswith("_dgrad") else \
+                wgrad if part.name.endswith("_wgrad") else fwd
+            return self.op_s + extra
         return self.op_s + self.extra.get(part.name, 0.0)
 
 

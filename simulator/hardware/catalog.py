@@ -153,6 +153,13 @@ class GPUSpec:
     #: synchronisation (0: not measured, see gpus.yaml)
     host_fused_op_s: float = 0.0
     host_fused_collective_s: float = 0.0
+    #: host time a GEMM whose shape the process has not launched before adds to its call
+    #: (cuBLAS's heuristic query on a miss of its heuristics cache), for a forward GEMM, a
+    #: data-gradient and a weight-gradient GEMM (gpus.yaml; eager MoE expert GEMMs with
+    #: learned routes, :func:`simulator.model.moe.new_shape_share`)
+    host_gemm_new_shape_fwd_s: float = 0.0
+    host_gemm_new_shape_dgrad_s: float = 0.0
+    host_gemm_new_shape_wgrad_s: float = 0.0
     #: host time PyTorch DTensor tensor parallelism adds to one unit of its plan beyond the
     #: same work on plain tensors, ``{unit: (forward_s, backward_s)}`` for the units of
     #: :data:`DTENSOR_UNITS` (``parallelism.tp_impl: dtensor``; gpus.yaml ``host_dtensor``)
@@ -416,7 +423,8 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
     values["runtime_reserved_GiB"] = float(reserved)
     for key in ("host_op_s", "host_collective_s", "host_sync_s", "host_moe_op_s",
                 "host_fsdp_call_s", "host_fsdp_tensor_s", "host_fused_op_s",
-                "host_fused_collective_s"):
+                "host_fused_collective_s", "host_gemm_new_shape_fwd_s",
+                "host_gemm_new_shape_dgrad_s", "host_gemm_new_shape_wgrad_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
     values["host_dtensor"] = _dtensor_rates(entry, defaults, file=file, field=field)

@@ -55,6 +55,31 @@ ROUTING_OPS = ("router", "permute", "unpermute", "moe_counts", "perm_", "sort_ch
                "unsort_chunks", "expert_cat", "inv_", "combine_")
 
 
+def new_shape_share(model: ModelConfig, training) -> float:
+    """The expected share of an eager MoE step's expert GEMMs whose shape (row count: the
+    expert's tokens in this micro-batch) the process has not launched before, so cuBLAS
+    runs its heuristic query on the host (a miss of its heuristics cache; gpus.yaml
+    ``host_gemm_new_shape_*`` measures what one costs).
+
+    * ``training.moe_routes: replayed`` (the same forced routes every step): the shapes repeat
+      from the second step on, 0.
+    * learned routes, ``training.measured_steps`` set (a benchmark of a fresh process): 1. A
+      router's token counts per expert spread over hundreds of values (binomial spread alone,
+      ``sqrt(M (1 - k p))``, is 55 rows at 4,096 rows per expert, and the shares differ from
+      layer to layer and drift as the router learns), so in a run of tens of steps nearly every
+      count is new: profiles of such steps (``data/measured/moe-profile-h100x2``) show the
+      expert GEMM calls' host time at about 80 % of all-new at the tenth step, falling over
+      further steps as the cache fills. An upper bound, for short benchmarks.
+    * learned routes, a long run's steady state (``measured_steps`` null): 0, the cache
+      (8,192 entries by default, cuBLAS's ``CUBLASLT_HEURISTICS_CACHE_CAPACITY``) holds
+      every count seen. Optimistic where the shares keep drifting over more counts than that.
+
+    Fused code (grouped GEMM) and dense models: 0 (every GEMM shape repeats)."""
+    if model.moe is None or training.kernels != "eager" or training.moe_routes == "replayed":
+        return 0.0
+    return 1.0 if training.measured_steps is not None else 0.0
+
+
 def routing_op(name: str) -> bool:
     """Whether kernel ``name`` (forward or backward) is one of :data:`ROUTING_OPS`."""
     return name.startswith(ROUTING_OPS)

@@ -1,0 +1,86 @@
+"""Eager MoE expert GEMMs of row counts the process has not seen (issue 10/12): cuBLAS's
+heuristic query on the host, ``training.measured_steps`` and ``training.moe_routes``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from simulator.calibrate import host as cal
+from simulator.config.load import load_workload
+from simulator.engine.host import HostRates
+from simulator.engine.program import Part
+from simulator.hardware.catalog import load_gpu
+from simulator.model.moe import new_shape_share
+
+US = 1e-6
+MOE = "validation/heldout7/h7_moe_ep2_Y.yaml"
+
+
+def test_expert_gemms_pay_the_new_shape_time_by_kind():
+    """An expert GEMM's forward, data-gradient and weight-gradient parts each add their own
+    new-shape time to the model rate; routing kernels, dense GEMMs and collectives do not."""
+    rates = HostRates(40 * US, 80 * US, 0.0, 120 * US,
+                      expert_gemm_s=(300 * US, 330 * US, 130 * US))
+
+    def part(name):
+        return rates.part_s(Part(name, "compute", 0.0, block="moe"))
+
+    assert part("expert_fc1_e0") == pytest.approx(340 * US)
+    assert part("expert_fc2_e3_dgrad") == pytest.approx(370 * US)
+    assert part("expert_fc1_e1_wgrad") == pytest.approx(170 * US)
+    assert rates.part_s(Part("permute", "compute", 0.0, block="moe")) == 120 * US
+    assert rates.part_s(Part("fc1", "compute", 0.0, block="mlp")) == 40 * US
+    assert rates.part_s(Part("moe_dispatch", "comm", 0.0, block="moe")) == 80 * US
+
+
+@pytest.mark.parametrize(("sets", "share"), [
+    ({}, 0.0),                                                 # a long run's steady state
+    ({"measured_steps": (4, 9)}, 1.0),                         # a short benchmark, learned routes
+    ({"measured_steps": (4, 9), "moe_routes": "replayed"}, 0.0),  # same routes every step
+    ({"measured_steps": (4, 9), "kernels": "fused"}, 0.0),     # grouped GEMM: shapes repeat
+])
+def test_new_shape_share(sets, share):
+    w = load_workload(MOE).workload
+    t = w.training.model_copy(update={"measured_steps": None} | sets)
+    assert new_shape_share(w.model, t) == share
+    assert new_shape_share(w.model.model_copy(update={"moe": None}), t) == 0.0
+
+
+def test_the_constants_add_up_to_a_measured_expert_mlp():
+    """Independent check of the micro-benchmark's per-GEMM constants: an expert MLP forward and
+    backward at fresh row counts (two forward GEMMs, two data- and two weight-gradient GEMMs)
+    costs its host, measured as a whole, within 25 % of the six constants' sum at each width."""
+    rows = cal.jsonl(cal.NEW_SHAPE)
+    c = cal.fit_new_shape()
+    six = 2 * (c["fwd"] + c["dgrad"] + c["wgrad"])
+    for width in ("small", "real"):
+        by = {r["mode"]: r["host_us_per_call"] * US for r in rows
+              if r["width"] == width and r["kind"] == "mlp_fwd_bwd"}
+        assert by["fresh"] - by["fixed"] == pytest.approx(six, rel=0.25)
+        assert abs(by["pool"] - by["fixed"]) < 0.1 * (by["fresh"] - by["fixed"])  # seen: no miss
+
+
+def _step(ms: str) -> float:
+    tiny = ["model.hidden=256", "model.ffn_hidden=512", "model.moe.ffn_hidden=512",
+            "model.heads=4", "model.kv_heads=4", "model.vocab=1024", "model.seq_len=128",
+            f"training.measured_steps={ms}"]
+    cmd = [sys.executable, "-m", "simulator", "run", MOE, "--json", "--no-files"]
+    for s in tiny:
+        cmd += ["--set", s]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["step_time_s"]
+
+
+def test_a_host_bound_benchmark_step_pays_every_expert_gemm_once():
+    """Shrunk to hidden 256 the eager MoE step is its host's time, so a benchmark of a fresh
+    process ([4, 9]) is slower than the steady state by exactly the new-shape time of every
+    expert GEMM of the step: 6 layers x 2 micro-batches x 4 local experts, each fc1 and fc2
+    with a forward, a data-gradient and a weight-gradient GEMM."""
+    gpu = load_gpu("H100-SXM-80GB")
+    per_expert = 2 * (gpu.host_gemm_new_shape_fwd_s + gpu.host_gemm_new_shape_dgrad_s
+                      + gpu.host_gemm_new_shape_wgrad_s)
+    assert _step("[4,9]") - _step("null") == pytest.approx(6 * 2 * 4 * per_expert, rel=1e-3)
