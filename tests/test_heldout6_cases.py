@@ -1,7 +1,7 @@
-"""The sixth and seventh held-out batches' workloads describe what their measuring script does.
+"""The sixth, seventh and eighth held-out batches' ``steps_alt.py`` workloads describe what their measuring script does.
 
 ``benchmarks/device/steps_alt.py`` (which needs torch, absent in CI) is read as source: its
-``SHAPES`` and ``CASES`` tables (with the seventh batch's ``SHAPES.update`` and ``CASES7``) are parsed, not
+``SHAPES`` and ``CASES`` tables (with the later batches' ``SHAPES.update``, ``CASES7`` and ``CASES8``) are parsed, not
 imported. Each case must have a workload in ``validation/heldout6/`` (``h7_*``: ``heldout7/``) that says the same shape, batch, layout, precision and schedule, on a
 topology of the case's GPU count, and the suite templates must become valid suites once
 measured figures are filled in.
@@ -49,11 +49,11 @@ def _shapes_update() -> dict[str, dict]:
 
 
 SHAPES = {**_table("SHAPES"), **_shapes_update()}
-CASES = {**_table("CASES"), **_table("CASES7")}
+CASES = {**_table("CASES"), **_table("CASES7"), **_table("CASES8")}
 
 
 def _dir(name: str) -> Path:
-    """The folder of case ``name``'s workload: ``h6_*`` in heldout6, ``h7_*`` in heldout7."""
+    """The folder of case ``name``'s workload: ``h6_*`` in heldout6, ``h7_*`` in heldout7, ..."""
     return ROOT / "validation" / f"heldout{name[1]}"
 
 
@@ -99,6 +99,7 @@ def test_workload_says_what_the_script_does(name):
             "separate", 25, True)
     if moe:
         assert (t["ddp_buckets"], t["overlap_grad_reduce"]) == ("none", False)
+        assert t["measured_steps"] == [4, 9]  # 3 warm-up and 6 timed steps, a learned router
     stragglers = w.get("faults", {}).get("stragglers", [])
     if c.get("straggler"):
         assert stragglers == [{"gpu": 0, "slowdown": c["straggler"]}]
@@ -107,8 +108,7 @@ def test_workload_says_what_the_script_does(name):
 
 
 def test_every_case_has_a_workload_and_no_workload_is_orphaned():
-    workloads = {p.stem for p in DIR.glob("h6_*.yaml")} | {
-        p.stem for p in _dir("h7").glob("h7_*.yaml")}
+    workloads = {p.stem for b in (6, 7, 8) for p in _dir(f"h{b}").glob(f"h{b}_*.yaml")}
     assert workloads == set(CASES)
 
 

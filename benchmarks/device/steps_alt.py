@@ -126,6 +126,25 @@ CASES7 = {
     "h7_moe_ep2_Y": dict(shape="Y", world=2, scheme="moe", mb=4, n_mb=2),
 }
 CASES.update(CASES7)
+# The eighth batch: new shapes, written after the seventh was measured (2-GPU and 4-GPU cases).
+SHAPES.update({
+    # 20 GPT-2 blocks of width 2560 (20 heads of 128), GPT-2's padded vocabulary, 1K sequences.
+    "Z": dict(layers=20, hidden=2560, heads=20, vocab=50304, seq=1024),
+    # MoE: 8 blocks of width 1024 (8 heads of 128), 16 GELU experts of 2048, top-2, 1K sequences.
+    "Q": dict(layers=8, hidden=1024, heads=8, vocab=32768, seq=1024, experts=16, top_k=2,
+              expert_ffn=2048),
+})
+CASES8 = {
+    "h8_ddp2_Z": dict(shape="Z", world=2, scheme="ddp", mb=4, n_mb=2),
+    "h8_tp2sp_Z": dict(shape="Z", world=2, scheme="tp", sp=True, mb=4, n_mb=1),
+    "h8_moe_ep2_Q": dict(shape="Q", world=2, scheme="moe", mb=8, n_mb=2),
+    "h8_ddp4_Z_straggler": dict(shape="Z", world=4, scheme="ddp", mb=4, n_mb=2, straggler=1.2),
+    "h8_fsdp4_Z_ac": dict(shape="Z", world=4, scheme="fsdp", mb=4, n_mb=1, ac=True),
+    "h8_tp4sp_Z": dict(shape="Z", world=4, scheme="tp", sp=True, mb=4, n_mb=1),
+    "h8_pp4_1f1b_Z": dict(shape="Z", world=4, scheme="pp", schedule="1f1b", mb=2, n_mb=8),
+    "h8_moe_ep4_Q": dict(shape="Q", world=4, scheme="moe", mb=8, n_mb=2),
+}
+CASES.update(CASES8)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 
