@@ -103,6 +103,7 @@ def test_workload_says_what_the_script_does(name):
     stragglers = w.get("faults", {}).get("stragglers", [])
     if c.get("straggler"):
         assert stragglers == [{"gpu": 0, "slowdown": c["straggler"]}]
+        assert w["faults"]["straggler_scope"] == "layers"  # the Pacer pads blocks and LM head
     else:
         assert stragglers == []
 

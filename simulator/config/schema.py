@@ -553,6 +553,13 @@ class Reliability(Frozen):
 
 class FaultsConfig(Frozen):
     stragglers: tuple[Straggler, ...] = ()
+    straggler_scope: Literal["gpu", "layers"] = Field(
+        "gpu",
+        description="what a straggler's slowdown stretches: gpu (a slow GPU: every kernel it "
+        "runs) or layers (a benchmark that emulates a straggler by padding the forward and "
+        "backward of the transformer layers and the LM head, as benchmarks/device/steps_alt.py's "
+        "Pacer does: the embedding, gradient bucketing and optimizer run at full speed)",
+    )
     links: tuple[LinkFault, ...] = ()
     reliability: Reliability | None = None
 

@@ -793,6 +793,7 @@ class _Builder:
             microbatches=self.job.microbatches,
             schedule_name=par.pp_schedule,
             ep_overlap=moe_sizes.ep_overlap(self.job.work),
+            straggler_scope=self.job.work.faults.straggler_scope,
             layers_of=self.layers_of,
             zero=par.zero,
             overlap_grad_reduce=t.overlap_grad_reduce,

@@ -123,6 +123,8 @@ class StepPlan:
     grad_finalize: Callable[[Proc], Program] | None = None  # after the reduction, per step
     comm_cost: Callable[[CommSpec, Proc], object] | None = None  # folded: the CollectiveCost
     gather_keep_fraction: float = 0.0  # of a gathered ZeRO-3 layer not already held locally
+    #: faults.straggler_scope: "layers" stretches only layer and LM-head segments
+    straggler_scope: str = "gpu"
     #: of ``act_bytes_head``: the loss's working set, alive only while one micro-batch's head
     #: backward runs (not kept for every micro-batch in flight)
     act_bytes_head_transient: float = 0.0
@@ -246,12 +248,16 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
             hit = self._ptime_cache[key] = program_time(prog, slowdown, self.plan.interference)
         return hit
 
-    def _slowdown(self, p: Proc) -> float:
-        """The process's compute slowdown now: its straggler factor, times the interference of
-        a data-parallel / ZeRO collective in flight on its GPU."""
+    def _slowdown(self, p: Proc, label: str = "", layer: int = 0) -> float:
+        """The process's compute slowdown now for segment ``label`` of ``layer``: its straggler
+        factor (under ``straggler_scope: layers`` only on layer segments and the LM head),
+        times the interference of a data-parallel / ZeRO collective in flight on its GPU."""
+        slow = p.slowdown
+        if self.plan.straggler_scope == "layers" and layer < 0 and label != "head":
+            slow = 1.0
         if self._inflight[p.pid]:
-            return p.slowdown * (1.0 + self.plan.interference)
-        return p.slowdown
+            return slow * (1.0 + self.plan.interference)
+        return slow
 
     def _parts_text(self, parts) -> str:
         """A row's ``parts`` column: its parts and their durations (built once per program;
@@ -291,9 +297,9 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
         segment's own (``recompute`` or ``bwd``)."""
         env = self.env
         t = start = env.now
-        slowdown = self._slowdown(p)
         pid, rows, busy, runs, info_of = p.pid, self.rows, p.busy, self.prog_runs, self._seg_info
         for label, layer, prog in segs:
+            slowdown = self._slowdown(p, label, layer)
             info = info_of.get((id(prog), slowdown))
             if info is None:  # (keeps the program alive, so its id is not reused)
                 info = info_of[(id(prog), slowdown)] = (
@@ -342,7 +348,7 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
         """Run one segment part by part, collectives through the network (full mode)."""
         env = self.env
         start = env.now
-        slowdown = self._slowdown(p)
+        slowdown = self._slowdown(p, label, layer)
         comp = 0.0
         comm: dict[str, float] = {}
         pending = None
@@ -355,7 +361,7 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
                 yield self._comm_full(part, p)
                 comm[part.dim] = comm.get(part.dim, 0.0) + env.now - t0
                 continue
-            d = part.dur * self._slowdown(p)
+            d = part.dur * self._slowdown(p, label, layer)
             if pending is not None:
                 d *= 1.0 + self.plan.interference
             yield env.timeout(d)
