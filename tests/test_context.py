@@ -7,6 +7,7 @@ import pytest
 
 from simulator.config.load import load_workload
 from simulator.config.schema import ModelConfig
+from simulator.engine.program import Part, program_time
 from simulator.errors import ConfigError
 from simulator.model import comm as mc
 from simulator.model import context
@@ -45,8 +46,9 @@ def test_attention_flops_per_rank_are_the_causal_total_over_cp(mode, cp, tp):
 @pytest.mark.parametrize("cp,tp", [(2, 1), (4, 2), (16, 8)])
 def test_ring_attention_bytes_per_step_and_direction(cp, tp):
     """Each ring step sends the rank's current K/V block, 2 b (s/cp) (kv_heads/tp) hd * 2
-    bytes, to its successor only: cp-1 hops forward; backward cp-1 K/V hops plus cp dK/dV
-    hops, the last one exposed."""
+    bytes, to one neighbour only: cp-1 hops forward; backward cp-1 K/V hops and cp-1 dK/dV
+    hops one step behind them, every hop beside a kernel (Transformer Engine's backward ends
+    on the rank's own block, so the last dK/dV hop delivers to the owner beside it)."""
     kv_local = max(1, M.n_kv_heads // tp)
     kv = 2 * 1 * (M.seq_len // cp) * kv_local * M.head_dim * 2
     assert context.kv_block_bytes(M, 1, tp, cp) == kv
@@ -54,9 +56,10 @@ def test_ring_attention_bytes_per_step_and_direction(cp, tp):
     assert [op.bytes for op in fwd] == [kv] * (cp - 1)
     assert all(op.collective == "send_recv" and op.dim == "cp" and op.overlap for op in fwd)
     bwd = [op for op in context.attention_ops(M, 1, tp, cp, "p2p", True) if op.kind == "comm"]
-    assert sum(op.bytes for op in bwd) == (2 * cp - 1) * kv
-    assert not bwd[-1].overlap and bwd[-1].bytes == kv
-    assert context.ring_bytes(M, 1, tp, cp) == ((cp - 1) * kv, (2 * cp - 1) * kv)
+    # first step K/V only, middle steps K/V + dK/dV in one buffer, last step dK/dV only
+    assert [op.bytes for op in bwd] == [kv] + [2 * kv] * (cp - 2) + [kv] if cp > 1 else []
+    assert all(op.overlap for op in bwd)
+    assert context.ring_bytes(M, 1, tp, cp) == ((cp - 1) * kv, 2 * (cp - 1) * kv)
     # all-gather: the full K/V of the sequence, gathered forward and reduce-scattered backward
     ag = [op for op in context.attention_ops(M, 1, tp, cp, "all_gather", False) if op.kind == "comm"]
     assert [(op.collective, op.bytes) for op in ag] == [("all_gather", cp * kv)]
@@ -72,6 +75,36 @@ def test_ring_merges_partial_results_after_every_step_but_the_first():
                         (True, 3 * 2 * hd * (2 * c * hq + 2 * c * hkv))):
         merges = [o for o in context.attention_ops(M, 1, tp, cp, "p2p", bwd) if o.name == "attn_merge"]
         assert len(merges) == cp - 1 and all(o.bytes == expect for o in merges)
+
+
+@pytest.mark.parametrize("t_kv", [1.0, 2.5])
+@pytest.mark.parametrize("bwd", [False, True])
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_ring_attention_time_is_max_of_kernel_and_hop_per_step(cp, bwd, t_kv):
+    """Priced as the engine runs it (:func:`program_time`), a ring pass takes, per step with
+    a hop, max(kernel x (1 + interference), hop), plus the merges, and no hop after the last
+    kernel:
+    the diagonal block is first forward and last backward (Transformer Engine's order)."""
+    ops = context.attention_ops(M, 1, 2, cp, "p2p", bwd)
+    k_diag, k_blk, merge, i = 3.0, 2.0, 0.25, 0.1  # seconds, and interference
+    dur = {"attn_blk0": k_diag, "attn_blk": k_blk, "attn_merge": merge}
+    kv = context.kv_block_bytes(M, 1, 2, cp)
+    prog = tuple(Part(o.name, "comm", t_kv * o.bytes / kv, op=o.collective, nbytes=o.bytes,
+                      overlap_next=o.overlap, dim="cp") if o.kind == "comm"
+                 else Part(o.name, "compute", dur[o.name]) for o in ops)  # fmt: skip
+    total, _, exposed = program_time(prog, interference=i)
+    hop = (lambda j: t_kv * (2 if 0 < j < cp - 1 else 1)) if bwd else (lambda j: t_kv)
+    diag_at = cp - 1 if bwd else 0
+    # a kernel runs (1 + interference) slower only beside a hop (the forward's last has none)
+    beside = (lambda j: True) if bwd else (lambda j: j < cp - 1)
+    expect = sum(max((k_diag if j == diag_at else k_blk) * (1 + i * beside(j)),
+                     hop(j) if beside(j) else 0.0) for j in range(cp))  # fmt: skip
+    expect += (cp - 1) * merge
+    assert total == pytest.approx(expect, rel=1e-12)
+    # what is exposed is the hops' excess over their kernels
+    excess = sum(max(0.0, hop(j) - (k_diag if j == diag_at else k_blk) * (1 + i))
+                 for j in range(cp) if beside(j))  # fmt: skip
+    assert dict(exposed).get("cp", 0.0) == pytest.approx(excess, rel=1e-12, abs=1e-12)
 
 
 @pytest.mark.parametrize("cp", [2, 4, 8])

@@ -12,10 +12,16 @@ local block, causal over ``2c`` queries and keys. At step ``j > 0`` the block co
 ``r = (i - j) mod cp``: if ``r < i`` both local query chunks see the source's early chunk
 (``2c`` queries x ``c`` keys), if ``r > i`` only the late query chunk sees both source chunks
 (``c`` x ``2c``), in both cases without a mask. The send of the next block runs beside the
-current block's kernel. Backward runs the blocks again in the same order, the K/V blocks
-making the same ``cp-1`` hops and the accumulated dK/dV travelling with them, ``cp`` hops so
-that they end at their owner; the last hop has no kernel to hide behind. After every step but
-the first the partial results are folded into the running ones (:func:`merge_bytes`).
+current block's kernel. Backward starts from the block the forward ended with (its
+successor's, ``p2p_comm_buffers[-1]`` saved for the backward) and passes the blocks the other
+way round the ring, so the rank's own (diagonal) block comes last: ``cp-1`` K/V hops (steps
+``0 .. cp-2``) and ``cp-1`` hops of the accumulated dK/dV one step behind them (steps
+``1 .. cp-1``; the middle steps send both in one buffer), each beside that step's kernel, and
+the last dK/dV hop, beside the diagonal block, delivers every block's gradient to its owner
+(Transformer Engine's ``AttnFuncWithCP.backward``, v1.4, and
+``AttnFuncWithCPAndKVP2P.backward`` in ``attention/dot_product_attention/context_parallel.py``
+today): no hop is left exposed after the last kernel. After every step but the first the
+partial results are folded into the running ones (:func:`merge_bytes`).
 
 **all_gather** (Llama 3, Dubey et al. 2024, arXiv:2407.21783, Section 3.3.2): K and V are
 all-gathered over the CP group before attention (small with GQA), each local query chunk
@@ -59,11 +65,11 @@ def kv_block_bytes(model: ModelConfig, micro_batch: int, tp: int, cp: int, d: in
 
 
 def ring_bytes(model: ModelConfig, micro_batch: int, tp: int, cp: int, d: int = 2):
-    """(forward, backward) bytes one rank sends to its ring successor per layer and
+    """(forward, backward) bytes one rank sends to its ring neighbour per layer and
     micro-batch with ``cp_comm: p2p``: ``(cp-1)`` K/V blocks forward; backward the same
-    blocks again and ``cp`` hops of dK/dV."""
+    blocks again and ``cp-1`` hops of dK/dV (module docstring)."""
     kv = kv_block_bytes(model, micro_batch, tp, cp, d)
-    return (cp - 1) * kv, (cp - 1) * kv + cp * kv
+    return (cp - 1) * kv, 2 * (cp - 1) * kv
 
 
 def _attn(model, b, tp, q: int, kv: int, causal: bool, backward: bool, d: int, name: str) -> Op:
@@ -118,11 +124,13 @@ def attention_ops(
     merge = mem_op("attn_merge", "attn", merge_bytes(model, b, tp, 2 * c, c, backward, d), backward)
     out: list[Op] = []
     for j in range(cp):
+        # step j's hop runs beside step j's kernel: K/V for the next step (none at the last),
+        # and in backward the dK/dV accumulated so far (none at the first)
         hop = (kv if j < cp - 1 else 0.0) + (kv if backward and j > 0 else 0.0)
         if hop:
             out.append(_comm("cp_send_recv", "send_recv", hop, True))
-        out += [diag] if j == 0 else [block, merge]
-    if backward:
-        out.append(_comm("cp_send_recv", "send_recv", kv, False))  # dK/dV home
+        # forward: the rank's own causal block first; backward: last (module docstring)
+        first = j == (cp - 1 if backward else 0)
+        out += [diag] if first else [block, merge]
     return out
 
