@@ -82,11 +82,11 @@ def test_ring_merges_partial_results_after_every_step_but_the_first():
 @pytest.mark.parametrize("cp", [2, 4, 8])
 def test_ring_attention_time_is_max_of_kernel_and_hop_per_step(cp, bwd, t_kv):
     """Priced as the engine runs it (:func:`program_time`), a ring pass takes, per step with
-    a hop, max(kernel x (1 + interference), hop), plus the merges, and no hop after the last
-    kernel:
+    a hop, max(kernel slowed while the hop runs, hop), plus the merges, and no hop after the
+    last kernel:
     the diagonal block is first forward and last backward (Transformer Engine's order)."""
     ops = context.attention_ops(M, 1, 2, cp, "p2p", bwd)
-    k_diag, k_blk, merge, i = 3.0, 2.0, 0.25, 0.1  # seconds, and interference
+    k_diag, k_blk, merge, i = 3.0, 2.0, 0.25, 0.25  # seconds, and interference
     dur = {"attn_blk0": k_diag, "attn_blk": k_blk, "attn_merge": merge}
     kv = context.kv_block_bytes(M, 1, 2, cp)
     prog = tuple(Part(o.name, "comm", t_kv * o.bytes / kv, op=o.collective, nbytes=o.bytes,
@@ -95,15 +95,16 @@ def test_ring_attention_time_is_max_of_kernel_and_hop_per_step(cp, bwd, t_kv):
     total, _, exposed = program_time(prog, interference=i)
     hop = (lambda j: t_kv * (2 if 0 < j < cp - 1 else 1)) if bwd else (lambda j: t_kv)
     diag_at = cp - 1 if bwd else 0
-    # a kernel runs (1 + interference) slower only beside a hop (the forward's last has none)
+    # a kernel k runs (1 + i) slower while a hop h runs beside it, k + min(h, k (1 + i)) i/(1 + i)
+    # (the forward's last kernel has no hop); the step lasts the longer of kernel and hop
     beside = (lambda j: True) if bwd else (lambda j: j < cp - 1)
-    expect = sum(max((k_diag if j == diag_at else k_blk) * (1 + i * beside(j)),
-                     hop(j) if beside(j) else 0.0) for j in range(cp))  # fmt: skip
+    kern = lambda j: k_diag if j == diag_at else k_blk  # noqa: E731
+    slowed = lambda j: kern(j) + min(hop(j), kern(j) * (1 + i)) * i / (1 + i)  # noqa: E731
+    expect = sum(max(slowed(j), hop(j)) if beside(j) else kern(j) for j in range(cp))
     expect += (cp - 1) * merge
     assert total == pytest.approx(expect, rel=1e-12)
     # what is exposed is the hops' excess over their kernels
-    excess = sum(max(0.0, hop(j) - (k_diag if j == diag_at else k_blk) * (1 + i))
-                 for j in range(cp) if beside(j))  # fmt: skip
+    excess = sum(max(0.0, hop(j) - slowed(j)) for j in range(cp) if beside(j))
     assert dict(exposed).get("cp", 0.0) == pytest.approx(excess, rel=1e-12, abs=1e-12)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from simulator.engine.program import Part, beside_time, program_time
 from simulator.network.interference import MIB, extra_fraction, slowdown_fn, table_for
 from simulator.network.topology import load_fabrics
 
@@ -73,3 +74,22 @@ def test_unmeasured_gpus_inherit_the_h100_table():
     assert table_for(NCCL, "B200") == table_for(NCCL, "H100-SXM-80GB")
     assert table_for(NCCL, "custom-gpu") == table_for(NCCL, "H100-SXM-80GB")
     assert table_for(NCCL, "H200-SXM-141GB") != table_for(NCCL, "H100-SXM-80GB")
+
+
+@pytest.mark.parametrize("i", [0.0, 0.144, 1.0])
+def test_kernel_is_slowed_only_while_the_collective_runs(i):
+    """A kernel of d seconds beside a collective of c seconds: all of it slowed when c covers
+    it (d (1 + i)), none without a collective (d), and in between the work done beside the
+    collective, c / (1 + i), at the slow rate and the rest alone: c + d - c / (1 + i)."""
+    d = 2.0
+    assert beside_time(d, 0.0, i) == d
+    assert beside_time(d, 10.0, i) == pytest.approx(d * (1 + i), rel=1e-15)
+    assert beside_time(d, d * (1 + i), i) == pytest.approx(d * (1 + i), rel=1e-15)
+    for c in (0.3, 1.0, d):
+        assert beside_time(d, c, i) == pytest.approx(c + d - c / (1 + i), rel=1e-15)
+    # as the engine prices a program: a kernel after an overlapping collective
+    prog = (Part("ag", "comm", 1.0, op="all_gather", overlap_next=True, dim="tp"),
+            Part("gemm", "compute", d))  # fmt: skip
+    total, comp, exposed = program_time(prog, interference=i)
+    assert total == comp == pytest.approx(1.0 + d - 1.0 / (1 + i), rel=1e-15)
+    assert dict(exposed).get("tp", 0.0) == 0.0

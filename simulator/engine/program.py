@@ -280,6 +280,14 @@ def build_stage_programs(
     )
 
 
+def beside_time(d: float, comm: float, interference: float) -> float:
+    """Time of a kernel of ``d`` seconds alone that starts together with a collective of
+    ``comm`` seconds: it runs ``1 + interference`` times slower while the collective runs,
+    then at full speed, ``d + min(comm, d (1 + i)) i / (1 + i)`` (the measured slowdown is of
+    kernels sharing the GPU with an NCCL kernel, not of the kernel's whole run)."""
+    return d + min(comm, d * (1.0 + interference)) * interference / (1.0 + interference)
+
+
 def program_time(
     prog: Program, slowdown: float = 1.0, interference: float = 0.0
 ) -> tuple[float, float, tuple[tuple[str, float], ...]]:
@@ -287,7 +295,8 @@ def program_time(
     back on one GPU; the last is ``((dim, seconds), ...)`` for the dimensions with any.
 
     A compute part that runs beside an overlapping collective is slowed by ``interference``
-    (the measured cost of sharing the GPU with an NCCL kernel)."""
+    (the measured cost of sharing the GPU with an NCCL kernel) for as long as the two run
+    together (:func:`beside_time`)."""
     total = comp = 0.0
     exposed: dict[str, float] = {}
     pending, pdim = 0.0, ""  # an overlapping collective waiting for the next compute part
@@ -302,7 +311,7 @@ def program_time(
         else:
             d = p.dur * slowdown
             if pending:
-                d *= 1.0 + interference
+                d = beside_time(d, pending, interference)
                 over = max(0.0, pending - d)
                 total += d + over
                 exposed[pdim] = exposed.get(pdim, 0.0) + over

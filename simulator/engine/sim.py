@@ -362,9 +362,16 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
                 comm[part.dim] = comm.get(part.dim, 0.0) + env.now - t0
                 continue
             d = part.dur * self._slowdown(p, label, layer)
-            if pending is not None:
-                d *= 1.0 + self.plan.interference
-            yield env.timeout(d)
+            if pending is not None and not pending[0].triggered:
+                # slowed by the interference while the collective runs, then at full speed
+                i, t0 = self.plan.interference, env.now
+                yield env.any_of([env.timeout(d * (1.0 + i)), pending[0]])
+                done = (env.now - t0) / (1.0 + i)
+                if done < d:
+                    yield env.timeout(d - done)
+                d = env.now - t0
+            else:
+                yield env.timeout(d)
             comp += d
             if pending is not None:
                 t0 = env.now
