@@ -30,7 +30,7 @@ from simulator.extrapolate import (
     settle_pipeline_parts,
     steady,
 )
-from simulator.hardware.catalog import GPUSpec, load_gpu
+from simulator.hardware.catalog import GPUSpec, gpu_names, load_gpu
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import pricing_dtype, split_dtype
 from simulator.model import comm as mc
@@ -74,7 +74,13 @@ def make_machine(loaded: LoadedWorkload) -> Machine:
     topo_cfg = loaded.topology
     gpu: GPUSpec = load_gpu(topo_cfg.gpu, file=str(loaded.topology_path), field="gpu")
     topology = Topology(topo_cfg, gpu, loaded.workload.faults.links)
-    return Machine(gpu, topology, ComputeModel(gpu), CollectiveModel(topology))
+    backend = loaded.workload.training.attention_backend
+    if backend == "fa2" and gpu.attention_fa2 is None:
+        raise ConfigError(
+            f"no FlashAttention-2 kernel measurements for {gpu.name} (accepted: cudnn; fa2 on "
+            f"{', '.join(n for n in gpu_names() if load_gpu(n).attention_fa2 is not None)})",
+            file=str(loaded.workload_path), field="training.attention_backend")
+    return Machine(gpu, topology, ComputeModel(gpu, backend), CollectiveModel(topology))
 
 
 def resolve_loaded(loaded: LoadedWorkload) -> Resolved:

@@ -69,7 +69,8 @@ def _close(name: str, refit: float, shipped: float) -> bool:
     return abs(refit - shipped) <= (0.03 if "tile_ai0" in name else 0.01) * abs(shipped)
 
 
-@pytest.mark.parametrize("kind", ["gemm", "gemm_fp8", "attention.fwd", "attention.bwd"])
+@pytest.mark.parametrize("kind", ["gemm", "gemm_fp8", "attention.fwd", "attention.bwd",
+                                  "attention_fa2"])
 def test_kernel_parameters_equal_their_refit(kind):
     for name, (refit, shipped) in compute.refit((kind,)).items():
         assert _close(name, refit, shipped), (name, refit, shipped)

@@ -345,6 +345,13 @@ class TrainingConfig(Frozen):
     flash_attention: Bool = Field(
         True, description="fused flash attention (False: Megatron's older unfused softmax path)"
     )
+    attention_backend: Literal["cudnn", "fa2"] = Field(
+        "cudnn",
+        description="the flash-attention kernels: cudnn (cuDNN's fused attention, what PyTorch "
+        "SDPA and Transformer Engine pick on Hopper; the catalog's calibrated kernels) or fa2 "
+        "(FlashAttention-2, the flash-attn package: Transformer Engine with NVTE_FUSED_ATTN=0, "
+        "PyTorch SDPA's FLASH_ATTENTION backend), about half cuDNN's rate on H100",
+    )
     tokens: PositiveFloat | None = Field(
         None, description="tokens of the whole training run, for time/cost to train", le=1e18
     )

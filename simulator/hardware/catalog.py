@@ -124,6 +124,9 @@ class GPUSpec:
     sm_count: int = 132
     gemm: GemmParams | None = None
     attention: AttentionParams | None = None
+    #: FlashAttention-2's kernels (``training.attention_backend: fa2``): the passes of
+    #: ``attention`` with FA2's own ``eta``; None where the GPU has no FA2 measurement
+    attention_fa2: AttentionParams | None = None
     #: bandwidth of each class of memory-bound kernel relative to a streaming copy
     #: (``hbm_efficiency``); see ``memory_access`` in gpus.yaml
     memory_access: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
@@ -211,6 +214,7 @@ class GPUSpec:
                 self.sm_count,
                 self.gemm,
                 self.attention,
+                self.attention_fa2,
             )
         )
 
@@ -226,7 +230,8 @@ _REQUIRED = (
     "kernel_launch_s",
 )
 _FIELDS = tuple(f.name for f in fields(GPUSpec))
-_MERGED = ("peak_tflops", "sources", "gemm", "attention", "memory_access", "host_dtensor")  # overrides merge key by key
+_MERGED = ("peak_tflops", "sources", "gemm", "attention", "attention_fa2", "memory_access",
+           "host_dtensor")  # overrides merge key by key
 
 
 # --------------------------------------------------------------------------------------------
@@ -388,13 +393,23 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
         fwd=_attn_params(attn.get("fwd", {}), file=file, field=f"{field}.attention.fwd"),
         bwd=_attn_params(attn.get("bwd", {}), file=file, field=f"{field}.attention.bwd"),
     )
-    for key in attn:
-        if key not in ("fwd", "bwd"):
-            raise ConfigError(
-                f"unknown attention pass {key!r} (accepted: fwd, bwd)",
-                file=file,
-                field=f"{field}.attention.{key}",
-            )
+    if not isinstance(entry.get("attention_fa2") or {}, Mapping):
+        raise ConfigError("expected a mapping of pass -> parameters (fwd, bwd)", file=file,
+                          field=f"{field}.attention_fa2")
+    for name, given in (("attention", attn), ("attention_fa2", entry.get("attention_fa2") or {})):
+        for key in given:
+            if key not in ("fwd", "bwd"):
+                raise ConfigError(
+                    f"unknown attention pass {key!r} (accepted: fwd, bwd)",
+                    file=file,
+                    field=f"{field}.{name}.{key}",
+                )
+    if entry.get("attention_fa2"):  # FA2's efficiency on the GPU's own pass structure
+        fa2 = _merge(attn, entry["attention_fa2"])
+        values["attention_fa2"] = AttentionParams(
+            fwd=_attn_params(fa2["fwd"], file=file, field=f"{field}.attention_fa2.fwd"),
+            bwd=_attn_params(fa2["bwd"], file=file, field=f"{field}.attention_fa2.bwd"),
+        )
     known = defaults.get("memory_access") or {}
     given = entry.get("memory_access") or {}
     if not isinstance(given, Mapping):

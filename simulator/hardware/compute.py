@@ -70,11 +70,20 @@ BWD_FACTOR = 2.5  # backward FLOPs / forward FLOPs (FlashAttention-2 convention)
 class ComputeModel:
     """Kernel times of one GPU model. Cheap to call: results are memoised per shape."""
 
-    def __init__(self, gpu: GPUSpec):
+    def __init__(self, gpu: GPUSpec, attention_backend: str = "cudnn"):
+        """``attention_backend``: ``cudnn`` prices flash attention with the GPU's calibrated
+        ``attention`` kernels (cuDNN's, as PyTorch and Transformer Engine pick on Hopper),
+        ``fa2`` with FlashAttention-2's (``attention_fa2``; ValueError where not measured)."""
         self.gpu = gpu
         self._bw = gpu.hbm_Bps
         self._gemm_p = gpu.gemm if gpu.gemm is not None else _default_gpu().gemm
         self._attn_p = gpu.attention if gpu.attention is not None else _default_gpu().attention
+        if attention_backend == "fa2":
+            if gpu.attention_fa2 is None:
+                raise ValueError(f"no FlashAttention-2 parameters for {gpu.name}")
+            self._attn_p = gpu.attention_fa2
+        elif attention_backend != "cudnn":
+            raise ValueError(f"unknown attention backend {attention_backend!r}")
         ai0 = self._gemm_p.tile_ai0
         # per tile: (Tm, Tn, 2 Tm Tn / e_tile) -- FLOP-equivalents of one k step
         self._tiles = tuple(
