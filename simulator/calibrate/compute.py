@@ -4,6 +4,7 @@ simulator/hardware/data/README.md): one ``eta`` per GPU from its host-timed shar
 shape parameters shared by H100 and H200 (and the kernel-timed H100 file with its own eta),
 each host-timed file's timing overhead fitted as a nuisance parameter. The copy's bandwidth
 less that overhead gives ``hbm_efficiency``. Uses :mod:`simulator.hardware.compute`'s fitter.
+FlashAttention-2's passes (``attention_fa2``) are fitted apart (:func:`fit_fa2`).
 """
 
 from __future__ import annotations
