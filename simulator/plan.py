@@ -13,7 +13,8 @@ for N GPUs.
    1F1B or interleaved 1F1B with 2..8 virtual stages (pp > 1), sequence parallelism on or off
    (tp > 1). For a mixture-of-experts model also ep and etp (:func:`expert_layouts`: MoE
    Parallel Folding's rules, ``etp`` 1 or ``tp``), with sequence parallelism wherever tp > 1
-   and ZeRO up to 2, as Megatron-Core runs MoE models. A pipeline whose stages cannot hold the same number of layers gets the most even
+   and ZeRO up to 2, as Megatron-Core runs MoE models, and DeepSeek-V3's DualPipe and
+   DualPipeV where their micro-batch rules hold (:func:`dual_schedules`). A pipeline whose stages cannot hold the same number of layers gets the most even
    uneven split, the lighter stages at the ends where the embedding and the LM head sit
    (:func:`uneven_split`: Llama 3 405B's 126 layers over 16 stages are ``[7, 8 x 14, 7]``, as
    Meta trained it). Everything else (global batch, dtypes, rank order) is the workload's. Divisibility is checked by :func:`simulator.config.checks.resolve`, the same
@@ -247,7 +248,6 @@ def _layouts_of(work: WorkloadConfig, n_gpus: int, tp: int, cp: int) -> Iterator
                     for v in range(2, MAX_VIRTUAL_STAGES + 1)
                     if per_stage and per_stage % v == 0
                 ]
-            split = uneven_split(m.layers, pp) if pp > 1 else None
             zeros = [0] if dp * cp == 1 else ([0, 1, 2, 3] if pp == 1 else [0, 1, 2])
             sps = [False, True] if tp > 1 else [False]
             experts: list[tuple[int | None, int | None]] = [(None, None)]
@@ -255,13 +255,31 @@ def _layouts_of(work: WorkloadConfig, n_gpus: int, tp: int, cp: int) -> Iterator
                 zeros = [z for z in zeros if z < 3]  # Megatron-Core MoE: no ZeRO-3
                 sps = [tp > 1]  # Megatron-Core's rule: SP with TP in an MoE model
                 experts = list(expert_layouts(m, tp, tp * cp * dp))
+                scheds += dual_schedules(pp, n_micro, m.layers)
             for zero in zeros:
                 for rc in RECOMPUTE:
                     for sched, v in scheds:
+                        # interleaved: an even split only; the others the most even one
+                        split = None if sched == "interleaved" else uneven_split(m.layers, pp * v)
                         for sp in sps:
                             for ep, etp in experts:
                                 yield Candidate(tp, pp, dp, mb, zero, rc, sched, v, sp, cp,
-                                                split if v == 1 else None, ep=ep, etp=etp)
+                                                split, ep=ep, etp=etp)
+
+
+def dual_schedules(pp: int, n_micro: int, layers: int) -> list[tuple[str, int]]:
+    """DeepSeek-V3's DualPipe and DualPipeV as (schedule, virtual stages) where their rules
+    hold (as DeepSeek's ``dualpipe.py`` / ``dualpipev.py`` assert them, and ``run`` checks):
+    DualPipe needs an even ``pp`` and an even number of micro-batches per replica of at least
+    ``2 pp`` (half enter at each end); DualPipeV ``pp >= 2``, at least ``2 pp`` micro-batches
+    and a layer for each of its ``2 pp`` stages. Searched for MoE models, where the forward
+    and backward chunks they run side by side hide the expert-parallel all-to-all."""
+    out = []
+    if pp >= 2 and pp % 2 == 0 and n_micro % 2 == 0 and n_micro >= 2 * pp:
+        out.append(("dualpipe", 1))
+    if pp >= 2 and n_micro >= 2 * pp and layers >= 2 * pp:
+        out.append(("dualpipev", 2))
+    return out
 
 
 def expert_layouts(model, tp: int, width: int) -> Iterator[tuple[int, int]]:

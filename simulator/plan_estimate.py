@@ -16,7 +16,8 @@ calibrated compute model, exposed TP collectives from the collective model on th
 groups); pipeline time ``(m - 1) * max_s T_s + sum_s T_s`` for 1F1B (Narayanan et al. 2021:
 ``(m + p - 1) t`` for equal stages) and ``m * max_s T_s + (p - 1) / v * mean_s T_s`` for the
 interleaved schedule (the bubble shrinks by v, Narayanan et al. SC21); point-to-point sends
-``2 (m + p v - 1)`` on the critical path; gradient reduction bucket by bucket on the real
+``2 (m + p v - 1)`` on the critical path (DualPipe and DualPipeV: each rank's order played
+with the engine's pass and pair times, :mod:`simulator.plan_dualpipe`); gradient reduction bucket by bucket on the real
 DP groups, overlapping the last micro-batch's backward when ``overlap_grad_reduce``; the
 optimizer's memory-bound step; the ZeRO-1/2 parameter all-gather after it; ZeRO-3
 per-layer gathers where they exceed the layer's compute, and its per-layer gradient
@@ -59,7 +60,16 @@ from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.network.interference import slowdown_fn
 from simulator.network.topology import load_fabrics
 from simulator.parallel.layout import Layout
-from simulator.parallel.schedules import schedule
+from simulator.parallel.schedules import Work, chunks_per_rank, schedule
+from simulator.plan_dualpipe import (
+    MIRROR,
+    Walk,
+    estimate_dual,
+    holders,
+    is_dual,
+    joined,
+    rank_stages,
+)
 
 if TYPE_CHECKING:
     from simulator.plan import Candidate
@@ -79,14 +89,17 @@ def _inflight_profile(
 ) -> tuple[tuple[int, ...], ...]:
     """Per chunk, how many (micro-batch, chunk) forwards are in flight at each forward's end,
     reduced to the Pareto-maximal count vectors (the weighted peak is attained on one)."""
-    live = [0] * v
+    live = [0] * chunks_per_rank(name, v)
     points: set[tuple[int, ...]] = set()
-    for w in schedule(name, stage, pp, m, v, combine):
-        if w.phase == "F":
-            live[w.chunk] += 1
-            points.add(tuple(live))
-        else:
-            live[w.chunk] -= 1
+    for item in schedule(name, stage, pp, m, v, combine):
+        # (DualPipe: a pair's backward frees before its forward is counted, a lower bound of
+        # the engine's interleaving of the two; I frees, W nothing)
+        for w in (item,) if isinstance(item, Work) else reversed(item):
+            if w.phase == "F":
+                live[w.chunk] += 1
+                points.add(tuple(live))
+            elif w.phase != "W":
+                live[w.chunk] -= 1
     pareto = [
         p
         for p in points
@@ -157,6 +170,7 @@ class Estimator:
         self._coll: dict[tuple, float] = {}
         self._opt: dict[float, float] = {}
         self._acts: dict[tuple, tuple[float, float]] = {}
+        self._walks: dict[tuple, Walk] = {}  # DualPipe orders played (plan_dualpipe.walk)
         # a DP / ZeRO collective beside compute takes longer (the engine's rule, interference.py)
         self.slow = slowdown_fn(load_fabrics()["nccl"], machine.gpu.name)
         # kernels slowed beside a collective (the engine's StepPlan.interference)
@@ -206,9 +220,11 @@ class Estimator:
                                             tp=res.size("tp"), ep=res.ep, etp=res.etp)  # fmt: skip
         return (a + b) * gb
 
-    def _stage_local(self, res: Resolved, stage: int) -> tuple[float, float]:
+    def _stage_local(self, res: Resolved, stage: int, sched: str = "1f1b") -> tuple[float, float]:
+        """:meth:`_vs_local` over the model stages rank ``stage`` holds under ``sched``."""
         pp = res.size("pp")
-        parts = [self._vs_local(res, c * pp + stage) for c in range(res.virtual_stages)]
+        parts = [self._vs_local(res, vs)
+                 for vs in rank_stages(sched, stage, pp, res.virtual_stages)]  # fmt: skip
         return sum(a for a, _ in parts), sum(b for _, b in parts)
 
     def _edp(self, res: Resolved) -> int:
@@ -237,18 +253,21 @@ class Estimator:
         groups (only those inside the first node: nothing else shares their NVLink), the CP
         groups of stage 0 (a ``send_recv`` is every member's send to its ring successor), the
         gradient-reduction (cp x dp) groups of stage 0, or the sends of every rank of stage 0
-        to stage 1. Cached."""
+        to stage 1. A ``dp`` or ``edp`` kind ending in :data:`MIRROR` is DualPipe's
+        reduction: each group of stage 0 joined with its mirror's of the last stage. Cached."""
         key = (op, kind, res.size("tp"), nbytes) if kind == "tp" else (op, kind, res.sizes, nbytes)
+        twin, kind = kind.endswith(MIRROR), kind.removesuffix(MIRROR)
         if kind in ("ep", "etp", "edp"):
-            key = (op, kind, res.sizes, res.ep, res.etp, nbytes)
+            key = (op, key[1], res.sizes, res.ep, res.etp, nbytes)
         hit = self._coll.get(key)
         if hit is None:
             lay, coll = self._layout(res), self.machine.collectives
             gpn = self.topo.gpus_per_node
+            ends = (0, res.size("pp") - 1) if twin else (0,)
             if kind in ("ep", "etp", "edp"):
                 sizes = {"etp": res.etp, "ep": res.ep, "edp": res.edp, "pp": res.size("pp")}
                 moe_lay = Layout.of(sizes, MOE_DIMS)
-                groups = tuple(moe_lay.groups(kind, {"pp": (0,)}))
+                groups = joined([moe_lay.groups(kind, {"pp": (e,)}) for e in ends])
                 if op == DEEPEP:
                     hit = routed_cost(coll, self.work.model.moe, groups, nbytes).time_s
                 else:
@@ -258,7 +277,8 @@ class Estimator:
                 local = [g for g in groups if max(g) < gpn]
                 hit = coll.cost(op, tuple(local or groups), nbytes).time_s
             elif kind in ("dp", "cp"):
-                groups = lay.groups(GRAD_DIMS if kind == "dp" else kind, {"pp": (0,)})
+                groups = joined([lay.groups(GRAD_DIMS if kind == "dp" else kind, {"pp": (e,)})
+                                  for e in ends])  # fmt: skip
                 if op == "send_recv":
                     pairs = [(g[i], g[(i + 1) % len(g)]) for g in groups for i in range(len(g))]
                     hit = coll.p2p_cost(pairs, nbytes).time_s
@@ -340,23 +360,25 @@ class Estimator:
         skw = dict(zero=cand.zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
                    kernels=t.kernels, weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0],
                    moments_dtype=t.optimizer_moments_dtype)
+        sched = cand.pp_schedule
+        h = holders(sched)  # DualPipe: states sharded over the mirrored ranks too
         for s in range(pp):
-            dense, expert = self._stage_local(res, s)
-            states = mem.model_state_bytes(dense, dp=_shard(res), **skw).total
+            dense, expert = self._stage_local(res, s, sched)
+            states = mem.model_state_bytes(dense, dp=_shard(res) * h, **skw).total
             if expert:
-                states += mem.model_state_bytes(expert, dp=self._edp(res), **skw).total
+                states += mem.model_state_bytes(expert, dp=self._edp(res) * h, **skw).total
             chunk = []
-            for c in range(v):
-                vs = c * pp + s
+            stages = rank_stages(sched, s, pp, v)
+            for vs in stages:
                 b = self._vs_activation(cand, res, vs, act_layer)
                 b += act_embed if vs == 0 else 0.0
                 b += act_head if vs == last else 0.0
                 chunk.append(b)
-            acts = peak_inflight_bytes(cand.pp_schedule, s, pp, res.microbatches, v, tuple(chunk),
+            acts = peak_inflight_bytes(sched, s, pp, res.microbatches, v, tuple(chunk),
                                        self._combine(res))  # fmt: skip
-            # The backward after that peak re-runs a layer (recompute) first; on the last
-            # stage the LM head's backward frees its activations before that.
-            freed = act_head if s == pp - 1 else 0.0
+            # The backward after that peak re-runs a layer (recompute) first; on the rank of
+            # the last stage the LM head's backward frees its activations before that.
+            freed = act_head if last in stages else 0.0
             worst = max(worst, states + acts + max(0.0, act_rc - freed))
         return worst
 
@@ -429,18 +451,20 @@ class Estimator:
         they reach the bucket size (MiB), whole layers per bucket (as the engine does); without
         overlap, one bucket per model chunk (Megatron). The routed experts' buckets go over
         edp beside the dense ones over cp x dp (separate communicators): the longer counts."""
-        t, v = self.work.training, res.virtual_stages
+        sched = cand.pp_schedule
+        t, v = self.work.training, chunks_per_rank(sched, res.virtual_stages)
         op = "all_reduce" if cand.zero == 0 else "reduce_scatter"
-        dense, expert = self._stage_local(res, s)
+        dense, expert = self._stage_local(res, s, sched)
         per_layer = self._layer_grad_bytes(res, gb)
+        h, sfx = holders(sched), (MIRROR if holders(sched) > 1 else "")
         if not self._split_experts(res):
-            streams = [("dp", (dense + expert) * gb, per_layer, _shard(res))]
+            streams = [("dp" + sfx, (dense + expert) * gb, per_layer, _shard(res) * h)]
         else:
             e_layer = moe_sizes.layer_local_params(self.work.model, self.work.model.layers - 1,
                                                    tp=res.size("tp"), ep=res.ep,
                                                    etp=res.etp)[1] * gb  # fmt: skip
-            streams = [("dp", dense * gb, per_layer - e_layer, _shard(res)),
-                       ("edp", expert * gb, e_layer, res.edp)]  # fmt: skip
+            streams = [("dp" + sfx, dense * gb, per_layer - e_layer, _shard(res) * h),
+                       ("edp" + sfx, expert * gb, e_layer, res.edp * h)]  # fmt: skip
         exposed = 0.0
         for kind, grads, layer_b, group in streams:
             if group <= 1 or grads <= 0:
@@ -459,21 +483,50 @@ class Estimator:
             exposed = max(exposed, each if t.overlap_grad_reduce else total, total - window)
         return exposed
 
-    def _param_gather_s(self, res: Resolved, s: int, pb: float) -> float:
+    def _param_gather_s(self, res: Resolved, s: int, pb: float, sched: str = "1f1b") -> float:
         """ZeRO-1/2's all-gather of stage ``s``'s updated parameters after the optimizer: the
         dense part over cp x dp, the routed experts (where split) over edp, side by side;
         with ``overlap_param_gather`` only the first chunk's gather delays the step."""
-        pp, v = res.size("pp"), res.virtual_stages
+        stages = rank_stages(sched, s, res.size("pp"), res.virtual_stages)
+        v, h = len(stages), holders(sched)
+        sfx = MIRROR if h > 1 else ""
         total = 0.0
-        for c in range(v):
-            dense, expert = self._vs_local(res, c * pp + s)
+        for vs in stages:
+            dense, expert = self._vs_local(res, vs)
             if self._split_experts(res):
-                parts = [("dp", dense, _shard(res)), ("edp", expert, res.edp)]
+                parts = [("dp" + sfx, dense, _shard(res) * h), ("edp" + sfx, expert, res.edp * h)]
             else:
-                parts = [("dp", dense + expert, _shard(res))]
+                parts = [("dp" + sfx, dense + expert, _shard(res) * h)]
             total += max((self._cost("all_gather", k, res, n * pb) for k, n, g in parts
                           if g > 1 and n > 0), default=0.0)  # fmt: skip
         return total / v if self.work.training.overlap_param_gather else total
+
+    def _send_s(self, cand: Candidate, res: Resolved, src: int = 0, dst: int = 1) -> float:
+        """One pipeline transfer (a micro-batch's activations or their gradients) from every
+        rank of pipeline rank ``src`` to its counterpart on ``dst`` (default: stage 0 to 1),
+        with the receiver's TP all-gather under scatter/gather."""
+        work, tp = self.work, res.size("tp")
+        nbytes = tf.pp_activation_bytes(
+            mc.cp_local(work.model, cand.cp), micro_batch=cand.micro_batch, tp=tp,
+            sequence_parallel=cand.sequence_parallel,
+            scatter_gather=work.parallelism.pp_scatter_gather,
+        )  # fmt: skip
+        if (src, dst) == (0, 1):
+            send = self._cost("send", "pp", res, nbytes)
+        else:
+            key = ("send", src, dst, res.sizes, nbytes)
+            send = self._coll.get(key)
+            if send is None:
+                lay = self._layout(res)
+                pp, stride = res.size("pp"), lay.rank({"pp": 1})
+                pairs = [(g, g + (dst - src) * stride) for g in range(lay.n_gpus)
+                         if (g // stride) % pp == src]  # fmt: skip
+                send = self._coll[key] = self.machine.collectives.p2p_cost(pairs, nbytes).time_s
+        if tp > 1 and work.parallelism.pp_scatter_gather and not cand.sequence_parallel:
+            # the receiver all-gathers the 1/tp pieces over its TP group (as the engine)
+            send += self._cost("all_gather", "tp", res, tf.pp_activation_bytes(
+                work.model, micro_batch=cand.micro_batch, tp=1, sequence_parallel=False))
+        return send
 
     def estimate(self, cand: Candidate, res: Resolved) -> Estimate:
         """Memory and the analytic step time / tokens per second of ``cand``."""
@@ -482,6 +535,8 @@ class Estimator:
         est = Estimate(cand, need / GiB, need <= self.capacity)
         if not est.fits:
             return est
+        if is_dual(cand.pp_schedule):
+            return estimate_dual(self, cand, res, est)
         work, t = self.work, self.work.training
         progs = self.programs(cand, res)
         pp, v, m, tp = res.size("pp"), res.virtual_stages, res.microbatches, res.size("tp")
@@ -558,16 +613,7 @@ class Estimator:
         bubble = max(0.0, pipe - busy)
         pp_comm = 0.0
         if pp > 1:
-            send = self._cost("send", "pp", res, tf.pp_activation_bytes(
-                mc.cp_local(work.model, cand.cp), micro_batch=cand.micro_batch, tp=tp,
-                sequence_parallel=cand.sequence_parallel,
-                scatter_gather=work.parallelism.pp_scatter_gather,
-            ))  # fmt: skip
-            if tp > 1 and work.parallelism.pp_scatter_gather and not cand.sequence_parallel:
-                # the receiver all-gathers the 1/tp pieces over its TP group (as the engine)
-                send += self._cost("all_gather", "tp", res, tf.pp_activation_bytes(
-                    work.model, micro_batch=cand.micro_batch, tp=1, sequence_parallel=False))
-            pp_comm = 2 * (m + pp * v - 1) * send
+            pp_comm = 2 * (m + pp * v - 1) * self._send_s(cand, res)
 
         # Tail per stage: gradient reduction, optimizer, ZeRO-1/2 parameter all-gather. Stage s
         # finishes its last backward about s backward passes before stage 0 (1F1B drain).
