@@ -101,7 +101,6 @@ def _row(m: dict, which: str, label: str, sets: list[str]) -> dict:
         "ep_inside_nvlink_domain": moe["ep_inside_nvlink_domain"],
         "ep_network_bytes_per_rank_per_layer": moe.get("network_bytes_per_rank_per_layer"),
         "cost_per_Mtoken_usd": s["cost_per_Mtoken_usd"], "critical": s["critical_process"],
-        "sim_wall_s": s.get("sim_wall_s"),
     }  # fmt: skip
 
 
