@@ -19,7 +19,7 @@ from simulator.parallel.schedules import max_in_flight, schedule
 from simulator.plan import Candidate, dual_schedules, enumerate_layouts, plan, plan_topology
 from simulator.plan_estimate import Estimator, peak_inflight_bytes
 from simulator.run import make_machine, simulate
-from tests.conftest import small_topology, write_case
+from tests.conftest import ROOT, small_topology, write_case
 
 #: A small fine-grained MoE model (64 experts, top-6, as DeepSeek-V2-Lite's router) whose
 #: routed experts, 8.9 B parameters, crowd a 32 GiB GPU: on 8 nodes of one GPU (every
@@ -127,8 +127,6 @@ def test_plan_picks_dualpipe_where_it_wins_and_its_estimate_holds(tmp_path, monk
 def test_estimate_of_deepseek_v3_as_shipped():
     """DeepSeek-V3's own layout (2,048 H800, PP 16 DualPipe, EP 64): the walk's step and the
     pre-screen's memory against the engine's (README: 14.1 s, 73.2 GiB)."""
-    from tests.conftest import ROOT
-
     loaded = load_workload(ROOT / "workloads" / "deepseek-v3.yaml")
     machine = make_machine(loaded)
     est = Estimator(loaded.workload, loaded.topology, machine)
