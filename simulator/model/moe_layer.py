@@ -34,6 +34,16 @@ def _split(ops: list[Op], start: str) -> int:
     return next(i for i, op in enumerate(ops) if op.name.startswith(start))
 
 
+def _attn_backward_start(ops: list[Op]) -> int:
+    """Index of the first op of a layer backward's attention half: the first residual add's
+    gradient kernel (its cast or dropout), or, where the eager code has none (a residual
+    stream already in the compute dtype, no dropout), the op after norm2's backward."""
+    for start in ("residual1", "resid_dropout1"):
+        if any(op.name.startswith(start) for op in ops):
+            return _split(ops, start)
+    return 1 + max(i for i, op in enumerate(ops) if op.name.startswith("norm2"))
+
+
 def _mla_tp(ops: list[Op], nbytes: float, sp: bool, backward: bool) -> list[Op]:
     """Megatron's TP collectives around an MLA block: the input gathered before the
     (duplicated) down-projections with SP, ``out_proj`` reduced (or reduce-scattered) after;
@@ -102,7 +112,7 @@ def layer_ops(
     )  # fmt: skip
     if not moe_layer and model.attention_kind != "mla":
         return dense
-    cut = _split(dense, "residual1") if backward else _split(dense, "norm2")
+    cut = _attn_backward_start(dense) if backward else _split(dense, "norm2")
     att, mlp = (dense[cut:], dense[:cut]) if backward else (dense[:cut], dense[cut:])
     if model.attention_kind == "mla":
         fn = mla.mla_backward_ops if backward else mla.mla_forward_ops
