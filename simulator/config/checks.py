@@ -145,6 +145,7 @@ def resolve(
         raise fail("parallelism.tp_impl", "dtensor models PyTorch DTensor tensor parallelism in "
                    "eager code: needs training.kernels: eager (accepted with fused kernels: "
                    "megatron)")
+    _check_deepspeed(work, pp, fail)
 
     v = par.virtual_stages
     if par.pp_schedule == "dualpipev" and v != 2:
@@ -246,6 +247,24 @@ def resolve(
     _check_link_cuts(work, topo, file)
     ep, etp, edp = check_moe(work, dp, file)
     return Resolved(n_gpus, tuple(sizes.items()), v, mbs, sl, ep, etp, edp)
+
+
+def _check_deepspeed(work: WorkloadConfig, pp: int, fail) -> None:
+    """``training.zero_impl: deepspeed`` is DeepSpeed's ZeRO stage 3 on a dense model without
+    pipeline stages (DeepSpeed's pipeline engine refuses ZeRO-2 and -3:
+    deepspeed/runtime/pipe/engine.py)."""
+    if work.training.zero_impl != "deepspeed":
+        return
+    m, par = work.model, work.parallelism
+    if par.zero != 3:
+        raise fail("training.zero_impl", f"deepspeed models DeepSpeed's ZeRO stage 3: needs "
+                   f"parallelism.zero: 3 (got {par.zero}; accepted with other stages: unit)")
+    if pp > 1:
+        raise fail("training.zero_impl", f"DeepSpeed's ZeRO-3 is incompatible with pipeline "
+                   f"parallelism: needs pp: 1 (got {pp}; accepted with pp > 1: unit)")
+    if m.moe is not None or m.attention_kind == "mla":
+        raise fail("training.zero_impl", "deepspeed models a dense transformer's modules "
+                   "(accepted: no model.moe, attention mha or gqa)")
 
 
 def _check_dualpipe(par, pp: int, fail) -> None:

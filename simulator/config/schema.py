@@ -254,6 +254,28 @@ class ModelConfig(Frozen):
         return self.norm or ("rmsnorm" if self.activation == "swiglu" else "layernorm")
 
 
+class DeepSpeedZeroConfig(Frozen):
+    """DeepSpeed's ZeRO stage 3 settings (``zero_optimization`` in its JSON config; defaults
+    as deepspeed/runtime/zero/config.py ships them, DeepSpeed at 38327e07, 2025-02). Counts
+    are elements, as DeepSpeed counts them (``1e5`` is accepted, as in DeepSpeed's JSON)."""
+
+    param_persistence_threshold: Float = Field(
+        1e5, ge=0, le=1e12,
+        description="stage3_param_persistence_threshold: a parameter tensor of at most this "
+        "many elements is kept whole on every rank (never gathered nor released)",
+    )
+    max_live_parameters: PositiveFloat = Field(
+        1e9, le=1e13,
+        description="stage3_max_live_parameters: gathered elements a rank may hold at once "
+        "(bounds how far ahead the trace-based prefetch runs)",
+    )
+    reduce_bucket_size: PositiveFloat = Field(
+        5e8, le=1e12,
+        description="reduce_bucket_size: gradient elements per reduce-scatter (the "
+        "contiguous_gradients buffer of this many elements in the working dtype)",
+    )
+
+
 class TrainingConfig(Frozen):
     """What one optimizer step does."""
 
@@ -320,6 +342,20 @@ class TrainingConfig(Frozen):
         "DDP(gradient_as_bucket_view=True), the gradients become views of the bucket set (no "
         "copies; no_sync micro-batches' gradients live beside it until the last backward); "
         "none: no DDP reducer, the script all-reduces one transient flat bucket at a time",
+    )
+    zero_impl: Literal["unit", "deepspeed"] = Field(
+        "unit",
+        description="how ZeRO-3 is run. unit: one all-gather and one reduce-scatter per layer "
+        "(Megatron-Core's distributed optimizer units, PyTorch FSDP2's per-block units), "
+        "prefetched one layer ahead. deepspeed: DeepSpeed's ZeRO stage 3 (training.deepspeed): "
+        "each tensor partitioned over the data-parallel ranks, one all-gather per module "
+        "fetch (each linear layer, the embedding, the head), tensors of at most "
+        "param_persistence_threshold elements kept whole, prefetch up to max_live_parameters "
+        "ahead, gradients reduce-scattered in reduce_bucket_size buckets",
+    )
+    deepspeed: DeepSpeedZeroConfig = Field(
+        default_factory=DeepSpeedZeroConfig,
+        description="zero_impl: deepspeed, DeepSpeed's zero_optimization settings",
     )
     optimizer: Literal["adam"] = "adam"
     optimizer_impl: Literal["fused", "foreach"] = Field(

@@ -26,6 +26,7 @@ import simpy
 from simulator.config.checks import Resolved
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.contention import contention_modes
+from simulator.engine.deepspeed_zero import deepspeed_plan
 from simulator.engine.dispatch import DEEPEP, routed_cost, routed_steps
 from simulator.engine.host import HostRates, dtensor_extra
 from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_programs
@@ -35,6 +36,7 @@ from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import moe_dispatch_bytes, pricing_dtype, weight_bytes
 from simulator.model import comm as mc
+from simulator.model import deepspeed as dsz
 from simulator.model import eager, moe_sizes
 from simulator.model import memory as mem
 from simulator.model import transformer as tf
@@ -431,10 +433,18 @@ class _Builder:
         kw = dict(zero=zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
                   kernels=t.kernels, moments_dtype=t.optimizer_moments_dtype,
                   weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0])  # fmt: skip
+        ds_w = ds_g = 0.0
+        if t.zero_impl == "deepspeed":  # DeepSpeed's own states, whatever the kernels
+            kw["kernels"] = "fused"
+            ds_w, ds_g = dsz.extra_state_bytes(
+                self.m, tp=self.tp, world=self.shard, work_bytes=BYTES[t.param_dtype],
+                threshold=t.deepspeed.param_persistence_threshold,
+                bucket=t.deepspeed.reduce_bucket_size)  # fmt: skip
         ms = mem.model_state_bytes(dense, dp=self.shard, **kw)
         mx = mem.model_state_bytes(expert, dp=self.edp, **kw)
-        return {"weights": ms.weights + mx.weights,
-                "gradients": ms.gradients + mx.gradients + self._buckets(p) - self.lazy_grads(p),
+        return {"weights": ms.weights + mx.weights + ds_w,
+                "gradients": ms.gradients + mx.gradients + self._buckets(p) - self.lazy_grads(p)
+                + ds_g,
                 "optimizer": ms.optimizer + mx.optimizer}  # fmt: skip
 
     def _buckets(self, p: Proc) -> float:
@@ -835,6 +845,8 @@ class _Builder:
             ) if m.moe is not None and self.t.moe_dispatcher == DEEPEP else None,
             host=self.host_rates(),
             unit_tensors=self.unit_tensors,
+            ds=deepspeed_plan(m, t, tp=tp, world=self.shard, work_bytes=BYTES[t.param_dtype],
+                              grad_bytes=gb) if t.zero_impl == "deepspeed" else None,
             comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),
             part_cost=self.comm.part_cost,
             comm_mode=lambda p: self.comm_mode.get(p.pid, "never"),

@@ -32,6 +32,7 @@ from heapq import heappush
 import simpy
 
 from simulator.engine.combined import CombinedSteps
+from simulator.engine.deepspeed_zero import DeepSpeedPlan, DeepSpeedZero3
 from simulator.engine.host import FSDP_CALLS, HostRates, program_matrix
 from simulator.engine.program import Part, Program, StagePrograms, program_time
 from simulator.engine.sends import CommSpec, PipelineSends
@@ -161,6 +162,9 @@ class StepPlan:
     host: HostRates | None = None
     #: eager ZeRO-3: parameter tensors of a unit (a global layer, ``embed`` or ``head``)
     unit_tensors: Callable[[int | str], int] | None = None
+    #: ``training.zero_impl: deepspeed``: DeepSpeed's ZeRO-3 gathers and gradient buckets
+    #: (:mod:`simulator.engine.deepspeed_zero`); None: one gather and reduce-scatter per unit
+    ds: DeepSpeedPlan | None = None
 
     def vs_of(self, stage: int, chunk: int) -> int:
         """The model (virtual) stage that chunk ``chunk`` of pipeline rank ``stage`` holds."""
@@ -183,7 +187,7 @@ class StepPlan:
         return self.layer_sizes(layer)
 
 
-class Engine(CombinedSteps, PipelineSends, SplitBackward):
+class Engine(CombinedSteps, PipelineSends, SplitBackward, DeepSpeedZero3):
     """Run one training step of a :class:`StepPlan`."""
 
     def __init__(self, plan: StepPlan, env: CountingEnvironment | None = None):
@@ -512,7 +516,9 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
                         yield from self._pp_gather(p, "act", w.microbatch)
                 if w.chunk in start_gathers:
                     yield start_gathers.pop(w.chunk)
-                if plan.zero == 3:
+                if plan.ds is not None:
+                    yield from self._ds_zero3_pass(p, segs, "fwd", w.microbatch, fwd_mem)
+                elif plan.zero == 3:
                     yield from self._zero3_pass(p, segs, "fwd", w.microbatch, fwd_mem)
                 elif self._in_network(p, segs):
                     yield from self._run_segments(p, segs, "fwd", w.microbatch, fwd_mem)
@@ -533,7 +539,9 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward):
                 last_mb = w.microbatch == plan.last_microbatch(w.chunk)
                 # (a W pass frees nothing: its input-gradient pass freed the activations)
                 freed = None if weights else bwd_mem
-                if plan.zero == 3:
+                if plan.ds is not None:
+                    yield from self._ds_zero3_pass(p, segs, "bwd", w.microbatch, freed)
+                elif plan.zero == 3:
                     yield from self._zero3_pass(p, segs, "bwd", w.microbatch, freed)
                 elif last_mb and plan.overlap_grad_reduce:
                     # Gradients of the last micro-batch complete layer by layer: launch buckets.
