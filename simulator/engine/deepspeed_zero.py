@@ -73,11 +73,10 @@ class DeepSpeedZero3:
     def _ds_zero3_pass(self, p, segs, kind: str, mb: int, mem_after):
         """One pass under DeepSpeed's ZeRO-3 (module docstring)."""
         ds = self.plan.ds
-        units: list = []
+        index: dict = {}  # unit -> its place in the pass
         for label, layer, _ in segs:
-            u = layer if layer >= 0 else unit_of(label)
-            if u not in units:
-                units.append(u)
+            index.setdefault(layer if layer >= 0 else unit_of(label), len(index))
+        units = list(index)
         last_use = {}
         for label, layer, _ in segs:
             last_use[layer if layer >= 0 else unit_of(label)] = label
@@ -90,7 +89,7 @@ class DeepSpeedZero3:
             ones while the gathered bytes stay within the live-parameter cap."""
             while live[1] < len(queue):
                 u, nbytes = queue[live[1]]
-                if units.index(u) > limit_unit and live[0] + nbytes > ds.max_live_bytes:
+                if index[u] > limit_unit and live[0] + nbytes > ds.max_live_bytes:
                     return
                 layer = u if isinstance(u, int) else -1
                 spec = self._spec(p, "gather", "zero_gather", "all_gather", nbytes,
@@ -104,7 +103,7 @@ class DeepSpeedZero3:
         for seg in segs:
             label, layer, _ = seg
             u = layer if layer >= 0 else unit_of(label)
-            issue_until(units.index(u))
+            issue_until(index[u])
             if issued[u]:
                 yield self.env.all_of(issued[u])
                 issued[u] = []
