@@ -305,6 +305,13 @@ class TrainingConfig(Frozen):
         "bf16", description="stored working weights; fp32 = AMP autocast (no bf16 copy)"
     )
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    grad_accumulation_fusion: Bool = Field(
+        True,
+        description="fused kernels with 16-bit weights: the wgrad GEMM adds into the "
+        "accumulated gradient (Megatron --gradient-accumulation-fusion); off: a separate "
+        "addition after each weight-gradient GEMM (Megatron before 2022-02, or with fp16 "
+        "gradients), in a grad_reduce_dtype buffer",
+    )
     recompute: Literal["none", "selective", "full"] = "none"
     recompute_modules: tuple[Literal["core_attn", "layernorm", "mla_up_proj", "moe_act"], ...] | None = (
         Field(

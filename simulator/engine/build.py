@@ -308,7 +308,7 @@ class _Builder:
                 param_dtype=t.param_dtype, cp=self.lay.size("cp"), cp_comm=self.par.cp_comm,
                 moe_kw=self.moe_kw(), recompute_modules=moe_sizes.recompute_modules(t),
                 tp_input_dtype=self.par.tp_input_dtype,
-                tp_impl=self.par.tp_impl,
+                tp_impl=self.par.tp_impl, grad_accumulation=self.grad_accumulation(),
             )  # fmt: skip
             if self.pp > 1 and self.tp > 1 and self.par.pp_scatter_gather and not self.sp:
                 # Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1): each TP rank
@@ -321,6 +321,20 @@ class _Builder:
                 hit = replace(hit, pp_gather=(gather,))
             self._progs[key] = hit
         return hit
+
+    def grad_accumulation(self) -> tuple[int, float] | None:
+        """``(buffer bytes, share of micro-batches)`` of an unfused gradient accumulation
+        (``training.grad_accumulation_fusion: false``; fused kernels with 16-bit weights only:
+        eager code and fp32 master weights already add into ``.grad``). A 16-bit buffer is
+        autograd's ``.grad``, which the first micro-batch fills without an addition; an fp32
+        one is LocalDDP's ``main_grad``, added to every micro-batch
+        (:func:`simulator.model.transformer.unfused_grad_accumulation`)."""
+        t = self.t
+        if t.grad_accumulation_fusion or t.kernels != "fused" or t.param_dtype != "bf16":
+            return None
+        acc = tf.DTYPE_BYTES[t.grad_reduce_dtype]
+        m = self.job.microbatches
+        return acc, 1.0 if acc > 2 else (m - 1) / m
 
     def moe_kw(self) -> dict | None:
         """The MoE block's settings for :func:`simulator.model.moe_layer.layer_ops`."""

@@ -16,6 +16,7 @@ from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import quantize_bytes, split_dtype
 from simulator.model import comm as mc
 from simulator.model import moe_layer as ml
+from simulator.model import transformer as tf
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import HOST_SYNC
 from simulator.model.transformer import Op
@@ -223,6 +224,7 @@ def build_stage_programs(
     recompute_modules: frozenset[str] = frozenset({"core_attn"}),
     tp_input_dtype: str = "residual",
     tp_impl: str = "megatron",
+    grad_accumulation: tuple[int, float] | None = None,
 ) -> StagePrograms:
     """Price every program of one stage.
 
@@ -233,9 +235,17 @@ def build_stage_programs(
     accumulation); ``cp`` and ``cp_comm`` the context-parallel attention. For an MoE or MLA
     model (``moe_kw``: ``ep``, ``etp``, ``expert_load``, ``dispatcher``, ``dispatch_bytes``) the
     layers come from :func:`simulator.model.moe_layer.layer_ops`: ``layer_*`` are the MoE
-    layers' programs and ``first_*`` those of the leading dense layers.
+    layers' programs and ``first_*`` those of the leading dense layers. ``grad_accumulation``
+    ``(acc_bytes, share)`` adds an unfused gradient accumulation after every weight-gradient
+    GEMM of the backward programs (:func:`simulator.model.transformer.unfused_grad_accumulation`).
     """
     pr = Pricer(cm, dtype, kernels, param_dtype)
+
+    def bwd(ops: list[Op]) -> list[Op]:
+        if grad_accumulation is None:
+            return ops
+        d = 4 if dtype == "fp32" else 2  # wgrad GEMMs write 16-bit gradients (fp8 recipes too)
+        return tf.unfused_grad_accumulation(ops, d, *grad_accumulation)
 
     kw = dict(
         micro_batch=micro_batch, tp=tp, sequence_parallel=sp, kernels=kernels,
@@ -252,7 +262,7 @@ def build_stage_programs(
         def programs(moe_layer: bool) -> tuple[Program, Program, Program]:
             f = ml.layer_ops(model, backward=False, moe_layer=moe_layer, **mkw)
             fp = price(f, pr, comm_cost)
-            b = ml.layer_ops(model, backward=True, moe_layer=moe_layer, **mkw)
+            b = bwd(ml.layer_ops(model, backward=True, moe_layer=moe_layer, **mkw))
             return fp, price(b, pr, comm_cost), _recompute(
                 f, fp, recompute, pr, recompute_modules)  # fmt: skip
 
@@ -264,7 +274,7 @@ def build_stage_programs(
     else:
         fwd_ops = mc.layer_ops(model, backward=False, **lkw)
         layer_fwd = price(fwd_ops, pr, comm_cost)
-        layer_bwd = price(mc.layer_ops(model, backward=True, **lkw), pr, comm_cost)
+        layer_bwd = price(bwd(mc.layer_ops(model, backward=True, **lkw)), pr, comm_cost)
         layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr, recompute_modules)
     return StagePrograms(
         layer_fwd,
@@ -274,8 +284,8 @@ def build_stage_programs(
         price(mc.embedding_ops(model, backward=True, **kw), pr, comm_cost),
         price(mc.head_ops(model, backward=False, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl,
                           **kw), pr, comm_cost),
-        price(mc.head_ops(model, backward=True, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl,
-                          **kw), pr, comm_cost),
+        price(bwd(mc.head_ops(model, backward=True, tp_input_dtype=tp_input_dtype,
+                              tp_impl=tp_impl, **kw)), pr, comm_cost),
         **first,
     )
 

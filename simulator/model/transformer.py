@@ -203,6 +203,29 @@ def _master_weights(ops: tuple[Op, ...], d: int, biases: bool) -> list[Op]:
     return out
 
 
+def unfused_grad_accumulation(ops: list[Op], d: int, acc: int, share: float) -> list[Op]:
+    """``ops`` (a backward) with, after each weight-gradient GEMM, the addition of the fresh
+    ``d``-byte gradient into the step's accumulated gradient of ``acc`` bytes an element:
+    ``d + 2 acc`` bytes per weight element (read both, write the sum), times ``share``.
+
+    Megatron-LM fuses this addition into the wgrad GEMM (``--gradient-accumulation-fusion``,
+    NVIDIA/Megatron-LM commit 83b1e42f, 2022-02-13), but only with fp32 accumulation: with
+    fp16 gradients its arguments.py turns the fusion off, and code before that commit (the
+    SC21 runs, NGC 20.12) had none. Unfused, LocalDDP's contiguous fp32 ``main_grad`` takes
+    ``main_grad.add_(grad)`` every micro-batch (``share`` 1), while 16-bit gradients
+    accumulate in ``.grad`` by autograd, whose first micro-batch keeps the gradient without
+    an addition (``share`` (m - 1) / m; megatron/model/distributed.py at 6985e589)."""
+    out: list[Op] = []
+    for op in ops:
+        out.append(op)
+        # weight GEMMs are the unbatched ones (unfused attention's batched products have none)
+        if op.kind == "gemm" and op.name.endswith("_wgrad") and not op.batch and share > 0:
+            n = op.m * op.n  # dW = X^T dY: [k, n] of the forward GEMM (ops.gemm_grads)
+            out.append(mem_op(op.name[: -len("_wgrad")] + "_gacc", op.block,
+                              n * (d + 2 * acc) * share, bwd=True))  # fmt: skip
+    return out
+
+
 def layer_forward_ops(
     model: ModelConfig,
     *,
