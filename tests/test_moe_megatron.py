@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from simulator.cli import main
@@ -112,8 +113,9 @@ def test_each_moe_forward_waits_for_its_counts(tmp_path, capsys):
     """The host is ahead (no host time per fused kernel), so each MoE layer forward idles the
     GPU exactly ``host_sync_s`` after the count exchange: 3 layers x 1 micro-batch per replica
     (global batch 8 over dp 8) x the difference."""
-    base = {"base": "H100-SXM-80GB", "host_sync_s": 0.0}
-    slow = {"base": "H100-SXM-80GB", "host_sync_s": 1e-3}
+    ahead = {"host_fused_op_s": 0.0, "host_fused_collective_s": 0.0}
+    base = {"base": "H100-SXM-80GB", "host_sync_s": 0.0, **ahead}
+    slow = {"base": "H100-SXM-80GB", "host_sync_s": 1e-3, **ahead}
     a = _step(tmp_path, capsys, MOE, base, dp=8, ep=4)
     b = _step(tmp_path, capsys, MOE, slow, dp=8, ep=4)
     assert b - a == pytest.approx(3 * 1 * 1e-3, rel=1e-6)
@@ -124,6 +126,51 @@ def test_dense_fused_programs_have_no_host_clock(tmp_path, capsys):
     base = {"base": "H100-SXM-80GB", "host_sync_s": 0.0}
     slow = {"base": "H100-SXM-80GB", "host_sync_s": 1e-3, "host_fused_op_s": 1e-3}
     assert _step(tmp_path, capsys, dense, slow, dp=8) == _step(tmp_path, capsys, dense, base, dp=8)
+
+
+TOY = {"layers": 2, "hidden": 256, "ffn_hidden": 1024, "heads": 2, "kv_heads": 2, "vocab": 1024,
+       "seq_len": 512, "activation": "swiglu", "moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512}}
+
+
+@pytest.mark.parametrize("sync_s", [0.0, 5e-3])
+def test_host_bound_fused_moe_layer_takes_its_parts_times_the_rates(tmp_path, capsys, sync_s):
+    """At hidden 256 with a host time of 1 ms per fused kernel and 2 ms per collective call the
+    GPU work (microseconds) hides behind the host: each MoE layer's forward lasts its kernels x
+    1 ms + its collectives x 2 ms + the count synchronisation, its backward the same without
+    the synchronisation (op counts from the layer's own op list)."""
+    rates = {"base": "H100-SXM-80GB", "host_sync_s": sync_s, "host_fused_op_s": 1e-3,
+             "host_fused_collective_s": 2e-3}  # fmt: skip
+    work = {"name": "toy", "model": TOY,
+            "training": {"global_batch": 2, "micro_batch": 1, "precision": "bf16"},
+            "parallelism": {"tp": 1, "pp": 1, "zero": 1, "dp": 2, "ep": 2}}  # fmt: skip
+    p = write_case(tmp_path, work, small_topology(1, 2, gpu=rates))
+    assert main(["run", str(p), "--out", str(tmp_path / "out"), "--json"]) == 0
+    capsys.readouterr()
+    ev = pd.read_parquet(tmp_path / "out/events.parquet")
+    ev = ev[(ev.gpu == 0) & ev.name.str.match(r"L\d (fwd|bwd)$")]
+    model = ModelConfig(**TOY)
+    for bwd in (False, True):
+        ops = layer_ops(model, micro_batch=1, tp=1, sequence_parallel=False, backward=bwd,
+                        moe_layer=True, ep=2, etp=1)  # fmt: skip
+        comm = sum(op.kind == "comm" for op in ops)
+        syncs = sum(op.kind == HOST_SYNC for op in ops)
+        kernels = len(ops) - comm - syncs
+        assert (kernels, comm, syncs) == ((22, 2, 0) if bwd else (17, 3, 1))
+        want = kernels * 1e-3 + comm * 2e-3 + syncs * sync_s
+        rows = ev[ev.name.str.endswith("bwd" if bwd else "fwd")]
+        assert len(rows) == 2
+        for d in rows.end_s - rows.start_s:
+            assert d == pytest.approx(want, rel=2e-3)  # + the last kernel's GPU time
+
+
+def test_shipped_fused_host_rates_leave_dense_fused_steps_unchanged(tmp_path, capsys):
+    """The calibrated fused host rates apply to MoE models only: a dense fused model's step
+    with the shipped gpus.yaml equals its step with every host rate at zero."""
+    dense = {k: v for k, v in MOE.items() if k != "moe"}
+    zero = {"base": "H100-SXM-80GB", "host_sync_s": 0.0, "host_fused_op_s": 0.0,
+            "host_fused_collective_s": 0.0}  # fmt: skip
+    shipped = {"base": "H100-SXM-80GB"}
+    assert _step(tmp_path, capsys, dense, shipped, dp=8) == _step(tmp_path, capsys, dense, zero, dp=8)
 
 
 # ---- combined 1F1B: which stream runs what

@@ -1,9 +1,9 @@
 """Host time of Megatron-Core's MoE layer (issue 10: the fused path's host model).
 
-The simulator's fused (Megatron-Core) programs have no measured host time: ``host_fused_op_s``
-and ``host_fused_collective_s`` are 0 in gpus.yaml, so only the MoE count synchronisation
-(``host_sync_s``) costs the GPU anything. This script measures what Megatron-Core's Python
-costs its host per MoE layer, to replace that assumption. Run on one host with 2 GPUs::
+The simulator's fused (Megatron-Core) programs had no measured host time (``host_fused_op_s``
+and ``host_fused_collective_s`` were 0 in gpus.yaml, so only the MoE count synchronisation,
+``host_sync_s``, cost the GPU anything). This script measures what Megatron-Core's Python
+costs its host per MoE layer, which replaced that assumption. Run on one host with 2 GPUs::
 
     python3 -m torch.distributed.run --standalone --nproc_per_node=2 \\
         benchmarks/device/megatron_moe_host.py --out DIR
@@ -32,11 +32,12 @@ of 1536, top 8) where the GPU time shows.
 
 Rank 0 writes ``megatron_moe_host.jsonl``, one row per configuration and rank: ``fwd_s``,
 ``bwd_s`` (host seconds), ``fwd_kernels``, ``bwd_kernels`` (kernels and memcpy/memset
-launched), ``fwd_syncs``, ``bwd_syncs``. How to use it: the simulator's host rate per part
-of fused code is ``host_fused_op_s = (fwd_s + bwd_s) / (parts of the simulator's fused
-program of the same layer)``, the convention of ``host_op_s`` (fitted on the simulator's own
-op counts, so rates and op lists stay consistent); ``fwd_syncs`` should read 1 per MoE layer
-forward (what the simulator now models).
+launched), ``fwd_syncs``, ``bwd_syncs``. How it is used: ``simulator/calibrate/host.py``
+``fit_fused`` takes the host time per kernel launched (59-63 us over the whole-layer rows),
+``host_fused_op_s`` and ``host_fused_collective_s`` in gpus.yaml, charged per part of the
+simulator's fused program (its docstring says why per kernel launched, not per part of this
+unfused layer). ``fwd_syncs`` reads 2 per MoE layer forward here (the simulator charges one
+count synchronisation; the second's host time is inside the per-kernel rate).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Refit the host's time per kernel of eager model code, per collective call, to resume after
 a synchronisation, per kernel of MoE token routing and per FSDP2 collective call with its
 hook and per parameter tensor in each such call (``host_op_s``, ``host_collective_s``,
-``host_sync_s``, ``host_moe_op_s``, ``host_fsdp_call_s``, ``host_fsdp_tensor_s`` in gpus.yaml).
+``host_sync_s``, ``host_moe_op_s``, ``host_fsdp_call_s``, ``host_fsdp_tensor_s`` in gpus.yaml),
+and per kernel Megatron-Core's MoE layer launches (``host_fused_op_s``,
+``host_fused_collective_s``).
 
 Two kinds of measurement on 4x H100, and one on 2x H100, each with its README:
 
@@ -46,6 +48,14 @@ Two kinds of measurement on 4x H100, and one on 2x H100, each with its README:
   of ``steps.py``. ``host_dtensor`` is, for each unit of
   :data:`simulator.hardware.catalog.DTENSOR_UNITS`, the mean over the ranks of the unit's
   forward and backward time less its plain equivalent's (:func:`fit_dtensor`; none below zero).
+* ``data/measured/megatron-moe-host-h100x2/``: Megatron-Core 0.19.2's MoE layer on its host
+  (``benchmarks/device/megatron_moe_host.py`` on 2x H100, EP 2, hidden 256: the GPU idles),
+  with the kernels each pass launches counted by the profiler. ``host_fused_op_s`` (and
+  ``host_fused_collective_s``, the same rate: an NCCL call is one more launch of the same
+  Python) is the host's time per kernel launched, fitted by least squares on relative error,
+  through zero, to ``fwd_s + bwd_s = rate x kernels + host_sync_s`` on the whole-layer rows
+  (4, 16 and 64 local experts: 285 to 1,614 kernels; :func:`fit_fused`). See that function
+  for why the rate is per kernel launched and not per part of the simulator's program.
 """
 
 from __future__ import annotations
@@ -71,6 +81,7 @@ FSDP_LAYERS = 64  # fsdp_units.py: Linear(4096, 4096) layers, split evenly into 
 OPS = sorted((REPO / "data/measured/host-ops-h100x4").glob("host_ops_k*.jsonl"))
 DTENSOR = REPO / "data/measured/dtensor-host-h100x2/dtensor_host.jsonl"
 NEW_SHAPE = REPO / "data/measured/gemm-shape-host-h100x2/gemm_shape_host.jsonl"
+MCORE = REPO / "data/measured/megatron-moe-host-h100x2/megatron_moe_host.jsonl"
 #: collective calls in one chain element of each wrapper of host_ops.py
 WRAPPER_CALLS = {"copy_to_tp": 1, "reduce_from_tp": 1, "gather_scatter_seq": 4,
                  "all_to_all_pair": 4}
@@ -275,12 +286,48 @@ def fit_new_shape() -> dict[str, float]:
             "wgrad": extra(("mm_wgrad",))}
 
 
+def fused_rows(kind: str = "layer") -> list[dict]:
+    """Rows of Megatron-Core's MoE host micro-benchmark of ``kind`` (``layer``: attention and
+    MoE block; ``moe``: the block alone; ``dense``) at the host-bound width, alltoall
+    dispatcher, every rank."""
+    return [r for r in jsonl(MCORE) if r.get("layer") == kind and r["hidden"] == 256
+            and r["dispatcher"] == "alltoall"]
+
+
+def fit_fused(sync_s: float) -> float:
+    """``host_fused_op_s``: Megatron-Core's host time per kernel launched in an MoE layer,
+    given ``host_sync_s`` (the one count synchronisation of a forward the simulator charges
+    apart), fitted on :func:`fused_rows` (module docstring).
+
+    Per kernel launched, not per part of the simulator's fused program (the convention of
+    ``host_op_s``): the measured layer is Megatron-Core's own (``get_gpt_layer_local_spec``,
+    no Transformer Engine, unfused permutation, ``SequentialMLP`` experts one after another),
+    which launches 6-12 times the kernels of the simulator's fused program of the same layer
+    (285 against 44 at 4 local experts, 1,614 against 134 at 64), and its host time tracks
+    the kernels launched (59-63 us each from 285 to 1,614 kernels, 5.6 times as many); the
+    growth with local experts is ``SequentialMLP``'s 22 kernels per expert, not a separate
+    cost. A fused run launches roughly one kernel per part of the simulator's program
+    (Transformer Engine's fused norms, attention and permutation; its grouped GEMM launches
+    each expert's GEMM from C++, which the simulator charges as one part per round of four
+    experts), so the rate per kernel is what carries over. It is a lower bound for a
+    Transformer Engine run, whose modules add their own Python per call (TE was not
+    measured); the forward's kernels cost more host than the backward's (about 80 against
+    47 us), which one rate averages; CUDA graphs, where a run uses them, remove the host
+    time of what they capture (not modelled)."""
+    rows = fused_rows()
+    kk = np.array([(r["fwd_kernels"] + r["bwd_kernels"]) / (r["fwd_s"] + r["bwd_s"])
+                   for r in rows])
+    rest = np.array([1.0 - sync_s / (r["fwd_s"] + r["bwd_s"]) for r in rows])
+    return float(kk @ rest / (kk @ kk))
+
+
 def refit() -> dict[str, tuple[float, float]]:
     """{constant: (refitted, shipped)}, the refit rounded as shipped (0.01 us, 0.1 us)."""
     op_s, coll_s, _ = fit()
     sync_s = micro()[1]
     moe_s = fit_moe()[0]
     call_s, tensor_s, _ = fit_fsdp(op_s)
+    fused_s = round(fit_fused(sync_s) * 1e8) / 1e8
     d = default_kernel_params()
     shipped, fitted, nan = d.get("host_dtensor") or {}, fit_dtensor(), float("nan")
     dt = {f"defaults.host_dtensor.{u}.{w}_s": (round(v * 1e7) / 1e7,
@@ -296,4 +343,6 @@ def refit() -> dict[str, tuple[float, float]]:
             "defaults.host_moe_op_s": (round(moe_s * 1e8) / 1e8, d["host_moe_op_s"]),
             "defaults.host_fsdp_call_s": (round(call_s * 1e7) / 1e7, d["host_fsdp_call_s"]),
             "defaults.host_fsdp_tensor_s": (round(tensor_s * 1e8) / 1e8,
-                                            d["host_fsdp_tensor_s"])}
+                                            d["host_fsdp_tensor_s"]),
+            "defaults.host_fused_op_s": (fused_s, d["host_fused_op_s"]),
+            "defaults.host_fused_collective_s": (fused_s, d["host_fused_collective_s"])}

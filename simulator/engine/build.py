@@ -733,9 +733,10 @@ class _Builder:
         synchronisation (gpus.yaml). Fused (Megatron-Core) kernels: only an MoE model's, whose
         every MoE layer forward waits on its host for the token counts
         (:func:`simulator.model.moe_layer._sync_at`), with ``host_fused_op_s`` and
-        ``host_fused_collective_s`` per kernel and collective call (0 unless measured: the host
-        is then ahead of the GPU but at those synchronisations); ``None`` otherwise, the host
-        stays ahead of the GPU."""
+        ``host_fused_collective_s`` per kernel and collective call (Megatron-Core's own rate
+        per kernel launched, measured on its MoE layer: the host shows after each of those
+        synchronisations and wherever it is the slower one); ``None`` otherwise (dense fused
+        models: nothing makes their host wait, so it stays ahead of the GPU)."""
         gpu = self.job.machine.gpu
         if self.t.kernels != "eager":
             if self.m.moe is None or max(gpu.host_sync_s, gpu.host_fused_op_s,

@@ -152,8 +152,8 @@ class GPUSpec:
     #: view), beyond the call's own (gpus.yaml)
     host_fsdp_tensor_s: float = 0.0
     #: host time per kernel and per collective call of fused (Megatron-Core / Transformer
-    #: Engine) code; only an MoE model's fused programs use them, after each count
-    #: synchronisation (0: not measured, see gpus.yaml)
+    #: Engine) code; only an MoE model's fused programs use them (Megatron-Core's own rate
+    #: per kernel launched, measured; a lower bound for Transformer Engine: see gpus.yaml)
     host_fused_op_s: float = 0.0
     host_fused_collective_s: float = 0.0
     #: host time a GEMM whose shape the process has not launched before adds to its call
