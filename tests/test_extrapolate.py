@@ -49,7 +49,14 @@ CASES = [
 ]
 
 
-def _workload(tmp_path, par, training, faults, m):
+#: cases run with the fused host rates at zero: with Megatron-Core's host time (issue 10; the
+#: paired passes carry no host clock, the unpaired ones do) this MoE DualPipe step is not
+#: periodic record by record at its two points, so it is simulated in full (correct, slower);
+#: the extrapolation is what these cases check
+HOST_AHEAD = {"MoE, EP 4, dualpipe"}
+
+
+def _workload(tmp_path, par, training, faults, m, gpu=None):
     dp = par["dp"]
     gpus = par["pp"] * dp * par["tp"]
     work = {
@@ -60,18 +67,21 @@ def _workload(tmp_path, par, training, faults, m):
     }
     if faults:
         work["faults"] = faults
-    topo = small_topology(max(1, gpus // 8), min(gpus, 8), nics_per_node=8)
+    topo = small_topology(max(1, gpus // 8), min(gpus, 8), nics_per_node=8,
+                          **({"gpu": gpu} if gpu else {}))
     return load_workload(write_case(tmp_path, work, topo))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_extrapolated_equals_every_microbatch(tmp_path, case):
-    _, par, training, faults = case
+    name, par, training, faults = case
     sched = par.get("pp_schedule", "1f1b")
     cycle = {"interleaved": par["pp"], "dualpipe": 2}.get(sched, 1)
     ms = points(10**6, par["pp"], par.get("virtual_stages", 1), sched)
     m = 6 * (ms[0] + cycle)  # just long enough to be extrapolated
-    lw = _workload(tmp_path, par, training, faults, m)
+    gpu = ({"base": "H100-SXM-80GB", "host_fused_op_s": 0.0, "host_fused_collective_s": 0.0}
+           if name in HOST_AHEAD else None)
+    lw = _workload(tmp_path, par, training, faults, m, gpu)
     ex = simulate(lw).summary
     full = simulate(lw, extrapolate=False).summary
     assert ex["extrapolated"] == {"microbatches": m, "simulated_microbatches": list(ms)}
