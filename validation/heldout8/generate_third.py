@@ -4,28 +4,29 @@ simulator's input keys. Run from the repository root: python validation/heldout8
 
 from __future__ import annotations
 
+import ast
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHAPES = {
-    "A": dict(layers=12, hidden=2048, heads=16, kv_heads=4, ffn=5632, vocab=32000, seq=2048),
-    "B": dict(layers=8, hidden=1024, heads=8, kv_heads=2, ffn=2816, vocab=32000, seq=2048,
-              experts=8, top_k=2),
-}
-CASES8 = {  # as in benchmarks/device/steps_third.py
-    "h8t_single_A": dict(shape="A", world=1, scheme="single", mb=4, n_mb=2),
-    "h8t_ddp2_A": dict(shape="A", world=2, scheme="ddp", mb=4, n_mb=2),
-    "h8t_fsdp2_A": dict(shape="A", world=2, scheme="fsdp", mb=8, n_mb=1),
-    "h8t_fsdp2_A_ac": dict(shape="A", world=2, scheme="fsdp", mb=8, n_mb=1, ac=True),
-    "h8t_tp2_A": dict(shape="A", world=2, scheme="tp", mb=8, n_mb=1),
-    "h8t_pp2_1f1b_A": dict(shape="A", world=2, scheme="pp", mb=2, n_mb=8),
-    "h8t_moe_ep2_B": dict(shape="B", world=2, scheme="moe", mb=4, n_mb=2),
-    "h8t_ddp4_A": dict(shape="A", world=4, scheme="ddp", mb=4, n_mb=2),
-    "h8t_fsdp4_A": dict(shape="A", world=4, scheme="fsdp", mb=8, n_mb=1),
-    "h8t_tp4_A": dict(shape="A", world=4, scheme="tp", mb=8, n_mb=1),
-    "h8t_pp4_1f1b_A": dict(shape="A", world=4, scheme="pp", mb=2, n_mb=8),
-    "h8t_moe_ep4_B": dict(shape="B", world=4, scheme="moe", mb=4, n_mb=2),
-}
+SCRIPT = os.path.join(HERE, "..", "..", "benchmarks", "device", "steps_third.py")
+
+
+def _tables() -> tuple[dict, dict]:
+    """(SHAPES, CASES8) read from steps_third.py's source (it needs torch: parsed, not
+    imported), so the workloads cannot drift from the cases the script runs."""
+    out = {}
+    with open(SCRIPT) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        name = getattr(node.targets[0], "id", None) if isinstance(node, ast.Assign) else None
+        if name in ("SHAPES", "CASES8"):
+            out[name] = {ast.literal_eval(k): {kw.arg: ast.literal_eval(kw.value)
+                                               for kw in v.keywords}
+                         for k, v in zip(node.value.keys, node.value.values, strict=True)}
+    return out["SHAPES"], out["CASES8"]
+
+
+SHAPES, CASES8 = _tables()
 COMMON_NOT = ("no fp32 master weights (bf16 parameters updated in place by AdamW(fused) with "
               "bf16 moments), gradient clipping at 1.0 every step, K/V heads copied by "
               "repeat_interleave before SDPA, RoPE as unfused cat/mul/add")
