@@ -95,10 +95,13 @@ def build(kind: str, hidden: int, experts: int, topk: int, dispatcher: str, moe_
     return layer, lambda m, x: m(x, attention_mask=None)[0]
 
 
-def host_seconds(fn) -> float:
-    """Median host seconds of ``fn()``, started with the GPU drained, ended by a synchronize."""
+def host_seconds(fn, before=None) -> float:
+    """Median host seconds of ``fn()``, started with the GPU drained, ended by a synchronize
+    (``before()``, untimed, runs ahead of each call: a backward's forward)."""
     out = []
     for i in range(WARM + RUNS):
+        if before is not None:
+            before()
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
@@ -143,22 +146,13 @@ def measure(kind, hidden, tokens, experts, topk, dispatcher, moe_ffn) -> dict:
 
     both()
     fwd_s = host_seconds(fwd)
-    bwd_times = []
-    for i in range(WARM + RUNS):
-        fwd()
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        bwd()
-        torch.cuda.synchronize()
-        if i >= WARM:
-            bwd_times.append(time.perf_counter() - t0)
+    bwd_s = host_seconds(bwd, before=fwd)
     fk, fsync = counts(fwd)
     bk, bsync = counts(bwd)
     ws = dist.get_world_size()
     return dict(layer=kind, hidden=hidden, tokens=tokens, experts=experts if kind != "dense" else 0,
                 local_experts=experts // ws if kind != "dense" else 0, topk=topk,
-                dispatcher=dispatcher, ep=ws, fwd_s=fwd_s, bwd_s=statistics.median(bwd_times),
+                dispatcher=dispatcher, ep=ws, fwd_s=fwd_s, bwd_s=bwd_s,
                 fwd_kernels=fk, bwd_kernels=bk, fwd_syncs=fsync, bwd_syncs=bsync)  # fmt: skip
 
 

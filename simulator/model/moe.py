@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from simulator.config.schema import ModelConfig
+from simulator.config.schema import ModelConfig, TrainingConfig
 from simulator.model.ops import FP32, Op, gemm_grads, gemm_op, mem_op
 
 #: int64 indices (token ids, permutations)
@@ -55,7 +55,7 @@ ROUTING_OPS = ("router", "permute", "unpermute", "moe_counts", "perm_", "sort_ch
                "unsort_chunks", "expert_cat", "inv_", "combine_")
 
 
-def new_shape_share(model: ModelConfig, training) -> float:
+def new_shape_share(model: ModelConfig, training: TrainingConfig) -> float:
     """The expected share of an eager MoE step's expert GEMMs whose shape (row count: the
     expert's tokens in this micro-batch) the process has not launched before, so cuBLAS
     runs its heuristic query on the host (a miss of its heuristics cache; gpus.yaml
