@@ -386,6 +386,7 @@ class MoE(nn.Module):
         for p in self.experts.parameters():
             p._expert = True
         self.load: list[float] = []
+        self.rows: list[list[int]] = []  # per call, the rows each local expert ran (--expert-rows)
 
     def forward(self, x):
         b, s, h = x.shape
@@ -421,6 +422,7 @@ class MoE(nn.Module):
                 row.append(o)
                 o += n[src][j]
             starts.append(row)
+        self.rows.append([sum(n[src][j] for src in range(len(n))) for j in range(self.local)])
         pieces: dict[tuple[int, int], torch.Tensor] = {}
         for j, expert in enumerate(self.experts):
             xs = [recv[starts[src][j]: starts[src][j] + n[src][j]] for src in range(len(n))]
@@ -748,6 +750,16 @@ def model_flops(c, world: int) -> float:
     return 3.0 * fwd
 
 
+def write_expert_rows(args, rank: int, warmup: int, timed: int, moes) -> None:
+    """Diagnostics: every MoE layer call's rows per local expert (the M of its GEMMs), in
+    call order (warm-up steps, timed steps, then any profiled step), one file per rank."""
+    os.makedirs(args.out, exist_ok=True)
+    rec = {"script": "steps_alt.py", "case": args.case, "rank": rank, "warmup": warmup,
+           "timed": timed, "layers": [mo.rows for mo in moes]}
+    with open(os.path.join(args.out, f"expert_rows-{args.case}-r{rank}.json"), "w") as f:
+        json.dump(rec, f)
+
+
 def run_case(args) -> None:
     rank, world, dev = setup(args.quick)
     c = case_config(args.case, args.quick)
@@ -796,6 +808,8 @@ def run_case(args) -> None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from steps import profile_step
         profile_step(args, step, args.case, rank, world, dev)
+    if args.expert_rows and moes:
+        write_expert_rows(args, rank, warmup, timed, moes)
     if rank == 0:
         if rec["step_time_s"]:
             rec["tflops_per_gpu"] = rec["model_flops_per_step"] / rec["step_time_s"] / world / 1e12
@@ -834,6 +848,8 @@ def driver(args) -> int:
             cmd.append("--quick")
         if args.profile:
             cmd.append("--profile")
+        if args.expert_rows:
+            cmd.append("--expert-rows")
         print(f"=== {name} ({c['world']} ranks, limit {limit:.0f} s)", flush=True)
         t = time.time()
         p = subprocess.Popen(cmd, start_new_session=True)
@@ -866,6 +882,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--budget-s", type=float, default=400)
     ap.add_argument("--case-timeout-s", type=float, default=75)
+    ap.add_argument("--expert-rows", action="store_true",
+                    help="write each MoE call's rows per local expert (expert_rows-CASE-rN.json)")
     ap.add_argument("--profile", action="store_true",
                     help="after timing, one more step under torch.profiler (profile.jsonl, "
                          "steps.py's record: kernels, GPU idle, host syncs, host ops)")

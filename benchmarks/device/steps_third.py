@@ -275,6 +275,7 @@ class MoE(nn.Module):
         self.first = rank * self.local
         self.router = nn.Linear(m["hidden"], self.E, bias=False)
         self.experts = nn.ModuleList(SwiGLU(m["hidden"], m["ffn"]) for _ in range(self.local))
+        self.rows: list[list[int]] = []  # per call, the rows each local expert ran (--expert-rows)
 
     def forward(self, x):
         shape = x.shape
@@ -300,6 +301,7 @@ class MoE(nn.Module):
             runs = got.view(self.world, self.local).sum(0).tolist()
         else:
             rows, runs, by_exp = sent, counts.tolist(), None
+        self.rows.append(list(runs))
         outs, start = [], 0
         for e, n in enumerate(runs):  # each local expert on its contiguous run, in turn
             outs.append(self.experts[e](rows[start:start + n]))
@@ -680,6 +682,12 @@ def run_case(args) -> None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from steps import profile_step
         profile_step(args, step, args.case, rank, world, dev)
+    moes = [m for mod in mods for m in mod.modules() if isinstance(m, MoE)]
+    if args.expert_rows and moes:
+        os.makedirs(args.out, exist_ok=True)  # diagnostics: each MoE call's rows per expert
+        with open(os.path.join(args.out, f"expert_rows-{args.case}-r{rank}.json"), "w") as f:
+            json.dump({"script": SCRIPT, "case": args.case, "rank": rank, "warmup": warmup,
+                       "timed": timed, "layers": [m.rows for m in moes]}, f)
     if rank == 0:
         rec["tflops_per_gpu"] = rec["model_flops_per_step"] / rec["step_time_s"] / world / 1e12
         print(f"RESULT {args.case}: step {rec['step_time_s']:.4f} s (min "
@@ -725,6 +733,8 @@ def driver(args) -> int:
             cmd.append("--quick")
         if args.profile:
             cmd.append("--profile")
+        if args.expert_rows:
+            cmd.append("--expert-rows")
         print(f"=== {name} ({c['world']} ranks, limit {limit:.0f} s)", flush=True)
         t = time.time()
         p = subprocess.Popen(cmd, start_new_session=True)
@@ -751,6 +761,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--budget-s", type=float, default=400)
     ap.add_argument("--case-timeout-s", type=float, default=75)
+    ap.add_argument("--expert-rows", action="store_true",
+                    help="write each MoE call's rows per local expert (expert_rows-CASE-rN.json)")
     ap.add_argument("--profile", action="store_true",
                     help="after timing, one more step under torch.profiler (steps.py's record)")
     args = ap.parse_args()
