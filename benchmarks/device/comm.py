@@ -38,8 +38,8 @@ import time
 import torch
 import torch.distributed as dist
 
-ROTATED_W = {2: [3, 1], 4: [4, 3, 2, 1], 8: [8, 7, 6, 5, 4, 3, 2, 1]}
-HOT_H = {2: [7, 3], 4: [55, 15, 15, 15], 8: [44, 8, 8, 8, 8, 8, 8, 8]}
+ROTATED_W = {2: [3, 1], 3: [3, 2, 1], 4: [4, 3, 2, 1], 8: [8, 7, 6, 5, 4, 3, 2, 1]}
+HOT_H = {2: [7, 3], 3: [6, 2, 2], 4: [55, 15, 15, 15], 8: [44, 8, 8, 8, 8, 8, 8, 8]}
 BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
        "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
        "sendrecv": lambda n: 1.0}

@@ -145,6 +145,23 @@ CASES8 = {
     "h8_moe_ep4_Q": dict(shape="Q", world=4, scheme="moe", mb=8, n_mb=2),
 }
 CASES.update(CASES8)
+# The ninth batch: new shapes, written after the eighth was measured and diagnosed (4-GPU box).
+SHAPES.update({
+    # 16 GPT-2 blocks of width 3072 (24 heads of 128), GPT-2's padded vocabulary, 2K sequences.
+    "R": dict(layers=16, hidden=3072, heads=24, vocab=50304, seq=2048),
+    # MoE: 6 blocks of width 2048 (16 heads of 128), 8 GELU experts of 3072, top-2, 1K sequences.
+    "S": dict(layers=6, hidden=2048, heads=16, vocab=32768, seq=1024, experts=8, top_k=2,
+              expert_ffn=3072),
+})
+CASES9 = {
+    "h9_tp4sp_R": dict(shape="R", world=4, scheme="tp", sp=True, mb=2, n_mb=2),
+    "h9_fsdp4_R": dict(shape="R", world=4, scheme="fsdp", mb=2, n_mb=1),
+    "h9_pp4_int2_R": dict(shape="R", world=4, scheme="pp", schedule="interleaved", v=2, mb=1,
+                          n_mb=8),
+    "h9_ddp4_R_straggler": dict(shape="R", world=4, scheme="ddp", mb=1, n_mb=2, straggler=1.3),
+    "h9_moe_ep4_S": dict(shape="S", world=4, scheme="moe", mb=8, n_mb=2),
+}
+CASES.update(CASES9)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

@@ -115,7 +115,28 @@ CASES8 = {
     "h8t_pp4_1f1b_A": dict(shape="A", world=4, scheme="pp", mb=2, n_mb=8),
     "h8t_moe_ep4_B": dict(shape="B", world=4, scheme="moe", mb=4, n_mb=2),
 }
-CASES = dict(CASES8)
+# The ninth batch: new shapes, written after the eighth was measured and diagnosed.
+SHAPES.update({
+    # 16 blocks of width 2560, 20 query heads / 4 KV heads of 128, SwiGLU 6912, a 49152-token
+    # vocabulary, 4K sequences (about 1.35 B parameters).
+    "C": dict(layers=16, hidden=2560, heads=20, kv_heads=4, ffn=6912, vocab=49152, seq=4096),
+    # MoE: 6 blocks of width 1536, 12 query / 4 KV heads of 128, 16 SwiGLU experts of 2048,
+    # top-2, a 32000-token vocabulary, 2K sequences.
+    "D": dict(layers=6, hidden=1536, heads=12, kv_heads=4, ffn=2048, vocab=32000, seq=2048,
+              experts=16, top_k=2),
+})
+CASES9 = {
+    "h9t_single_C": dict(shape="C", world=1, scheme="single", mb=2, n_mb=2),
+    "h9t_fsdp2_C": dict(shape="C", world=2, scheme="fsdp", mb=2, n_mb=1),
+    "h9t_tp2_C": dict(shape="C", world=2, scheme="tp", mb=2, n_mb=1),
+    "h9t_moe_ep2_D": dict(shape="D", world=2, scheme="moe", mb=4, n_mb=2),
+    "h9t_ddp4_C": dict(shape="C", world=4, scheme="ddp", mb=2, n_mb=2),
+    "h9t_fsdp4_C_ac": dict(shape="C", world=4, scheme="fsdp", mb=4, n_mb=1, ac=True),
+    "h9t_tp4_C": dict(shape="C", world=4, scheme="tp", mb=4, n_mb=1),
+    "h9t_pp4_1f1b_C": dict(shape="C", world=4, scheme="pp", mb=1, n_mb=8),
+    "h9t_moe_ep4_D": dict(shape="D", world=4, scheme="moe", mb=4, n_mb=2),
+}
+CASES = dict(CASES8, **CASES9)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 
