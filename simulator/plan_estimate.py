@@ -330,6 +330,7 @@ class Estimator:
             ops = tf.optimizer_ops(
                 local_params, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
                 moments_dtype=t.optimizer_moments_dtype, impl=t.optimizer_impl,
+                master_weights=t.master_weights,
             )
             pr = Pricer(self.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
             hit = sum(pr.time(op) for op in ops)
@@ -345,21 +346,22 @@ class Estimator:
             micro_batch=cand.micro_batch, tp=cand.tp, sequence_parallel=cand.sequence_parallel
         )
         impl = dict(kernels=t.kernels, param_dtype=t.param_dtype)
+        code = dict(norm_gain=t.rmsnorm_gain, kv_repeat=t.kv_repeat)
         act_layer = mem.activation_bytes_per_layer(
-            m, recompute=cand.recompute, flash_attention=t.flash_attention, **kw, **impl
+            m, recompute=cand.recompute, flash_attention=t.flash_attention, **kw, **impl, **code
         )
         act_embed = mem.embedding_activation_bytes(m, **kw, **impl)
-        act_head = mem.head_activation_bytes(m, **kw, **impl)
+        act_head = mem.head_activation_bytes(m, norm_gain=t.rmsnorm_gain, **kw, **impl)
         # a recomputed layer's activations, held again during its backward (as the engine)
         act_rc = max(0.0, mem.activation_bytes_per_layer(
-            m, recompute="none", flash_attention=t.flash_attention, **kw, **impl
+            m, recompute="none", flash_attention=t.flash_attention, **kw, **impl, **code
         ) - act_layer)
         pp, v = res.size("pp"), res.virtual_stages
         last = pp * v - 1
         worst = 0.0
         skw = dict(zero=cand.zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
                    kernels=t.kernels, weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0],
-                   moments_dtype=t.optimizer_moments_dtype)
+                   moments_dtype=t.optimizer_moments_dtype, master_weights=t.master_weights)
         sched = cand.pp_schedule
         h = holders(sched)  # DualPipe: states sharded over the mirrored ranks too
         for s in range(pp):

@@ -146,6 +146,10 @@ def resolve(
                    "eager code: needs training.kernels: eager (accepted with fused kernels: "
                    "megatron)")
     _check_deepspeed(work, pp, fail)
+    if t.master_weights == "remainder" and (t.param_dtype != "bf16" or t.optimizer_impl != "fused"):
+        raise fail("training.master_weights", "remainder keeps the 16 bits an fp32 weight has "
+                   "beyond its bf16 value (Apex DistributedFusedAdam): needs param_dtype: bf16 "
+                   "and optimizer_impl: fused (accepted otherwise: fp32, none)")
 
     v = par.virtual_stages
     if par.pp_schedule == "dualpipev" and v != 2:

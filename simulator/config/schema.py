@@ -379,6 +379,34 @@ class TrainingConfig(Frozen):
         "(bf16: DeepSeek-V3, arXiv:2412.19437 Sec. 3.3.3, 4 + 2 + 2 bytes per parameter "
         "instead of 4 + 4 + 4)",
     )
+    rmsnorm_gain: Literal["fp32", "input_dtype"] = Field(
+        "fp32",
+        description="eager code's RMSNorm: fp32, the normalised rows multiplied by the gain in "
+        "fp32 and cast for the next GEMM (benchmarks/device/measure.py); input_dtype, cast "
+        "back to the input's dtype before the gain, y.type_as(x) * w (Meta's Llama reference, "
+        "Hugging Face LlamaRMSNorm): with a bf16 residual stream the row kept for the gain's "
+        "backward is bf16 instead of fp32. Memory only; the same with an fp32 stream",
+    )
+    kv_repeat: Bool = Field(
+        False,
+        description="eager GQA attention written with separate wq/wk/wv and K, V copied to "
+        "every query head before SDPA (Meta's repeat_kv, repeat_interleave): the attention "
+        "keeps the repeated K and V (heads x head_dim wide each) instead of the fused QKV "
+        "output (false: one fused QKV Linear whose views reach the attention, measure.py). "
+        "Memory only",
+    )
+    master_weights: Literal["fp32", "remainder", "none"] = Field(
+        "fp32",
+        description="with param_dtype narrower than fp32, the optimizer's master weights: "
+        "fp32, a full fp32 copy (Megatron-LM, FSDP's MixedPrecision); remainder, only the 16 "
+        "bits an fp32 weight has beyond its bf16 value (Apex DistributedFusedAdam("
+        "store_param_remainders=True), as NeMo runs bf16 with distributed_fused_adam): 2 "
+        "bytes instead of 4, bf16 and a fused optimizer only; none, the bf16 parameters are "
+        "the optimizer's own and are updated in place (model.to(torch.bfloat16) with "
+        "torch.optim.AdamW, whose moments then take the parameters' dtype: say "
+        "optimizer_moments_dtype: bf16): 2 + 2 + 2 + 2 bytes per parameter instead of 2 + 2 "
+        "+ 4 + 4 + 4. No effect with param_dtype fp32",
+    )
     kernels: Literal["fused", "eager"] = Field(
         "fused",
         description="fused: Megatron-LM / Transformer Engine kernels (fused norms, RoPE, "

@@ -446,6 +446,7 @@ class _Builder:
         dense, expert = self.stage_local(p.stage)
         kw = dict(zero=zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
                   kernels=t.kernels, moments_dtype=t.optimizer_moments_dtype,
+                  master_weights=t.master_weights,
                   weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0])  # fmt: skip
         ds_w = ds_g = 0.0
         if t.zero_impl == "deepspeed":  # DeepSpeed's own states, whatever the kernels
@@ -508,7 +509,8 @@ class _Builder:
         z = self.par.zero >= 1
         local = dense / (self.shard if z else 1) + expert / (self.edp if z else 1)
         ops = tf.optimizer_ops(local, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
-                               moments_dtype=t.optimizer_moments_dtype, impl=t.optimizer_impl)
+                               moments_dtype=t.optimizer_moments_dtype, impl=t.optimizer_impl,
+                               master_weights=t.master_weights)
         pr = Pricer(self.job.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
         return tuple(pr.part(op) for op in ops)
 
@@ -542,14 +544,17 @@ class _Builder:
         t, m = self.t, self.local_model
         mkw = dict(micro_batch=t.micro_batch, tp=self.tp, sequence_parallel=self.sp,
                    kernels=t.kernels, param_dtype=t.param_dtype)  # fmt: skip
+        code = dict(norm_gain=t.rmsnorm_gain, kv_repeat=t.kv_repeat)
         layer = mem.activation_bytes_per_layer(
-            m, recompute=t.recompute, flash_attention=t.flash_attention, **mkw
+            m, recompute=t.recompute, flash_attention=t.flash_attention, **mkw, **code
         )
         whole = mem.activation_bytes_per_layer(
-            m, recompute="none", flash_attention=t.flash_attention, **mkw
+            m, recompute="none", flash_attention=t.flash_attention, **mkw, **code
         )
         # eager: the loss's working set too (the head's peak, from its forward to its backward)
-        head = mem.head_activation_bytes(m, include_transient=t.kernels == "eager", **mkw)
+        head = mem.head_activation_bytes(
+            m, include_transient=t.kernels == "eager", norm_gain=t.rmsnorm_gain, **mkw
+        )
         return layer, mem.embedding_activation_bytes(m, **mkw), head, max(0.0, whole - layer)
 
     def head_transient(self) -> float:

@@ -85,6 +85,7 @@ def model_state_bytes(
     kernels: str = "fused",
     weight_bytes: float | None = None,
     moments_dtype: str = "fp32",
+    master_weights: str = "fp32",
 ) -> ModelStateBytes:
     """Weights, gradients and Adam state of ``n_params`` parameters on one GPU.
 
@@ -104,6 +105,16 @@ def model_state_bytes(
     DeepSeek-V3 does (arXiv:2412.19437, Section 3.3.3): ``4 + 2 + 2`` bytes of optimizer state
     per parameter instead of ``4 + 4 + 4`` (``2 + 2`` without a master copy).
 
+    ``master_weights="none"`` (a model cast with ``model.to(torch.bfloat16)`` and stepped by
+    ``torch.optim.AdamW``, which keeps its moments in the parameters' dtype): no fp32 copy,
+    the working weights are the optimizer's own and are updated in place; the optimizer state
+    is m and v alone (``2 + 2`` bytes with bf16 moments: ``2 + 2 + 4 = 8`` bytes per
+    parameter with bf16 gradients). ``"remainder"`` (Apex ``DistributedFusedAdam(
+    store_param_remainders=True)``, NeMo's bf16 default): the optimizer keeps only the low 16
+    bits of each fp32 master weight, the bf16 parameter being its high half: ``2 + 4 + 4``
+    bytes of optimizer state instead of ``4 + 4 + 4``. With ``param_dtype: fp32`` there is no
+    master copy anyway.
+
     ``kernels="eager"`` with ZeRO-3 is PyTorch FSDP: with a 2-byte ``param_dtype`` (FSDP's
     ``MixedPrecision(param_dtype=bf16)``) the sharded parameters stay fp32 and are the
     optimizer's own (4/N), the 2-byte copy exists only while a unit is gathered (the engine's
@@ -119,11 +130,16 @@ def model_state_bytes(
     mv = 2 * dtype_bytes(moments_dtype, "training.optimizer_moments_dtype")
     if p == FP32:
         w, g, o = FP32, FP32, mv
+    elif master_weights == "none":
+        w, o = p, mv
+    elif master_weights == "remainder":
+        w, o = p, FP32 - p + mv
     elif kernels == "eager" and zero == 3:
         w, o = FP32, mv
     else:
         w, o = p, FP32 + mv
-    if weight_bytes is not None and p != FP32 and not (kernels == "eager" and zero == 3):
+    fsdp_fp32 = kernels == "eager" and zero == 3 and master_weights == "fp32"
+    if weight_bytes is not None and p != FP32 and not fsdp_fp32:
         w = weight_bytes
     return ModelStateBytes(
         weights=n_params * w / (dp if zero >= 3 else 1),
@@ -200,6 +216,8 @@ def activation_tensors_per_layer(
     dtype_bytes: int = 2,
     kernels: str = "fused",
     param_dtype: str = "bf16",
+    norm_gain: str = "fp32",
+    kv_repeat: bool = False,
 ) -> dict[str, float]:
     """The tensors one layer keeps for its backward on one TP rank, name -> bytes.
 
@@ -218,7 +236,9 @@ def activation_tensors_per_layer(
     log-sum-exp); ``full`` keeps only the layer input (``2sbh``, ``/t`` with SP; Korthikanti
     Table 2).
 
-    ``kernels="eager"``: see :func:`_eager_tensors`. ``param_dtype="fp32"`` (autocast over
+    ``kernels="eager"``: see :func:`_eager_tensors` (``norm_gain``, ``kv_repeat``: how the
+    eager code's RMSNorm and GQA attention are written, ``training.rmsnorm_gain`` and
+    ``training.kv_repeat``). ``param_dtype="fp32"`` (autocast over
     fp32 master weights, either kernel mode) adds ``weight_casts``: autocast casts each GEMM
     weight to the compute dtype in the forward and ``mm`` saves that copy for the input
     gradient, so it lives until the layer's backward (PyTorch AMP docs, autocast's weight-cast
@@ -230,7 +250,7 @@ def activation_tensors_per_layer(
     P = dtype_bytes_of(param_dtype)
     args = (model, micro_batch, tp, sequence_parallel, recompute, flash_attention, dtype_bytes)
     if kernels == "eager":
-        return dict(_eager_tensors(*args, P))
+        return dict(_eager_tensors(*args, P, norm_gain, kv_repeat))
     t = dict(_tensors(*args))
     casts = _weight_cast_bytes(
         model, local_dims(model, micro_batch, tp, sequence_parallel), dtype_bytes, P
@@ -292,11 +312,16 @@ def _tensors(
     return tuple((k, float(v)) for k, v in t.items())
 
 
-def _eager_norm(name: str, kind: str, n: int, h: int, R: int = FP32) -> dict[str, float]:
+def _eager_norm(
+    name: str, kind: str, n: int, h: int, R: int = FP32, gain: str = "fp32"
+) -> dict[str, float]:
     """What an eager pre-norm saves on ``n`` tokens: for measure.py's RMSNorm
     (``xf * rsqrt(mean(xf^2) + eps) * w``) its fp32 input (``x.float()``, the residual stream
     itself when that is fp32), the per-row ``rsqrt`` and the normalised ``y`` (the gain
-    multiply saves it); for ``nn.LayerNorm`` (``native_layer_norm``) its input as it comes,
+    multiply saves it), fp32; with ``gain="input_dtype"`` (Meta's Llama reference and Hugging
+    Face's ``LlamaRMSNorm``: ``y.type_as(x) * w``) ``y`` is cast back to the residual stream's
+    dtype ``R`` before the gain, so the saved ``y`` takes ``R`` bytes (the same 4 with an fp32
+    stream); for ``nn.LayerNorm`` (``native_layer_norm``) its input as it comes,
     in the residual stream's dtype ``R`` (fp32 with AMP master weights, where autocast runs
     layer_norm in fp32 on the fp32 stream; bf16 when FSDP hands bf16 parameters to a model
     run without autocast), and the fp32 row mean and rstd."""
@@ -304,7 +329,7 @@ def _eager_norm(name: str, kind: str, n: int, h: int, R: int = FP32) -> dict[str
         return {
             f"{name}_input_fp32": float(n * h * FP32),
             f"{name}_rstd": float(n * FP32),
-            f"{name}_normalized": float(n * h * FP32),
+            f"{name}_normalized": float(n * h * (R if gain == "input_dtype" else FP32)),
         }
     key = f"{name}_input_fp32" if R == FP32 else f"{name}_input"
     return {key: float(n * h * R), f"{name}_mean_rstd": float(2 * n * FP32)}
@@ -312,7 +337,16 @@ def _eager_norm(name: str, kind: str, n: int, h: int, R: int = FP32) -> dict[str
 
 @lru_cache(maxsize=1024)
 def _eager_tensors(
-    model: ModelConfig, b: int, tp: int, sp: bool, recompute: str, flash: bool, d: int, P: int
+    model: ModelConfig,
+    b: int,
+    tp: int,
+    sp: bool,
+    recompute: str,
+    flash: bool,
+    d: int,
+    P: int,
+    gain: str = "fp32",
+    kv_repeat: bool = False,
 ) -> tuple[tuple[str, float], ...]:
     """What autograd saves for one eager layer under autocast (the modules of
     ``benchmarks/device/measure.py``; nanoGPT's block for the GPT family), on one TP rank.
@@ -324,7 +358,11 @@ def _eager_tensors(
       residual stream's dtype for LayerNorm);
     * the norm output cast to ``d``, saved by the next GEMM (``qkv_input``, ``fc1_input``);
     * the QKV output: ``split``/``view`` make Q, K, V views of it and the attention saves V
-      (and for GPT Q and K too), so the whole ``T x (q + 2kv)`` storage stays;
+      (and for GPT Q and K too), so the whole ``T x (q + 2kv)`` storage stays; with
+      ``kv_repeat`` (separate ``wq``/``wk``/``wv`` and K, V copied to every query head before
+      SDPA, Meta's ``repeat_kv`` or ``repeat_interleave``; the copy saves nothing for its
+      backward) the projections' outputs are freed and the attention saves the repeated K and
+      V, ``T x q`` each, beside the rotated Q;
     * rotary: ``x*cos + cat(-x2, x1)*sin`` saves only the ``d``-typed tables (a copy per layer,
       ``2*s*hd``), and the attention saves the rotated Q and K (new tensors);
     * flash attention (SDPA): its output (the out-projection's input is a view of it) and the
@@ -350,13 +388,18 @@ def _eager_tensors(
     if recompute == "full":
         t["layer_input"] = NT * h * P
     else:
-        t.update(_eager_norm("norm1", kind, NT, h, P))
+        t.update(_eager_norm("norm1", kind, NT, h, P, gain))
         t["qkv_input"] = T * h * d
-        t["qkv_output"] = T * (q_w + 2 * kv_w) * d
+        if kv_repeat:
+            t["q_rotated" if A.rotary else "q"] = T * q_w * d
+            t["k_repeated"] = t["v_repeated"] = T * q_w * d
+        else:
+            t["qkv_output"] = T * (q_w + 2 * kv_w) * d
         if A.rotary:
             t["rope_tables"] = 2 * L.s * L.head_dim * d
-            t["q_rotated"] = T * q_w * d
-            t["k_rotated"] = T * kv_w * d
+            if not kv_repeat:
+                t["q_rotated"] = T * q_w * d
+                t["k_rotated"] = T * kv_w * d
         if flash:
             t["attn_output"] = T * q_w * d
             if recompute == "none":
@@ -374,7 +417,7 @@ def _eager_tensors(
             t["attn_output"] = T * q_w * d
         if A.dropout:
             t["attn_dropout_mask"] = NT * h * MASK
-        t.update(_eager_norm("norm2", kind, NT, h, P))
+        t.update(_eager_norm("norm2", kind, NT, h, P, gain))
         t["fc1_input"] = T * h * d
         t["fc1_output"] = T * L.fc1_out * d
         if model.activation == "swiglu":
@@ -398,6 +441,8 @@ def activation_bytes_per_layer(
     dtype_bytes: int = 2,
     kernels: str = "fused",
     param_dtype: str = "bf16",
+    norm_gain: str = "fp32",
+    kv_repeat: bool = False,
 ) -> float:
     """Bytes one layer keeps per micro-batch on one TP rank (sum of
     :func:`activation_tensors_per_layer`). For GPT with dropout, d = 2 and no flash this is
@@ -414,6 +459,8 @@ def activation_bytes_per_layer(
             dtype_bytes=dtype_bytes,
             kernels=kernels,
             param_dtype=param_dtype,
+            norm_gain=norm_gain,
+            kv_repeat=kv_repeat,
         ).values()
     )
 
@@ -460,6 +507,7 @@ def head_activation_tensors(
     dtype_bytes: int = 2,
     kernels: str = "fused",
     param_dtype: str = "bf16",
+    norm_gain: str = "fp32",
 ) -> dict[str, float]:
     """What the last stage keeps for the head's backward per micro-batch, name -> bytes.
 
@@ -479,7 +527,7 @@ def head_activation_tensors(
     L = local_dims(model, micro_batch, tp, sequence_parallel)
     h, d, x = model.hidden, dtype_bytes, L.tokens * L.vocab
     if kernels == "eager":
-        t = _eager_norm("final_norm", model.norm_kind, L.norm_tokens, h, P)
+        t = _eager_norm("final_norm", model.norm_kind, L.norm_tokens, h, P, norm_gain)
         t["head_input"] = float(L.tokens * h * d)
         if tp == 1:
             t["log_softmax"] = float(x * FP32)
@@ -539,6 +587,7 @@ def head_activation_bytes(
     include_transient: bool = False,
     kernels: str = "fused",
     param_dtype: str = "bf16",
+    norm_gain: str = "fp32",
 ) -> float:
     """Bytes the head keeps per micro-batch (sum of :func:`head_activation_tensors`);
     ``include_transient`` adds the loss's working set (:func:`head_transient_bytes`), the
@@ -550,7 +599,9 @@ def head_activation_bytes(
         dtype_bytes=dtype_bytes,
         kernels=kernels,
     )
-    kept = sum(head_activation_tensors(model, param_dtype=param_dtype, **kw).values())
+    kept = sum(
+        head_activation_tensors(model, param_dtype=param_dtype, norm_gain=norm_gain, **kw).values()
+    )
     if include_transient:
         kept += head_transient_bytes(model, **kw)
     return float(kept)

@@ -91,7 +91,7 @@ def layer_activation_bytes(
     tensors = mem.activation_tensors_per_layer(
         local, micro_batch=t.micro_batch, tp=tp, sequence_parallel=sp,
         recompute=dense_rc, flash_attention=t.flash_attention, kernels=t.kernels,
-        param_dtype=t.param_dtype,
+        param_dtype=t.param_dtype, norm_gain=t.rmsnorm_gain, kv_repeat=t.kv_repeat,
     )  # fmt: skip
     if t.recompute == "full":
         return sum(tensors.values())

@@ -400,7 +400,7 @@ def head_backward_ops(
     return _master_weights(ops, d, False) if P == FP32 else list(ops)
 
 
-def foreach_adam_bytes(g: int, m: int) -> int:
+def foreach_adam_bytes(g: int, m: int, p: int = FP32) -> int:
     """Bytes per parameter of ``torch.optim.AdamW(foreach=True)``'s step over fp32 parameters
     with ``g``-byte gradients and ``m``-byte moments (PyTorch's ``_multi_tensor_adam``,
     torch/optim/adam.py, decoupled weight decay, float lr, not capturable, not amsgrad): eight
@@ -409,8 +409,9 @@ def foreach_adam_bytes(g: int, m: int) -> int:
     ``v *= beta2`` (``2m``), ``addcmul_(v, g, g)`` (``2m + g``, the gradient read once),
     ``denom = sqrt(v)`` into a new list (``2m``), ``denom /= sqrt(bias correction)`` (``2m``),
     ``denom += eps`` (``2m``), ``addcdiv_(params, m, denom)`` (``8 + 2m``): ``16 + 2g + 14m``,
-    80 for fp32 everywhere."""
-    return 4 * FP32 + 2 * g + 14 * m
+    80 for fp32 everywhere. ``p``: the stepped parameters' bytes (``4p`` instead of 16 when
+    bf16 parameters without master weights are stepped in place)."""
+    return 4 * p + 2 * g + 14 * m
 
 
 def optimizer_ops(
@@ -420,6 +421,7 @@ def optimizer_ops(
     grad_dtype: str,
     moments_dtype: str = "fp32",
     impl: str = "fused",
+    master_weights: str = "fp32",
 ) -> list[Op]:
     """The optimizer step of the parameters this rank updates, memory-bound.
 
@@ -429,6 +431,10 @@ def optimizer_ops(
     2020, ZeRO, Section 3.1: 16 bytes of state per parameter); with fp32 weights (AMP) there
     is no master copy: read g, p, m, v, write p, m, v (g + 24). ``moments_dtype="bf16"``
     (DeepSeek-V3) reads and writes m and v at 2 bytes: g + 8 + 8 + p (g + 16 with AMP).
+    ``master_weights="none"`` (bf16 parameters stepped in place): read g, p, m, v, write p,
+    m, v: g + 2 (p + mv) bytes, as with fp32 weights but at the parameters' width;
+    ``"remainder"`` (Apex's kernel with parameter remainders): the fp32 weight is read and
+    written as its bf16 half and its 16-bit remainder, g + 2 (4 + mv), no separate copy out.
     ``impl="foreach"``: PyTorch's multi-tensor AdamW (:func:`foreach_adam_bytes`), plus the
     working copy's write with narrower parameters.
     """
@@ -438,14 +444,17 @@ def optimizer_ops(
     mv = 2 * m
     if p == FP32:
         g = FP32
+    master = master_weights == "fp32" and p != FP32
     if impl == "foreach":
-        per = foreach_adam_bytes(g, m) + (0 if p == FP32 else p)
+        per = foreach_adam_bytes(g, m) + p if master else foreach_adam_bytes(g, m, p)
     elif impl != "fused":
         raise ConfigError(
             f"optimizer_impl={impl!r} (accepted: fused, foreach)", field="training.optimizer_impl"
         )
-    elif p == FP32:
-        per = FP32 + 2 * (FP32 + mv)
+    elif master_weights == "remainder" and p != FP32:
+        per = g + 2 * (FP32 + mv)
+    elif not master:
+        per = g + 2 * (p + mv)
     else:
         per = g + 2 * (FP32 + mv) + p
     return [
