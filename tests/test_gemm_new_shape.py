@@ -14,7 +14,7 @@ from simulator.config.load import load_workload
 from simulator.engine.host import HostRates
 from simulator.engine.program import Part
 from simulator.hardware.catalog import load_gpu
-from simulator.model.moe import new_shape_share
+from simulator.model.moe import moe_local, new_shape_share
 
 US = 1e-6
 MOE = "validation/heldout7/h7_moe_ep2_Y.yaml"
@@ -22,7 +22,8 @@ MOE = "validation/heldout7/h7_moe_ep2_Y.yaml"
 
 def test_expert_gemms_pay_the_new_shape_time_by_kind():
     """An expert GEMM's forward, data-gradient and weight-gradient parts each add their own
-    new-shape time to the model rate; routing kernels, dense GEMMs and collectives do not."""
+    new-shape time to the model rate; SwiGLU's w3 GEMMs, routing kernels, dense GEMMs and
+    collectives do not."""
     rates = HostRates(40 * US, 80 * US, 0.0, 120 * US,
                       expert_gemm_s=(300 * US, 330 * US, 130 * US))
 
@@ -32,21 +33,43 @@ def test_expert_gemms_pay_the_new_shape_time_by_kind():
     assert part("expert_fc1_e0") == pytest.approx(340 * US)
     assert part("expert_fc2_e3_dgrad") == pytest.approx(370 * US)
     assert part("expert_fc1_e1_wgrad") == pytest.approx(170 * US)
+    # SwiGLU's w3: w1's sizes, input and row count, so w1's cache entries serve it
+    assert part("expert_fc3_e0") == part("expert_fc3_e2_dgrad") == 40 * US
     assert rates.part_s(Part("permute", "compute", 0.0, block="moe")) == 120 * US
     assert rates.part_s(Part("fc1", "compute", 0.0, block="mlp")) == 40 * US
     assert rates.part_s(Part("moe_dispatch", "comm", 0.0, block="moe")) == 80 * US
 
 
-@pytest.mark.parametrize(("sets", "share"), [
-    ({}, 0.0),                                                 # a long run's steady state
-    ({"measured_steps": (4, 9)}, 1.0),                         # a short benchmark, learned routes
-    ({"measured_steps": (4, 9), "moe_routes": "replayed"}, 0.0),  # same routes every step
-    ({"measured_steps": (4, 9), "kernels": "fused"}, 0.0),     # grouped GEMM: shapes repeat
+def _loc(w):
+    """The busiest EP rank's experts of workload ``w``, its MoE layer calls a step and the
+    ranks whose tokens an expert takes."""
+    t, ep = w.training, w.parallelism.ep
+    loc = moe_local(w.model, t.micro_batch, 1, 1, ep, 1, t.moe_expert_load)
+    return loc, w.model.layers * t.global_batch // (t.micro_batch * w.parallelism.dp), ep
+
+
+@pytest.mark.parametrize("sets", [
+    {},                                                      # a long run's steady state
+    {"measured_steps": (4, 9), "moe_routes": "replayed"},    # same routes every step
+    {"measured_steps": (4, 9), "kernels": "fused"},          # grouped GEMM: shapes repeat
 ])
-def test_new_shape_share(sets, share):
+def test_no_new_shapes(sets):
     w = load_workload(MOE).workload
     t = w.training.model_copy(update={"measured_steps": None} | sets)
-    assert new_shape_share(w.model, t) == share
+    assert new_shape_share(w.model, t, *_loc(w)) == 0.0
+
+
+def test_new_shapes_of_a_learned_router():
+    """A fresh process's benchmark: some counts new, fewer the later the steps timed, more the
+    more alike the router sends a call's tokens; none in a dense model."""
+    w = load_workload(MOE).workload
+
+    def share(steps, rho):
+        t = w.training.model_copy(update={"measured_steps": steps, "moe_route_correlation": rho})
+        return new_shape_share(w.model, t, *_loc(w))
+
+    assert 0.0 < share((10, 15), 0.0) < share((4, 9), 0.0) < share((4, 9), 1e-3) < 1.0
+    t = w.training.model_copy(update={"measured_steps": (4, 9)})
     assert new_shape_share(w.model.model_copy(update={"moe": None}), t) == 0.0
 
 
@@ -75,12 +98,19 @@ def _step(ms: str) -> float:
     return json.loads(out)["step_time_s"]
 
 
-def test_a_host_bound_benchmark_step_pays_every_expert_gemm_once():
+def test_a_host_bound_benchmark_step_pays_the_expected_new_shapes():
     """Shrunk to hidden 256 the eager MoE step is its host's time, so a benchmark of a fresh
-    process ([4, 9]) is slower than the steady state by exactly the new-shape time of every
-    expert GEMM of the step: 6 layers x 2 micro-batches x 4 local experts, each fc1 and fc2
-    with a forward, a data-gradient and a weight-gradient GEMM."""
+    process ([4, 9]) is slower than the steady state by exactly the new-shape time of its
+    expected new expert GEMMs: 6 layers x 2 micro-batches x 4 local experts, each fc1 and fc2
+    with a forward, a data-gradient and a weight-gradient GEMM, times the share new."""
     gpu = load_gpu("H100-SXM-80GB")
     per_expert = 2 * (gpu.host_gemm_new_shape_fwd_s + gpu.host_gemm_new_shape_dgrad_s
                       + gpu.host_gemm_new_shape_wgrad_s)
-    assert _step("[4,9]") - _step("null") == pytest.approx(6 * 2 * 4 * per_expert, rel=1e-3)
+    w = load_workload(MOE).workload
+    tiny = w.model.model_copy(update={"hidden": 256, "seq_len": 128})
+    t = w.training.model_copy(update={"measured_steps": (4, 9)})
+    loc = moe_local(tiny, t.micro_batch, 1, 1, 2, 1, None)
+    share = new_shape_share(tiny, t, loc, 6 * 2, 2)
+    assert 0.05 < share < 1.0
+    assert _step("[4,9]") - _step("null") == pytest.approx(6 * 2 * 4 * per_expert * share,
+                                                           rel=1e-3)

@@ -57,6 +57,9 @@ MAX_GPUS = 131_072  # nodes * gpus_per_node (issue 11: a 131,072-GPU step; bench
 MAX_GPUS_PER_NODE = 1024  # an NVL576 rack is 576
 MAX_SLOWDOWN = 1e9  # a straggler's compute slowdown factor (1e9: a GPU that all but stopped)
 MIN_BANDWIDTH_FACTOR = 1e-9  # a degraded link keeps at least this share (0 = failed)
+#: training.moe_route_correlation's default: a stable learning router's, measured
+#: (simulator/calibrate/routes.py refits it from data/measured/diagnosis9-h100x4)
+ROUTE_CORRELATION_DEFAULT = 1.7e-4
 MAX_LATENCY_US = 1e6  # one second per hop
 MAX_BUCKET_MB = 1e6
 
@@ -443,6 +446,16 @@ class TrainingConfig(Frozen):
         "experts per token, so each expert's token count, the row count of its GEMMs, changes "
         "every micro-batch) or replayed (a benchmark replaying the same forced routes every "
         "step, so the shapes repeat)",
+    )
+    moe_route_correlation: Float = Field(
+        ROUTE_CORRELATION_DEFAULT, ge=0, le=1,
+        description="how alike a learned router sends the tokens of one call (micro-batch, "
+        "layer) to an expert: the correlation between two tokens' choices, so an expert's "
+        "count is beta-binomial, variance n p (1-p) (1 + (n-1) rho); 0: independent tokens "
+        "(a router at initialisation on random tokens), 1: every token alike (a collapsed "
+        "router). With measured_steps it sets how often an eager expert GEMM's row count is "
+        "new to the process (simulator/model/shape_cache.py). Default: a stable learning "
+        "router as measured (data/measured/diagnosis9-h100x4)",
     )
     measured_steps: tuple[PositiveInt, PositiveInt] | None = Field(
         None,

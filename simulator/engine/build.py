@@ -39,6 +39,7 @@ from simulator.model import comm as mc
 from simulator.model import deepspeed as dsz
 from simulator.model import eager, moe_sizes
 from simulator.model import memory as mem
+from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
 from simulator.model.moe import beside_ep_slowdown, new_shape_share
 from simulator.model.ops import DTYPE_BYTES as BYTES
@@ -756,13 +757,27 @@ class _Builder:
                 raise ConfigError(f"{gpu.name} has no host_dtensor rates in gpus.yaml (DTensor's "
                                   "host time per unit, not measured)", field="parallelism.tp_impl")
             extra = dtensor_extra(gpu.host_dtensor, self.sp)
-        share = new_shape_share(self.m, self.t)
+        share = new_shape_share(self.m, self.t, *self.expert_row_calls(), self.ep * self.etp)
         return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s,
                          gpu.host_moe_op_s, gpu.host_fsdp_call_s, gpu.host_fsdp_tensor_s,
                          MappingProxyType(extra),
                          (share * gpu.host_gemm_new_shape_fwd_s,
                           share * gpu.host_gemm_new_shape_dgrad_s,
                           share * gpu.host_gemm_new_shape_wgrad_s))
+
+    def expert_row_calls(self) -> tuple[moe_math.MoELocal | None, int]:
+        """The busiest EP rank's experts and its MoE layer calls per step (the MoE layers of
+        the pipeline rank holding most of them, times the micro-batches): what
+        :func:`simulator.model.moe.new_shape_share` draws row counts from."""
+        if self.m.moe is None:
+            return None, 0
+        t = self.t
+        loc = moe_math.moe_local(self.local_model, t.micro_batch, self.tp, 1, self.ep, self.etp,
+                                 t.moe_expert_load)
+        layers = max(sum(moe_sizes.is_moe_layer(self.m, g)
+                         for c in range(self.chunks) for g in self.layers_of(s, c))
+                     for s in range(self.pp))
+        return loc, layers * self.job.microbatches
 
     def unit_tensors(self, unit: int | str) -> int:
         """Parameter tensors of a ZeRO-3 unit (a global layer, ``embed`` or ``head``) on one

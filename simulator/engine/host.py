@@ -70,6 +70,10 @@ class HostRates:
             return self.collective_s
         if self.moe_op_s > 0.0 and part.block == "moe" and routing_op(part.name):
             return self.moe_op_s
+        if part.block == "moe" and part.name.startswith("expert_fc3"):
+            # SwiGLU's w3 has w1's sizes, input and row count: its GEMMs find the entries
+            # w1's just made (one cuBLAS problem description, one cache entry)
+            return self.op_s
         if part.block == "moe" and part.name.startswith("expert_fc"):
             fwd, dgrad, wgrad = self.expert_gemm_s
             extra = dgrad if part.name.endswith("_dgrad") else \

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from simulator.config.schema import ModelConfig, TrainingConfig
+from simulator.model import shape_cache
 from simulator.model.ops import FP32, Op, gemm_grads, gemm_op, mem_op
 
 #: int64 indices (token ids, permutations)
@@ -55,21 +56,22 @@ ROUTING_OPS = ("router", "permute", "unpermute", "moe_counts", "perm_", "sort_ch
                "unsort_chunks", "expert_cat", "inv_", "combine_")
 
 
-def new_shape_share(model: ModelConfig, training: TrainingConfig) -> float:
+def new_shape_share(model: ModelConfig, training: TrainingConfig, loc: MoELocal | None = None,
+                    calls: int = 1, sources: int = 1) -> float:
     """The expected share of an eager MoE step's expert GEMMs whose shape (row count: the
     expert's tokens in this micro-batch) the process has not launched before, so cuBLAS
     runs its heuristic query on the host (a miss of its heuristics cache; gpus.yaml
-    ``host_gemm_new_shape_*`` measures what one costs).
+    ``host_gemm_new_shape_*`` measures what one costs). ``loc``: the busiest EP rank's
+    experts; ``calls``: MoE layer calls per step on that rank (its MoE layers times the
+    micro-batches); ``sources``: the ranks whose tokens an expert takes (``ep x etp``).
 
     * ``training.moe_routes: replayed`` (the same forced routes every step): the shapes repeat
       from the second step on, 0.
-    * learned routes, ``training.measured_steps`` set (a benchmark of a fresh process): 1. A
-      router's token counts per expert spread over hundreds of values (binomial spread alone,
-      ``sqrt(M (1 - k p))``, is 55 rows at 4,096 rows per expert, and the shares differ from
-      layer to layer and drift as the router learns), so in a run of tens of steps nearly every
-      count is new: profiles of such steps (``data/measured/moe-profile-h100x2``) show the
-      expert GEMM calls' host time at about 80 % of all-new at the tenth step, falling over
-      further steps as the cache fills. An upper bound, for short benchmarks.
+    * learned routes, ``training.measured_steps: [first, last]`` set (a benchmark of a fresh
+      process): the expected share of the calls of those steps whose row count is new
+      (:func:`simulator.model.shape_cache.new_share` over :func:`expert_row_streams`; the
+      GEMM kinds of a layer all see the same counts, so one share serves forward, data and
+      weight gradients).
     * learned routes, a long run's steady state (``measured_steps`` null): 0, the cache
       (8,192 entries by default, cuBLAS's ``CUBLASLT_HEURISTICS_CACHE_CAPACITY``) holds
       every count seen. Optimistic where the shares keep drifting over more counts than that.
@@ -77,7 +79,27 @@ def new_shape_share(model: ModelConfig, training: TrainingConfig) -> float:
     Fused code (grouped GEMM) and dense models: 0 (every GEMM shape repeats)."""
     if model.moe is None or training.kernels != "eager" or training.moe_routes == "replayed":
         return 0.0
-    return 1.0 if training.measured_steps is not None else 0.0
+    if training.measured_steps is None or loc is None:
+        return 0.0
+    first, last = training.measured_steps
+    streams = expert_row_streams(training, loc, calls, sources)
+    return shape_cache.new_share(streams, first, last)
+
+
+def expert_row_streams(training: TrainingConfig, loc: MoELocal, calls: int,
+                       sources: int) -> list[shape_cache.Stream]:
+    """The row counts of the busiest EP rank's expert GEMMs, one
+    :class:`~simulator.model.shape_cache.Stream` per local expert (experts of equal load
+    merged), ``calls`` draws a step: each of the ``sources x tokens`` tokens sends the expert a
+    copy with its mean probability (its copies over the tokens), tokens correlated by
+    ``training.moe_route_correlation`` (a learning router's variation from call to call)."""
+    n = sources * loc.tokens
+    by: dict[float, int] = {}
+    for m in loc.expert_tokens:
+        if m >= 1.0:
+            by[m] = by.get(m, 0) + calls
+    return [shape_cache.Stream(n, min(1.0, m / n), training.moe_route_correlation, c)
+            for m, c in sorted(by.items())]
 
 
 def routing_op(name: str) -> bool:

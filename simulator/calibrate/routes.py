@@ -1,0 +1,140 @@
+"""Refit a learned router's token correlation (``training.moe_route_correlation``) from the row
+counts of eager MoE steps, and count the expert GEMM calls of new row count they made.
+
+Data: ``data/measured/diagnosis9-h100x4/`` (4x H100, 2026-11-27): for four MoE cases of two
+measuring scripts (``steps_alt.py`` h8_moe_ep2_Q / ep4_Q: GPT-2 blocks, GELU experts, softmax
+over all experts then top-2; ``steps_third.py`` h8t_moe_ep2_B / ep4_B: Llama blocks, SwiGLU
+experts, top-2 then softmax over the two), ``expert_rows-CASE-rN.json`` holds every MoE layer
+call's rows per local expert on rank N (``layers[l][call][expert]``: the ``M`` of that expert's
+GEMMs, in call order: 3 warm-up steps, 6 timed steps, one profiled step), and ``steps.jsonl``
+each case's model, micro-batch, micro-batches and GPUs (EP = GPUs).
+
+* :func:`correlation_of`: per rank, the method-of-moments correlation of all its counts
+  (:func:`simulator.model.shape_cache.correlation`, ``n`` = the tokens of all EP ranks in a
+  micro-batch), the mean over the ranks.
+* :func:`measured_new`: per rank and step, the calls whose ``M`` no earlier call of the rank
+  had (one kind of GEMM; every kind of a layer sees the same counts), counted from the rows.
+* ``refit``: the default is the mean correlation of the stable router's cases
+  (``steps_third.py``); ``steps_alt.py``'s router collapses (counts piled at 0 and at every
+  token), its own value is what its workloads set (:data:`COLLAPSING`).
+
+No validation suite is read here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from simulator.calibrate import REPO, jsonl
+from simulator.config.schema import ROUTE_CORRELATION_DEFAULT
+from simulator.model.shape_cache import Stream, correlation, new_share
+
+DIAG = REPO / "data" / "measured" / "diagnosis9-h100x4"
+#: the script whose router the default describes (a stable learning router)
+STABLE = "steps_third.py"
+#: the script whose router collapses, and the correlation its workloads set
+COLLAPSING = "steps_alt.py"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One logged MoE case: ``rows[rank][layer][call][expert]``, the tokens ``n`` of a call
+    (micro-batch x sequence x EP ranks) and each token's mean probability ``p`` of sending an
+    expert a copy (top-k / experts)."""
+
+    name: str
+    script: str
+    rows: np.ndarray
+    n: int
+    p: float
+    micro_batches: int
+    warmup: int
+
+    def calls(self) -> int:
+        """Expert GEMM calls of one kind per step on a rank: layers x micro-batches x local
+        experts."""
+        _, layers, _, local = self.rows.shape
+        return layers * self.micro_batches * local
+
+
+def cases() -> list[Case]:
+    """The logged cases, by name ([] before the measurement exists)."""
+    if not DIAG.exists():
+        return []
+    out = []
+    for rec in jsonl(DIAG / "steps.jsonl"):
+        files = sorted(DIAG.glob(f"expert_rows-{rec['case']}-r*.json"))
+        if rec.get("scheme") != "moe" or not files:
+            continue
+        logs = [json.loads(Path(f).read_text()) for f in files]
+        m = rec["model"]
+        out.append(Case(rec["case"], rec["script"], np.array([g["layers"] for g in logs]),
+                        rec["micro_batch"] * m["seq"] * rec["gpus"], m["top_k"] / m["experts"],
+                        rec["micro_batches"], logs[0]["warmup"]))
+    return sorted(out, key=lambda c: c.name)
+
+
+def correlation_of(case: Case) -> float:
+    """The mean over the ranks of the correlation of each rank's counts."""
+    return float(np.mean([correlation(r.ravel(), case.n) for r in case.rows]))
+
+
+def measured_new(case: Case) -> np.ndarray:
+    """``[rank][step]``: calls of one GEMM kind whose row count no earlier call of the rank
+    had, counted from the logged rows (calls in order: micro-batch, layer, expert)."""
+    out = []
+    for r in case.rows:
+        seen: set[int] = set()
+        per_step = []
+        for s in range(r.shape[1] // case.micro_batches):
+            calls = r[:, s * case.micro_batches:(s + 1) * case.micro_batches, :]
+            before = len(seen)
+            seen.update(int(m) for m in calls.transpose(1, 0, 2).ravel())
+            per_step.append(len(seen) - before)
+        out.append(per_step)
+    return np.array(out)
+
+
+def measured_share(case: Case, first: int, last: int) -> float:
+    """Share of the calls of steps ``first..last`` (1-based) that were new, mean over ranks."""
+    new = measured_new(case)[:, first - 1:last]
+    return float(new.sum() / (new.size * case.calls()))
+
+
+def predicted_share(case: Case, rho: float, first: int, last: int) -> float:
+    """The model's share new (:func:`simulator.model.shape_cache.new_share`) for the case's
+    calls, its mean load and correlation ``rho``."""
+    return new_share([Stream(case.n, case.p, rho, case.calls())], first, last)
+
+
+def fit() -> dict[str, float]:
+    """{script: mean correlation of its cases}."""
+    by: dict[str, list[float]] = {}
+    for c in cases():
+        by.setdefault(c.script, []).append(correlation_of(c))
+    return {s: float(np.mean(v)) for s, v in by.items()}
+
+
+def shipped_round(x: float) -> float:
+    """Two significant figures, as shipped."""
+    return float(f"{x:.2g}")
+
+
+def refit() -> dict[str, tuple[float, float]]:
+    """{constant: (refitted, shipped)}: the default (stable router) and the collapsing
+    router's value the steps_alt.py workloads set."""
+    f = fit()
+    if not f:
+        return {}
+    return {"schema.ROUTE_CORRELATION_DEFAULT": (shipped_round(f[STABLE]),
+                                                 ROUTE_CORRELATION_DEFAULT),
+            f"{COLLAPSING} workloads' moe_route_correlation": (shipped_round(f[COLLAPSING]),
+                                                                COLLAPSED_ROUTER)}
+
+
+#: ``training.moe_route_correlation`` of the ``steps_alt.py`` workloads (its router collapses)
+COLLAPSED_ROUTER = 0.53

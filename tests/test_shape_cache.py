@@ -1,0 +1,152 @@
+"""The expected share of GEMM calls whose row count is new to the process
+(simulator/model/shape_cache.py), against closed forms, Monte Carlo of routing and the row
+counts eager MoE steps logged (data/measured/diagnosis9-h100x4)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from simulator.calibrate import routes
+from simulator.model.shape_cache import Stream, correlation, count_pmf, expected_distinct, new_share
+
+
+def test_the_pmf_is_binomial_and_beta_binomial():
+    n, p = 40, 0.3
+    b = count_pmf(n, p, 0.0)
+    assert b[7] == pytest.approx(math.comb(40, 7) * 0.3**7 * 0.7**33, rel=1e-9)
+    rho = 0.1
+    bb = count_pmf(n, p, rho)
+    m = np.arange(n + 1)
+    assert bb.sum() == pytest.approx(1.0)
+    assert float(m @ bb) == pytest.approx(n * p, rel=1e-9)
+    var = float(((m - n * p) ** 2) @ bb)
+    assert var == pytest.approx(n * p * (1 - p) * (1 + (n - 1) * rho), rel=1e-9)
+    # a = p (1/rho - 1) = 2.7, b = 6.3: P(0) = B(a, n + b) / B(a, b)
+    a, bt = 2.7, 6.3
+    p0 = math.exp(math.lgamma(n + bt) + math.lgamma(a + bt) - math.lgamma(n + a + bt)
+                  - math.lgamma(bt))
+    assert bb[0] == pytest.approx(p0, rel=1e-9)
+
+
+def test_all_distinct_counts_give_the_upper_bound():
+    """Counts spread over far more values than the calls made: every call new."""
+    assert new_share([Stream(10**6, 0.5, 0.1, 64)], 4, 9) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_fixed_count_is_new_once():
+    """One count every call (every token to the expert): the first call of the process is
+    new, none after it."""
+    s = [Stream(4096, 1.0, 0.0, 64)]
+    assert new_share(s, 1, 1) == pytest.approx(1 / 64)
+    assert new_share(s, 1, 3) == pytest.approx(1 / (3 * 64))
+    assert new_share(s, 2, 9) == 0.0
+    assert expected_distinct([Stream(100, 1.0, 0.0, 8), Stream(200, 1.0, 0.0, 8)], 5) == 2.0
+
+
+def test_the_sum_over_calls_form():
+    """A call after n draws of one distribution is new with probability sum_m p(m)(1-p(m))^n:
+    summed over the calls of steps 4..9 it is D(9) - D(3)."""
+    n, p, rho, calls = 2000, 0.25, 1e-3, 5
+    pm = count_pmf(n, p, rho)
+    direct = sum(float(pm @ (1 - pm) ** k) for k in range(3 * calls, 9 * calls))
+    assert new_share([Stream(n, p, rho, calls)], 4, 9) == pytest.approx(direct / (6 * calls))
+
+
+def test_like_streams_merge():
+    a = Stream(500, 0.2, 0.01, 3)
+    assert expected_distinct([a, a], 4) == pytest.approx(expected_distinct([Stream(500, 0.2, 0.01, 6)], 4))
+
+
+def _monte_carlo(rng, T, E, k, local, calls, draw_shares=None, runs=150):
+    shares = []
+    for _ in range(runs):
+        seen, new = set(), 0
+        for step in range(1, 10):
+            for _ in range(calls):
+                if draw_shares is None:  # top-k of E experts, uniformly, per token
+                    picks = np.argpartition(rng.random((T, E)), k, axis=1)[:, :k].ravel()
+                    counts = np.bincount(picks, minlength=E)
+                else:  # top-1 with the call's expert shares drawn from a Dirichlet
+                    counts = rng.multinomial(T, draw_shares(rng))
+                for m in counts[:local]:
+                    if int(m) not in seen:
+                        seen.add(int(m))
+                        new += step >= 4
+        shares.append(new / (6 * calls * local))
+    return np.mean(shares), 3 * np.std(shares) / math.sqrt(runs)
+
+
+def test_multinomial_routing_against_a_monte_carlo():
+    """Top-2 of 8 experts per token, 512 tokens a call, 8 calls a step of the 4 experts of one
+    rank (counts of one call are correlated: they sum to 1,024), steps 4..9: independent
+    binomial streams give the share of new counts random routing gives (seeded Monte Carlo,
+    3 standard errors)."""
+    T, E, k, local, calls = 512, 8, 2, 4, 8
+    model = new_share([Stream(T, k / E, 0.0, local * calls)], 4, 9)
+    mc, err = _monte_carlo(np.random.default_rng(7), T, E, k, local, calls)
+    assert model == pytest.approx(mc, abs=err)
+    assert 0.03 < model < 0.1  # most counts repeat by the fourth step
+
+
+def test_a_dirichlet_router_against_a_monte_carlo():
+    """Each call's expert shares drawn from a symmetric Dirichlet(a) over 8 experts, 512 tokens
+    routed top-1 by them: an expert's count is beta-binomial with correlation 1 / (8 a + 1)
+    (the Dirichlet's marginal), and the share of new counts is the model's."""
+    T, E, local, calls, a = 512, 8, 4, 8, 2.0
+    model = new_share([Stream(T, 1 / E, 1 / (E * a + 1), local * calls)], 4, 9)
+    mc, err = _monte_carlo(np.random.default_rng(11), T, E, 1, local, calls,
+                           lambda rng: rng.dirichlet([a] * E))
+    assert model == pytest.approx(mc, abs=err)
+    assert model > 2 * new_share([Stream(T, 1 / E, 0.0, local * calls)], 4, 9)
+
+
+def test_the_correlation_of_beta_binomial_draws():
+    """Method of moments recovers the correlation of seeded beta-binomial draws."""
+    rng = np.random.default_rng(3)
+    n, p, rho = 8192, 0.125, 0.02
+    s = 1 / rho - 1
+    draws = rng.binomial(n, rng.beta(p * s, (1 - p) * s, 20_000))
+    assert correlation(draws, n) == pytest.approx(rho, rel=0.05)
+    assert correlation(rng.binomial(n, p, 20_000), n) < 1e-4
+
+
+CASES = routes.cases()
+
+
+@pytest.mark.skipif(not CASES, reason="no logged expert rows")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_new_counts_of_logged_steps(case):
+    """The logged rows of each MoE case (4x H100, two scripts): the share of expert GEMM calls
+    of the timed steps (4..9) whose row count was new, counted from the rows, against the
+    model with the mean correlation of its script's router, within 0.05 (0.01-0.05 over)."""
+    rho = routes.fit()[case.script]
+    assert routes.predicted_share(case, rho, 4, 9) == pytest.approx(
+        routes.measured_share(case, 4, 9), abs=0.05)
+    # independent tokens alone (rho 0) would predict far fewer
+    assert routes.predicted_share(case, 0.0, 4, 9) < 0.8 * routes.measured_share(case, 4, 9)
+
+
+@pytest.mark.skipif(not CASES, reason="no logged expert rows")
+def test_a_stable_router_step_by_step():
+    """steps_third.py's stable router: the new counts of each step fall as the model's, every
+    step of the ten within 15 % of its calls."""
+    for case in (c for c in CASES if c.script == routes.STABLE):
+        measured = routes.measured_new(case).mean(axis=0)
+        for s, got in enumerate(measured, start=1):
+            want = routes.predicted_share(case, routes.fit()[case.script], s, s) * case.calls()
+            assert abs(got - want) <= 0.15 * case.calls(), (case.name, s, got, want)
+
+
+def test_the_steps_alt_workloads_set_its_router():
+    """Every steps_alt.py MoE workload timed over measured steps sets the collapsing router's
+    correlation (routes.COLLAPSED_ROUTER); the refit check is tests/test_calibration.py's."""
+    for path in ("validation/heldout6/h6_moe_ep2_W.yaml", "validation/heldout6/h6_moe_ep4_W.yaml",
+                 "validation/heldout7/h7_moe_ep2_Y.yaml", "validation/heldout8/h8_moe_ep2_Q.yaml",
+                 "validation/heldout8/h8_moe_ep4_Q.yaml"):
+        with open(path) as f:
+            t = yaml.safe_load(f)["training"]
+        assert t["moe_route_correlation"] == routes.COLLAPSED_ROUTER, path
