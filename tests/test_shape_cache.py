@@ -146,7 +146,7 @@ def test_the_steps_alt_workloads_set_its_router():
     correlation (routes.COLLAPSED_ROUTER); the refit check is tests/test_calibration.py's."""
     for path in ("validation/heldout6/h6_moe_ep2_W.yaml", "validation/heldout6/h6_moe_ep4_W.yaml",
                  "validation/heldout7/h7_moe_ep2_Y.yaml", "validation/heldout8/h8_moe_ep2_Q.yaml",
-                 "validation/heldout8/h8_moe_ep4_Q.yaml"):
+                 "validation/heldout8/h8_moe_ep4_Q.yaml", "validation/heldout9/h9_moe_ep4_S.yaml"):
         with open(path) as f:
             t = yaml.safe_load(f)["training"]
         assert t["moe_route_correlation"] == routes.COLLAPSED_ROUTER, path
