@@ -15,6 +15,7 @@ from simulator.engine.host import HostRates
 from simulator.engine.program import Part
 from simulator.hardware.catalog import load_gpu
 from simulator.model.moe import moe_local, new_shape_share
+from simulator.model.shape_cache import slowest_share
 
 US = 1e-6
 MOE = "validation/heldout7/h7_moe_ep2_Y.yaml"
@@ -102,15 +103,16 @@ def test_a_host_bound_benchmark_step_pays_the_expected_new_shapes():
     """Shrunk to hidden 256 the eager MoE step is its host's time, so a benchmark of a fresh
     process ([4, 9]) is slower than the steady state by exactly the new-shape time of its
     expected new expert GEMMs: 6 layers x 2 micro-batches x 4 local experts, each fc1 and fc2
-    with a forward, a data-gradient and a weight-gradient GEMM, times the share new."""
+    with a forward, a data-gradient and a weight-gradient GEMM, times the share new at the
+    slower of the 2 EP ranks (each layer's forward; each micro-batch's backward)."""
     gpu = load_gpu("H100-SXM-80GB")
-    per_expert = 2 * (gpu.host_gemm_new_shape_fwd_s + gpu.host_gemm_new_shape_dgrad_s
-                      + gpu.host_gemm_new_shape_wgrad_s)
     w = load_workload(MOE).workload
     tiny = w.model.model_copy(update={"hidden": 256, "seq_len": 128})
     t = w.training.model_copy(update={"measured_steps": (4, 9)})
     loc = moe_local(tiny, t.micro_batch, 1, 1, 2, 1, None)
     share = new_shape_share(tiny, t, loc, 6 * 2, 2)
-    assert 0.05 < share < 1.0
-    assert _step("[4,9]") - _step("null") == pytest.approx(6 * 2 * 4 * per_expert * share,
-                                                           rel=1e-3)
+    fwd, bwd = slowest_share(share, 4, 2), slowest_share(share, 4 * 6, 2)
+    assert share < bwd < fwd < 1.0
+    per_expert = 2 * (fwd * gpu.host_gemm_new_shape_fwd_s
+                      + bwd * (gpu.host_gemm_new_shape_dgrad_s + gpu.host_gemm_new_shape_wgrad_s))
+    assert _step("[4,9]") - _step("null") == pytest.approx(6 * 2 * 4 * per_expert, rel=1e-3)

@@ -83,20 +83,39 @@ def correlation_of(case: Case) -> float:
     return float(np.mean([correlation(r.ravel(), case.n) for r in case.rows]))
 
 
+def new_flags(case: Case) -> np.ndarray:
+    """``[rank][layer][call][expert]``: whether that expert GEMM's row count was new to the
+    rank, in the order the rank ran them (call by call, layer by layer, expert by expert)."""
+    ranks, layers, calls, local = case.rows.shape
+    out = np.zeros(case.rows.shape, dtype=bool)
+    for r in range(ranks):
+        seen: set[int] = set()
+        for c in range(calls):
+            for layer in range(layers):
+                for e in range(local):
+                    m = int(case.rows[r, layer, c, e])
+                    out[r, layer, c, e] = m not in seen
+                    seen.add(m)
+    return out
+
+
 def measured_new(case: Case) -> np.ndarray:
     """``[rank][step]``: calls of one GEMM kind whose row count no earlier call of the rank
-    had, counted from the logged rows (calls in order: micro-batch, layer, expert)."""
-    out = []
-    for r in case.rows:
-        seen: set[int] = set()
-        per_step = []
-        for s in range(r.shape[1] // case.micro_batches):
-            calls = r[:, s * case.micro_batches:(s + 1) * case.micro_batches, :]
-            before = len(seen)
-            seen.update(int(m) for m in calls.transpose(1, 0, 2).ravel())
-            per_step.append(len(seen) - before)
-        out.append(per_step)
-    return np.array(out)
+    had, counted from the logged rows."""
+    new = new_flags(case).sum(axis=(1, 3))  # [rank][call]
+    return new.reshape(new.shape[0], -1, case.micro_batches).sum(axis=2)
+
+
+def measured_slowest(case: Case, first: int, last: int) -> tuple[float, float]:
+    """How much more the slowest EP rank meets than the mean one, in steps ``first..last``:
+    (each layer's forward: the most new local experts over the ranks, summed over the layer
+    calls, over the mean; each micro-batch's backward: the same over all its expert calls)."""
+    mb = case.micro_batches
+    new = new_flags(case)[:, :, (first - 1) * mb:last * mb, :]
+    layer = new.sum(axis=3)  # [rank][layer][call]
+    micro = new.sum(axis=(1, 3))  # [rank][call]
+    return (float(layer.max(axis=0).sum() / layer.mean(axis=0).sum()),
+            float(micro.max(axis=0).sum() / micro.mean(axis=0).sum()))
 
 
 def measured_share(case: Case, first: int, last: int) -> float:

@@ -37,7 +37,7 @@ from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import moe_dispatch_bytes, pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import deepspeed as dsz
-from simulator.model import eager, moe_sizes
+from simulator.model import eager, moe_sizes, shape_cache
 from simulator.model import memory as mem
 from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
@@ -757,18 +757,22 @@ class _Builder:
                 raise ConfigError(f"{gpu.name} has no host_dtensor rates in gpus.yaml (DTensor's "
                                   "host time per unit, not measured)", field="parallelism.tp_impl")
             extra = dtensor_extra(gpu.host_dtensor, self.sp)
-        share = new_shape_share(self.m, self.t, *self.expert_row_calls(), self.ep * self.etp)
+        loc, layers = self.moe_layers_on_rank()
+        share = new_shape_share(self.m, self.t, loc, layers * self.job.microbatches,
+                                self.ep * self.etp)
+        local = loc.local_experts if loc is not None else 0
+        fwd = shape_cache.slowest_share(share, local, self.ep)
+        bwd = shape_cache.slowest_share(share, local * layers, self.ep)
         return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s,
                          gpu.host_moe_op_s, gpu.host_fsdp_call_s, gpu.host_fsdp_tensor_s,
                          MappingProxyType(extra),
-                         (share * gpu.host_gemm_new_shape_fwd_s,
-                          share * gpu.host_gemm_new_shape_dgrad_s,
-                          share * gpu.host_gemm_new_shape_wgrad_s))
+                         (fwd * gpu.host_gemm_new_shape_fwd_s,
+                          bwd * gpu.host_gemm_new_shape_dgrad_s,
+                          bwd * gpu.host_gemm_new_shape_wgrad_s))
 
-    def expert_row_calls(self) -> tuple[moe_math.MoELocal | None, int]:
-        """The busiest EP rank's experts and its MoE layer calls per step (the MoE layers of
-        the pipeline rank holding most of them, times the micro-batches): what
-        :func:`simulator.model.moe.new_shape_share` draws row counts from."""
+    def moe_layers_on_rank(self) -> tuple[moe_math.MoELocal | None, int]:
+        """The busiest EP rank's experts and the MoE layers of the pipeline rank holding most
+        of them: what :func:`simulator.model.moe.new_shape_share` draws row counts from."""
         if self.m.moe is None:
             return None, 0
         t = self.t
@@ -777,7 +781,7 @@ class _Builder:
         layers = max(sum(moe_sizes.is_moe_layer(self.m, g)
                          for c in range(self.chunks) for g in self.layers_of(s, c))
                      for s in range(self.pp))
-        return loc, layers * self.job.microbatches
+        return loc, layers
 
     def unit_tensors(self, unit: int | str) -> int:
         """Parameter tensors of a ZeRO-3 unit (a global layer, ``embed`` or ``head``) on one

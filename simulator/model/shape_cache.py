@@ -112,3 +112,16 @@ def correlation(counts: np.ndarray, n: int) -> float:
     if n <= 1 or p <= 0.0 or p >= 1.0:
         return 0.0
     return max(0.0, (c.var() / (n * p * (1.0 - p)) - 1.0) / (n - 1))
+
+
+def slowest_share(share: float, draws: int, ranks: int) -> float:
+    """The share of ``draws`` calls new at the slowest of ``ranks`` ranks that wait for one
+    another: each rank's new calls binomial (``draws``, ``share``), independent across ranks,
+    the expected largest ``E[max] = sum_x (1 - F(x)^ranks)`` over ``draws`` (``share`` itself for
+    one rank). An eager MoE layer's forward waits for every EP rank at its count exchange, so
+    each layer pays its slowest rank's new expert GEMMs (``draws``: the local experts); the
+    backward only at the next forward (``draws``: all the micro-batch's expert calls)."""
+    if ranks <= 1 or draws <= 0 or share <= 0.0 or share >= 1.0:
+        return share
+    cdf = np.minimum(np.cumsum(count_pmf(draws, share, 0.0)), 1.0)
+    return float(np.sum(1.0 - cdf[:-1] ** ranks)) / draws
