@@ -55,7 +55,7 @@ from simulator.model import comm as mc
 from simulator.model import memory as mem
 from simulator.model import moe_sizes
 from simulator.model import transformer as tf
-from simulator.model.moe import beside_ep_slowdown
+from simulator.model.moe import beside_ep_slowdown, load_spec
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.network.interference import slowdown_fn
 from simulator.network.topology import load_fabrics
@@ -302,7 +302,7 @@ class Estimator:
             t = self.work.training
             moe_kw = None
             if self.work.model.moe is not None:
-                moe_kw = dict(ep=res.ep, etp=res.etp, expert_load=t.moe_expert_load,
+                moe_kw = dict(ep=res.ep, etp=res.etp, expert_load=load_spec(t),
                               dispatcher=t.moe_dispatcher,
                               dispatch_bytes=moe_dispatch_bytes(t))  # fmt: skip
 

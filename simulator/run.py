@@ -337,11 +337,10 @@ def _simulate_every(
         summary["pp_imbalance_from"] = why
     if m.moe is not None:
         summary["moe"] = moe_summary(job, machine, res)
-        if t.moe_expert_load is not None:
+        if t.moe_expert_load is not None or t.moe_routing != "balanced":
             # what the uneven load costs: the same step with every expert equally loaded
-            even = work.model_copy(
-                update={"training": t.model_copy(update={"moe_expert_load": None})}
-            )
+            even = work.model_copy(update={"training": t.model_copy(
+                update={"moe_expert_load": None, "moe_routing": "balanced"})})
             ref = simulate(replace(loaded, workload=even), detail=detail, machine=machine)
             summary["moe"]["uniform_step_time_s"] = ref.summary["step_time_s"]
             summary["moe"]["imbalance_cost_s"] = step - ref.summary["step_time_s"]
@@ -408,7 +407,7 @@ def moe_summary(job, machine: Machine, res: Resolved) -> dict:
     inside = all(len({g // domain for g in grp}) == 1 for grp in groups)
     local = mc.cp_local(m, res.size("cp"))
     loc = moe_math.moe_local(local, t.micro_batch, res.size("tp"), 1, ep, etp,
-                             t.moe_expert_load)  # fmt: skip
+                             moe_math.load_spec(t))  # fmt: skip
     # where a token's experts live (uniform routing; moe_routing): distinct GPUs and NVLink
     # domains, and the token vectors a rank sends across the network per token
     units = tuple(topo.node_of(g) for g in groups[0]) if groups else (0,)

@@ -171,6 +171,13 @@ def resolve(
                 "parallelism.stage_layers",
                 f"has {len(sl)} entries, expected pp*virtual_stages = {n_virtual}",
             )
+        empty = [i for i, n in enumerate(sl) if n == 0 and i not in (0, n_virtual - 1)]
+        if empty or min(sl) == 0 and n_virtual == 1:
+            raise fail(
+                "parallelism.stage_layers",
+                f"virtual stage {empty[0] if empty else 0} holds no layer (only the first, "
+                "with the embedding, and the last, with the head, may be empty)",
+            )
         if sum(sl) != m.layers:
             raise fail(
                 "parallelism.stage_layers",
@@ -339,6 +346,9 @@ def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
             )
         if t.moe_expert_load is not None:
             raise fail("training.moe_expert_load", "needs model.moe (the model is dense)")
+        if t.moe_routing != "balanced":
+            raise fail("training.moe_routing", "needs model.moe (the model is dense; "
+                       "accepted: balanced)")
         if t.moe_dispatch_dtype != "bf16":
             raise fail("training.moe_dispatch_dtype", "needs model.moe (the model is dense; "
                        "accepted: bf16)")
@@ -368,6 +378,11 @@ def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
             "parallelism.etp", f"moe.ffn_hidden={moe.ffn_hidden} is not divisible by etp={etp}"
         )
     load = t.moe_expert_load
+    if t.moe_routing == "random" and (load is not None or moe.capacity_factor is not None):
+        raise fail("training.moe_routing",
+                   "random routes draw every expert alike and are not modelled with "
+                   + ("training.moe_expert_load" if load is not None else
+                      "model.moe.capacity_factor") + " (accepted: balanced, or drop that key)")
     if load is not None:
         if len(load) != moe.experts:
             raise fail(

@@ -198,6 +198,14 @@ class ModelConfig(Frozen):
     )
     mla: MLAConfig | None = Field(None, description="multi-head latent attention dimensions")
     moe: MoEConfig | None = Field(None, description="mixture-of-experts MLP; null: dense")
+    mtp_depth: NonNegativeInt = Field(
+        0, le=8,
+        description="multi-token prediction modules after the last layer (DeepSeek-V3, "
+        "arXiv:2412.19437 Section 2.2; Megatron-Core's --mtp-num-layers): each is a "
+        "projection of the normalised hidden state and next token's embedding (2h -> h), one "
+        "more layer of the model's last kind and the shared LM head with its loss, all on the "
+        "last pipeline stage",
+    )
 
     @model_validator(mode="after")
     def _kv_heads_divide_heads(self) -> ModelConfig:
@@ -440,6 +448,15 @@ class TrainingConfig(Frozen):
     moe_expert_load: tuple[Float, ...] | None = Field(
         None, description="share of routed tokens per expert (sums to 1); default uniform"
     )
+    moe_routing: Literal["balanced", "random"] = Field(
+        "balanced",
+        description="how a micro-batch's routed copies spread over the experts: balanced "
+        "(each expert gets exactly its share, moe_expert_load or uniform: an idealisation) or "
+        "random (each token picks its top_k experts uniformly at random, independently of "
+        "the others, as Megatron-Core's --moe-router-force-load-balancing does with i.i.d. "
+        "normal logits per token; the busiest EP rank, which every rank waits for, then "
+        "carries the expected maximum of the ranks' counts)",
+    )
     moe_routes: Literal["learned", "replayed"] = Field(
         "learned",
         description="where an eager MoE step's routes come from: learned (a router picks "
@@ -529,8 +546,10 @@ class ParallelismConfig(Frozen):
         "holds stages i and pp-1-i; an even number of micro-batches, at least 2 pp); "
         "dualpipev: its cut-in-half V (virtual_stages 2; rank i holds stages i and 2pp-1-i)")
     virtual_stages: PositiveInt = Field(1, le=MAX_LAYERS)
-    stage_layers: tuple[PositiveInt, ...] | None = Field(
-        None, description="layers per pipeline stage (pp * virtual_stages entries)"
+    stage_layers: tuple[NonNegativeInt, ...] | None = Field(
+        None, description="layers per pipeline stage (pp * virtual_stages entries); the first "
+        "(embedding) and the last (LM head, MTP) may hold none, as Megatron-Core's "
+        "--account-for-embedding/loss-in-pipeline-split and pipeline layouts place them"
     )
     ep: PositiveInt = Field(1, description="expert-parallel degree (MoE layers)", le=MAX_GPUS)
     etp: PositiveInt = Field(

@@ -37,11 +37,11 @@ from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import moe_dispatch_bytes, pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import deepspeed as dsz
-from simulator.model import eager, moe_sizes, shape_cache
+from simulator.model import eager, moe_sizes, mtp, shape_cache
 from simulator.model import memory as mem
 from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
-from simulator.model.moe import beside_ep_slowdown, new_shape_share
+from simulator.model.moe import beside_ep_slowdown, load_spec, new_shape_share
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
@@ -342,7 +342,7 @@ class _Builder:
         if self.m.moe is None:
             return None
         t = self.t
-        return dict(ep=self.ep, etp=self.etp, expert_load=t.moe_expert_load,
+        return dict(ep=self.ep, etp=self.etp, expert_load=load_spec(t),
                     dispatcher=t.moe_dispatcher,
                     dispatch_bytes=moe_dispatch_bytes(t))  # fmt: skip
 
@@ -428,6 +428,10 @@ class _Builder:
             dense += tf.embedding_params(self.m) / self.tp
         if vs == self.pp * self.v - 1:
             dense += (tf.head_params(self.m) + tf.final_norm_params(self.m)) / self.tp
+            if self.m.mtp_depth:  # MTP modules: a layer of the last kind, eh_proj, norms
+                a, b = self.layer_local(self.m.layers - 1)
+                dense += self.m.mtp_depth * a + mtp.mtp_params(self.m, 0) / self.tp
+                expert += self.m.mtp_depth * b
         return dense, expert
 
     def stage_local(self, stage: int) -> tuple[float, float]:
@@ -556,6 +560,12 @@ class _Builder:
         head = mem.head_activation_bytes(
             m, include_transient=t.kernels == "eager", norm_gain=t.rmsnorm_gain, **mkw
         )
+        if m.mtp_depth:  # each MTP module keeps a layer's and a head's activations, and
+            # its norms' and projection's inputs (h, h and 2h per token, 16-bit)
+            last = (self.layer_activation(m.layers - 1)
+                    if m.moe is not None or m.attention_kind == "mla" else layer)
+            proj = 4 * t.micro_batch * m.seq_len * m.hidden * 2 / (self.tp if self.sp else 1)
+            head += m.mtp_depth * (last + mem.head_activation_bytes(m, norm_gain=t.rmsnorm_gain, **mkw) + proj)
         return layer, mem.embedding_activation_bytes(m, **mkw), head, max(0.0, whole - layer)
 
     def head_transient(self) -> float:

@@ -33,8 +33,11 @@ GELU experts carry no biases here (every MoE model shipped is SwiGLU).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
+
+import numpy as np
 
 from simulator.config.schema import ModelConfig, TrainingConfig
 from simulator.model import shape_cache
@@ -197,6 +200,9 @@ class MoELocal:
     imbalance: float  # busiest rank's copies / the mean rank's
     dropped: float  # fraction of routed copies dropped by the capacity factor
     busiest_share: float  # fraction of every rank's kept copies routed to the busiest rank
+    #: standard deviation of each expert's copies from micro-batch to micro-batch (random
+    #: routes; 0: the counts are exact)
+    expert_spread: float = 0.0
 
     @property
     def uniform(self) -> bool:
@@ -204,10 +210,69 @@ class MoELocal:
         return abs(self.imbalance - 1.0) < 1e-9
 
 
+#: ``load`` value of :func:`moe_local` for random routes (``training.moe_routing: random``)
+RANDOM = "random"
+
+
+def load_spec(training: TrainingConfig) -> tuple[float, ...] | str | None:
+    """What :func:`moe_local` takes as ``load`` for a workload: its ``moe_expert_load``,
+    :data:`RANDOM` for random routes, or None (balanced and uniform)."""
+    if training.moe_routing == RANDOM:
+        return RANDOM
+    return training.moe_expert_load
+
+
+@lru_cache(maxsize=64)
+def expected_max_normal(n: int) -> float:
+    """``E[max]`` of ``n`` independent standard normal draws, by quadrature of
+    ``x n phi(x) Phi(x)^(n-1)`` (0 for one draw; 1/sqrt(pi) for two; 1.0294 for four)."""
+    if n < 2:
+        return 0.0
+    x = np.linspace(-12.0, 12.0, 48_001)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    f = x * n * pdf * cdf ** (n - 1)
+    return float(np.sum((f[1:] + f[:-1]) * 0.5 * np.diff(x)))
+
+
+def random_busiest_excess(experts: int, top_k: int, ep: int, routed_tokens: float) -> float:
+    """Expected relative excess of the busiest of ``ep`` EP ranks over the mean rank when
+    each of ``routed_tokens`` tokens picks ``top_k`` distinct experts of ``experts`` uniformly
+    at random (Megatron-Core's forced load balancing: i.i.d. normal logits per token,
+    ``RandomSTE`` in ``moe_utils.py``).
+
+    A rank holds ``p = experts/ep`` experts; a token sends it a hypergeometric number of
+    copies, mean ``k p/E`` and variance ``v = k (p/E)(1 - p/E)(E - k)/(E - 1)``. Over ``T``
+    tokens a rank's count has mean ``mu = T k p/E`` and variance ``T v``; the counts add up to
+    ``T k`` exactly, so they are exchangeable with correlation ``-1/(ep - 1)``, which is
+    ``sqrt(T v ep/(ep - 1))`` times the deviations of ``ep`` independent standard normals
+    from their mean (normal approximation of the sum), whose maximum has the expectation
+    :func:`expected_max_normal` ``(ep)``. So ``E[max]/mu - 1 =
+    sqrt(T v ep/(ep - 1)) e_ep / mu``."""
+    if ep < 2 or routed_tokens <= 0:
+        return 0.0
+    E, k, q = experts, top_k, 1.0 / ep
+    v = k * q * (1.0 - q) * (E - k) / (E - 1)
+    mu = routed_tokens * k * q
+    return math.sqrt(routed_tokens * v * ep / (ep - 1)) * expected_max_normal(ep) / mu
+
+
 def expert_shares(model: ModelConfig, load: tuple[float, ...] | None) -> tuple[float, ...]:
     """Each expert's share of the routed copies (uniform when ``load`` is None)."""
     E = model.moe.experts
     return tuple(load) if load is not None else (1.0 / E,) * E
+
+
+def _random_shares(model: ModelConfig, ep: int, routed_tokens: float) -> tuple[float, ...]:
+    """Shares whose busiest EP rank (rank 0) carries the expected maximum of random routes
+    (:func:`random_busiest_excess`), spread evenly over its experts; the other ranks share
+    the rest evenly (only the busiest rank is priced)."""
+    E = model.moe.experts
+    per = E // ep
+    if ep < 2:
+        return (1.0 / E,) * E
+    top = (1.0 + random_busiest_excess(E, model.moe.top_k, ep, routed_tokens)) / ep
+    return (top / per,) * per + ((1.0 - top) / (E - per),) * (E - per)
 
 
 @lru_cache(maxsize=256)
@@ -218,7 +283,7 @@ def moe_local(
     cp: int,
     ep: int,
     etp: int,
-    load: tuple[float, ...] | None = None,
+    load: tuple[float, ...] | str | None = None,
 ) -> MoELocal:
     """Tokens per rank, the busiest EP rank's expert loads and the dispatch volumes.
 
@@ -226,11 +291,16 @@ def moe_local(
     ``e`` gets ``share_e * N`` (capped at ``capacity_factor * N / experts``). EP rank ``r`` holds
     experts ``r*E/ep .. (r+1)*E/ep - 1``; its ETP ranks all-gather what their EP peers sent, so
     each computes every copy of its experts on ``ffn/etp`` columns. With uniform load a rank
-    sends ``tokens*top_k*(ep-1)/ep`` copies to its peers and receives as many."""
+    sends ``tokens*top_k*(ep-1)/ep`` copies to its peers and receives as many. ``load``
+    :data:`RANDOM`: random routes, the busiest rank at its expected maximum over the
+    ``ep*etp*tokens`` routed tokens (:func:`random_busiest_excess`)."""
     moe = model.moe
     E, k = moe.experts, moe.top_k
     tokens = micro_batch * -(-model.seq_len // (tp * cp))
-    shares = expert_shares(model, load)
+    if load == RANDOM:
+        shares = _random_shares(model, ep, ep * etp * tokens)
+    else:
+        shares = expert_shares(model, load)
     N = ep * etp * tokens * k
     kept = [s * N for s in shares]
     if moe.capacity_factor is not None:
@@ -251,8 +321,10 @@ def moe_local(
         sent=tokens * k * (ep - 1) / ep,
         received=tokens * k * (ep - 1) * share_busiest,
         imbalance=rank_load[busiest] / mean if mean else 1.0,
-        dropped=1.0 - sum(kept) / N if N else 0.0,
+        dropped=1.0 - sum(kept) / N if N and moe.capacity_factor is not None else 0.0,
         busiest_share=share_busiest,
+        expert_spread=math.sqrt(ep * etp * tokens * (k / E) * (1 - k / E)) if load == RANDOM
+        else 0.0,
     )
 
 
@@ -284,6 +356,20 @@ class Comm:
     share: float | None = None
 
 
+def padded_rows(mean: float, spread: float = 0.0, tile: int = GROUPED_TILE_M) -> float:
+    """Rows an expert's GEMM computes, its count padded to whole ``tile``-row tiles: exact
+    counts ``ceil(m / tile) tile``; a count that varies (random routes, normal with
+    ``spread``) its expectation, ``tile * sum_j P(X > j tile)`` over ``j >= 0``, so the cost
+    of a partial tile does not jump where the mean crosses a tile boundary."""
+    if spread <= 0.0:
+        return float(-(-round(mean) // tile) * tile)
+    out, j = 0.0, 0
+    while j * tile < mean + 8.0 * spread:
+        out += 0.5 * math.erfc((j * tile - mean) / (spread * math.sqrt(2.0)))
+        j += 1
+    return tile * out
+
+
 def _grouped_gemm(name: str, loc: MoELocal, k: int, n: int, d: int) -> list[Op]:
     """The busiest rank's experts as Transformer Engine's grouped GEMM ``[tokens_e, k] @ [k,
     n]``: one cuBLAS GEMM per expert, :data:`TE_GEMM_STREAMS` at a time, so one op per round of
@@ -295,7 +381,7 @@ def _grouped_gemm(name: str, loc: MoELocal, k: int, n: int, d: int) -> list[Op]:
     for r0 in range(0, len(tok), TE_GEMM_STREAMS):
         part = tok[r0 : r0 + TE_GEMM_STREAMS]
         real = sum(part)
-        padded = sum(-(-round(m) // GROUPED_TILE_M) * GROUPED_TILE_M for m in part)
+        padded = sum(padded_rows(m, loc.expert_spread) for m in part)
         ops.append(Op(
             name, "gemm", "moe", m=max(1, int(padded)), k=k, n=n, flops=2.0 * real * k * n,
             bytes=float((real * k + len(part) * k * n + real * n) * d),

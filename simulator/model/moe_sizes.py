@@ -106,7 +106,8 @@ def layer_activation_bytes(
         attn = mla.mla_activation_bytes(local, t.micro_batch, tp, sp, d, recompute=mods,
                                         gemm_in=g, attn_out=attention_output_bytes(t))  # fmt: skip
     if is_moe_layer(local, layer):
-        loc = moe_math.moe_local(local, t.micro_batch, tp, 1, ep, etp, t.moe_expert_load)
+        loc = moe_math.moe_local(local, t.micro_batch, tp, 1, ep, etp,
+                                  moe_math.load_spec(t))
         mlp = moe_math.moe_activation_bytes(local, loc, tp=tp, d=d, modules=mods, gemm_in=g,
                                             grouped=t.kernels == "fused")  # fmt: skip
     return attn + norm2 + mlp
