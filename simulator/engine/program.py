@@ -16,6 +16,7 @@ from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import quantize_bytes, split_dtype
 from simulator.model import comm as mc
 from simulator.model import moe_layer as ml
+from simulator.model import mtp
 from simulator.model import transformer as tf
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import HOST_SYNC
@@ -276,18 +277,41 @@ def build_stage_programs(
         layer_fwd = price(fwd_ops, pr, comm_cost)
         layer_bwd = price(bwd(mc.layer_ops(model, backward=True, **lkw)), pr, comm_cost)
         layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr, recompute_modules)
+    hkw = dict(kw, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl)
+    head_f = mc.head_ops(model, backward=False, **hkw)
+    head_b = bwd(mc.head_ops(model, backward=True, **hkw))
+    if model.mtp_depth:  # MTP modules after the main head (simulator.model.mtp)
+        d = BYTES.get(dtype, 2)
+
+        def mtp_layer(backward: bool) -> list[Op]:
+            if model.moe is not None or model.attention_kind == "mla":
+                return ml.layer_ops(model, backward=backward, moe_layer=model.moe is not None,
+                                    **mkw)  # fmt: skip
+            return mc.layer_ops(model, backward=backward, **lkw)
+
+        one_f = [*mc.embedding_ops(model, backward=False, **kw),
+                 *mtp.proj_ops(model, backward=False, d=d, **_proj_kw(kw)),
+                 *mtp_layer(False), *head_f]  # fmt: skip
+        one_b = bwd([*mc.head_ops(model, backward=True, **hkw), *mtp_layer(True),
+                     *mtp.proj_ops(model, backward=True, d=d, **_proj_kw(kw)),
+                     *mc.embedding_ops(model, backward=True, **kw)])  # fmt: skip
+        head_f = head_f + one_f * model.mtp_depth
+        head_b = one_b * model.mtp_depth + head_b
     return StagePrograms(
         layer_fwd,
         layer_bwd,
         layer_re,
         price(mc.embedding_ops(model, backward=False, **kw), pr, comm_cost),
         price(mc.embedding_ops(model, backward=True, **kw), pr, comm_cost),
-        price(mc.head_ops(model, backward=False, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl,
-                          **kw), pr, comm_cost),
-        price(bwd(mc.head_ops(model, backward=True, tp_input_dtype=tp_input_dtype,
-                              tp_impl=tp_impl, **kw)), pr, comm_cost),
+        price(head_f, pr, comm_cost),
+        price(head_b, pr, comm_cost),
         **first,
     )
+
+
+def _proj_kw(kw: dict) -> dict:
+    """The keys of :func:`simulator.model.mtp.proj_ops` among the stage's op arguments."""
+    return {k: kw[k] for k in ("micro_batch", "tp", "sequence_parallel", "cp")}
 
 
 def beside_time(d: float, comm: float, interference: float) -> float:
