@@ -337,10 +337,13 @@ def _simulate_every(
         summary["pp_imbalance_from"] = why
     if m.moe is not None:
         summary["moe"] = moe_summary(job, machine, res)
-        if t.moe_expert_load is not None or t.moe_routing != "balanced":
-            # what the uneven load costs: the same step with every expert equally loaded
-            even = work.model_copy(update={"training": t.model_copy(
-                update={"moe_expert_load": None, "moe_routing": "balanced"})})
+        if t.moe_expert_load is not None:
+            # what the uneven load costs: the same step with every expert equally loaded (not
+            # for random routes, whose few per cent would double every MoE validation run;
+            # moe.imbalance reports their busiest rank)
+            even = work.model_copy(
+                update={"training": t.model_copy(update={"moe_expert_load": None})}
+            )
             ref = simulate(replace(loaded, workload=even), detail=detail, machine=machine)
             summary["moe"]["uniform_step_time_s"] = ref.summary["step_time_s"]
             summary["moe"]["imbalance_cost_s"] = step - ref.summary["step_time_s"]

@@ -52,24 +52,39 @@ MBRIDGE_RECIPES = {
     ),
 }  # fmt: skip
 
+#: Pipeline layouts the recipes of MBRIDGE_RECIPES set (Megatron-Core's
+#: --pipeline-model-parallel-layout: E embedding, t a layer, m the MTP module, L the loss, |
+#: between virtual stages), as parallelism.stage_layers, per row-name prefix.
+MBRIDGE_LAYOUTS = {
+    "mbridge-25.09-deepseek-v3-h100": [1] + [2] * 30 + [0],  # Et|(tt|)*30mL
+}
+
 
 #: Rows whose gap has no mechanism the simulator could justify: the hypothesis, as written
 #: into the suite (development sets: looked at while the MoE model was built).
 HYPOTHESES = {
     "zoo-qwen3-235b-h100-bf16-256-intra-node-ep-tp4": (
-        "gap not explained (-50 %): measured 29.0 s, slower than the cross-node EP 32 rows "
-        "(19.7 s) although its EP stays on NVLink and it fits (64 GiB predicted); no recompute "
-        "and a different code version (main 1e057005); hypotheses: real (dropless) routing "
-        "without forced balance (the readme's long-context table loses 8-20 % of its TFLOP/s to "
-        "it), an untuned run; its 16 local experts now run as Transformer Engine's grouped "
-        "GEMM does, four at a time (+0.7 %); the host, which issues twice the micro-batches of "
-        "half the tokens here, with 16 experts' GEMM calls each (Megatron-Core's MoE guide: a "
-        "CPU-overhead bottleneck is relieved by a smaller TP or a larger micro-batch), is priced "
-        "at Megatron-Core's own rate per kernel (+2.0 %: the GPU still hides it but after each "
-        "count synchronisation); Transformer Engine's Python is not measured"),
+        "gap not explained (-48 %): measured 29.0 s, slower than the cross-node EP 32 rows "
+        "(19.7 s) although its EP stays on NVLink and it fits (57 GiB predicted); no recompute, "
+        "a different code version (main 1e057005), forced balance (random routes, as run: "
+        "+1.5 % on the busiest rank, and 16 experts of about 512 rows pay half a 128-row tile "
+        "each on average, +4 % on the step together); hypothesis: the host. Measured, 9.6 ms a "
+        "layer and micro-batch (forward and backward) against 5.0 ms of predicted GPU work: "
+        "twice the micro-batches of half the tokens of the TP 2 rows, 16 experts' GEMM calls "
+        "each (Megatron-Core's MoE guide: a CPU-overhead bottleneck is relieved by a smaller TP "
+        "or a larger micro-batch); Megatron-Core's own rate per kernel is priced (gpus.yaml "
+        "host_fused_op_s), Transformer Engine's Python is not measured"),
+    "zoo-qwen3-235b-h100-bf16-256-intra-node-ep-a2a-pp32": (
+        "gap not explained (-27 %): 15.8 ms a layer and micro-batch measured against 13.1 ms "
+        "on the cross-node DeepEP row with the same 2,048 tokens a rank, although its EP 8 "
+        "all-to-all stays on NVLink and the bubble is 2 % (31 / (3 x 512)); one layer a virtual "
+        "stage, so a pipeline send and receive and the schedule's Python per layer, and the "
+        "alltoall dispatcher's count synchronisation every layer; hypothesis: the host, as for "
+        "the TP 4 row (same code version, main 1e057005); message sizes are not it (16 MiB a "
+        "peer)"),
     "zoo-qwen3-235b-h100-bf16-256-cross-node-ep-1f1b-overlap": (
         "combined 1F1B hides more of the exchange than the run gained (19.7 -> 17.6 s "
-        "measured, 17.0 -> 14.0 s predicted); Megatron-Core's fixed per-layer issue order "
+        "measured, 17.2 -> 14.1 s predicted); Megatron-Core's fixed per-layer issue order "
         "(communication stream: combine_bwd | dispatch_fwd, dispatch_bwd | combine_fwd; compute "
         "stream: attention_fwd | mlp_bwd, mlp_wgrad, mlp_fwd | attention_bwd, "
         "model_chunk_schedule_plan.py) hides as much here as the engine's pairing (6.37 against "
@@ -77,11 +92,10 @@ HYPOTHESES = {
         "both micro-batches' kernels (priced per fused kernel at Megatron-Core's measured rate only "
         "where a program runs alone)"),
     "mbridge-25.09-deepseek-v3-h100": (
-        "fast (-32 %; -16 % without combined 1F1B, which hides 4.2 s here: as on the ModelZoo "
-        "overlap row, more than the runs gain); the missing MTP module would add an MoE layer "
-        "and a second LM head to the last stage; DeepEP is priced at the NIC's rate, as its "
-        "README measures it after its April 2025 internode optimisation (47-62 GB/s logical on "
-        "a 50 GB/s NIC)"),
+        "fast (-24 % with the MTP module and the recipe's layout, -31 % before; combined 1F1B "
+        "hides about 4 s here, as on the ModelZoo overlap row more than the runs gain); DeepEP "
+        "is priced at the NIC's rate, as its README measures it after its April 2025 internode "
+        "optimisation (47-62 GB/s logical on a 50 GB/s NIC)"),
     "mbridge-25.11-deepseek-v3-gb200": (
         "does not fit as run here (211 of 173 GiB): the recipe must recompute or offload what "
         "the page does not say; the 25.11 GB200 BF16 preset read (e59a57360) is the base "
@@ -120,6 +134,8 @@ def _model(row: dict) -> dict:
         out["moe"]["shared_ffn_hidden"] = moe["shared_expert_ffn_hidden"]
     if m.get("head_dim") and m["head_dim"] * m["heads"] != m["hidden"]:
         out["kv_channels"] = m["head_dim"]
+    if m.get("mtp_depth"):
+        out["mtp_depth"] = m["mtp_depth"]
     if m.get("attention") == "mla":
         out["attention"] = "mla"
         out["mla"] = dict(m["mla"])
@@ -161,7 +177,13 @@ def _case(row: dict, rules: dict) -> dict | None:
     if vpp > 1:
         work["parallelism"].update(pp_schedule="interleaved", virtual_stages=vpp)
     n_virtual = pp * vpp
-    if layers % n_virtual:
+    if rules.get("embedding_loss_slots") and (layers + 2) % n_virtual == 0 and n_virtual > 1:
+        # Megatron's --account-for-embedding/loss-in-pipeline-split: the embedding and the loss
+        # each take a layer's slot, so the first and last virtual stages hold one layer fewer
+        # (none where a stage is one slot)
+        base = (layers + 2) // n_virtual
+        work["parallelism"]["stage_layers"] = [base - 1] + [base] * (n_virtual - 2) + [base - 1]
+    elif layers % n_virtual:
         # uneven split: one layer fewer on the first and the last stage (Megatron's
         # --decoder-first/last-pipeline-num-layers), the rest spread evenly
         base, extra = divmod(layers, n_virtual)
@@ -182,6 +204,9 @@ def _case(row: dict, rules: dict) -> dict | None:
     for prefix, (settings, _) in MBRIDGE_RECIPES.items():
         if row["name"].startswith(prefix):
             work["training"].update(settings)
+    for prefix, layout in MBRIDGE_LAYOUTS.items():
+        if row["name"].startswith(prefix):
+            work["parallelism"]["stage_layers"] = layout
     if "capacity factor 1.0" in str(p.get("token_dropping") or ""):
         work["model"]["moe"]["capacity_factor"] = 1.0
     for key, value in rules.get("training", {}).items():
@@ -224,7 +249,7 @@ def _mbridge_not_modelled(row: dict) -> str:
     recipe = next((note for prefix, (_, note) in MBRIDGE_RECIPES.items()
                    if row["name"].startswith(prefix)), None)  # fmt: skip
     out = ("recipe read: " + recipe + "; not modelled: the mlp recompute module, the "
-           "pipeline layout (the rule below instead), CUDA graphs" if recipe else
+           "CUDA graphs" if recipe else
            "CUDA graphs, TP communication overlap (userbuffers), the recipe's dispatcher "
            "(HybridEP/DeepEP), recompute and all-to-all overlap settings (not read)")
     out += ("; the host's time of Transformer Engine code (Megatron-Core's own is priced, "
@@ -233,7 +258,8 @@ def _mbridge_not_modelled(row: dict) -> str:
             "Engine Linear's forward took 100 us of CPU where torch's took 37, "
             "TransformerEngine issue #2053)")
     if (row["model"].get("mtp_depth") or 0) > 0:
-        out += "; the MTP module"
+        out += ("; of the MTP module (model.mtp_depth: its layer, projection and second LM "
+                "head on the last stage), its recompute and its gradients' buckets")
     return out
 
 
@@ -269,17 +295,24 @@ SOURCES = {
             "recompute modules layernorm and moe_act (run_h100_235b.sh: --recompute-modules "
             "moe_act layernorm); 'full' as full; FSDP as ZeRO-3.",
             "The DeepEP rows with moe_dispatcher deepep (a token crosses the network once per "
-            "destination node), the A2A row with the NCCL all-to-all; forced load balancing "
-            "(uniform routing), as the readme's commands.",
+            "destination node), the A2A row with the NCCL all-to-all; forced load balancing as "
+            "the readme's commands of 2025-05-27 (run_235b.sh at 8017e11: "
+            "--moe-router-force-load-balancing on every row), which draws each token's "
+            "experts at random (i.i.d. normal logits): training.moe_routing random.",
             "Missing micro-batch: 1.",
         ],
         "recompute": lambda p: "full" if p.get("recompute") == "full" else "none",
+        "training": {"moe_routing": "random"},
+        # model_configs/benchmarking/Qwen3-235B-A22B.yaml: --account-for-embedding-in-pipeline-
+        # split and --account-for-loss-in-pipeline-split
+        "embedding_loss_slots": True,
         "recompute_modules": lambda p: (
             ["layernorm", "moe_act"] if p.get("recompute") == "norm, act" else None),
         "measured": _step_from_tokens,
         "not_modelled": lambda r: "DeepEP's SMs beside compute (priced as an NCCL kernel's "
-        "measured interference); CUDA graphs of the router and preprocessing; real routing "
-        "(forced balance assumed); the host's time of Transformer Engine code (Megatron-Core's "
+        "measured interference); CUDA graphs of the router and preprocessing; a learned "
+        "router's imbalance (forced balance: random routes, as run); the host's time of "
+        "Transformer Engine code (Megatron-Core's "
         "own is priced, per kernel launched as measured on its MoE layer, gpus.yaml "
         "host_fused_op_s: a lower bound)",
     },
@@ -308,18 +341,20 @@ SOURCES = {
             "interleaved 1F1B with the published VP (a layer count that does not divide: the "
             "extra layers on the virtual stages after the first, never the last), fused (Transformer Engine) kernels, FP8 rows "
             "as per-tensor current scaling (the pages' FP8 recipe); expert TP 1, the NCCL "
-            "all-to-all dispatcher, no all-to-all overlap, uniform expert load (the pages' "
-            "forced-balanced routing footnote; dropless).",
+            "all-to-all dispatcher, no all-to-all overlap, random routes (the pages' "
+            "forced-balanced routing footnote: Megatron-Core's forced load balancing draws "
+            "each token's experts at random; training.moe_routing random; dropless).",
             "DGX H100 as topologies/dgx-h100-ndr-fattree.yaml, DGX B200 as "
             "topologies/dgx-b200.yaml, GB200 / GB300 NVL72 as topologies/gb200-nvl72.yaml / "
             "gb300-nvl72.yaml with 64 GPUs per rack (16 of 18 trays, nvlink_domain_gpus: 64; "
             "the rack count is not published).",
             "DeepSeek-V3 as the rows' model (MLA, 1 shared + 256 routed experts, first 3 "
-            "layers dense); its multi-token-prediction module (the H100 row, MTP depth 1) "
-            "is not simulated.",
+            "layers dense); the H100 row with its multi-token-prediction module (MTP depth 1: "
+            "model.mtp_depth) and its recipe's pipeline layout Et|(tt|)*30mL, the MTP and "
+            "the loss alone on the last virtual stage.",
         ],
         "recompute": lambda p: "none",
-        "training": {"fp8_recipe": "current", "grad_reduce_dtype": "bf16",
+        "training": {"fp8_recipe": "current", "grad_reduce_dtype": "bf16", "moe_routing": "random",
                      "overlap_grad_reduce": True, "overlap_param_gather": True},  # fmt: skip
         "measured": _step_from_tokens,
         "not_modelled": lambda r: _mbridge_not_modelled(r),
