@@ -112,6 +112,25 @@ def test_llama_gqa_swiglu_tensor_by_tensor():
     assert act(GPT_22B, 1, 8, True, "selective", flash=True) == 34 * s // 2 * 6144 // 8
 
 
+def test_fp8_recipes_save_quantised_gemm_inputs():
+    # Llama-2-70B, b=1, tp=8, SP, flash, no recompute, FP8 (Transformer Engine): the qkv and
+    # fc1 inputs (s/t tokens, h wide), the fc2 input (s tokens, 3584 wide) and the
+    # out-projection's copy (s tokens, 1024 wide) at 1 byte; the attention keeps its bf16
+    # output beside that copy. Against bf16: -1 byte on 2 sh/t + 3584 s, +1 byte on 1024 s.
+    s, h = 4096, 8192
+    kw = dict(micro_batch=1, tp=8, sequence_parallel=True, recompute="none")
+    bf16 = mem.activation_bytes_per_layer(LLAMA2_70B, **kw)
+    fp8 = mem.activation_bytes_per_layer(LLAMA2_70B, gemm_in_bytes=1, **kw)
+    assert bf16 - fp8 == 2 * s * h // 8 + s * 3584 - s * 1024
+    t = mem.activation_tensors_per_layer(LLAMA2_70B, gemm_in_bytes=1, **kw)
+    assert t["attn_output"] == 2 * s * 1024 and t["out_proj_input"] == s * 1024
+    # full recompute keeps the layer input as it is
+    full = dict(kw, recompute="full")
+    assert mem.activation_bytes_per_layer(LLAMA2_70B, gemm_in_bytes=1, **full) == (
+        mem.activation_bytes_per_layer(LLAMA2_70B, **full)
+    )
+
+
 def test_dtype_scales_widths_not_masks():
     m, b, t = GPT_22B, 1, 8
     s, h = 2048, 6144

@@ -218,6 +218,7 @@ def activation_tensors_per_layer(
     param_dtype: str = "bf16",
     norm_gain: str = "fp32",
     kv_repeat: bool = False,
+    gemm_in_bytes: float | None = None,
 ) -> dict[str, float]:
     """The tensors one layer keeps for its backward on one TP rank, name -> bytes.
 
@@ -236,6 +237,14 @@ def activation_tensors_per_layer(
     log-sum-exp); ``full`` keeps only the layer input (``2sbh``, ``/t`` with SP; Korthikanti
     Table 2).
 
+    ``gemm_in_bytes`` (fused kernels under a low-precision recipe, 1 for FP8): what
+    Transformer Engine's ``Linear`` and ``LayerNormLinear`` save for the weight gradient is the
+    quantised GEMM input (``ln_out`` / ``inputmat_t`` in FP8, TE 1.x ``_Linear.forward``), and
+    the bf16 input is freed: the QKV and fc1 inputs (the norms' outputs), the fc2 input (the
+    activation's output) take ``gemm_in_bytes``. The out-projection's input is kept twice with
+    flash attention: the attention saves its bf16 output for its own backward
+    (``attn_output``) and the projection its quantised copy; without flash only the copy.
+
     ``kernels="eager"``: see :func:`_eager_tensors` (``norm_gain``, ``kv_repeat``: how the
     eager code's RMSNorm and GQA attention are written, ``training.rmsnorm_gain`` and
     ``training.kv_repeat``). ``param_dtype="fp32"`` (autocast over
@@ -251,7 +260,7 @@ def activation_tensors_per_layer(
     args = (model, micro_batch, tp, sequence_parallel, recompute, flash_attention, dtype_bytes)
     if kernels == "eager":
         return dict(_eager_tensors(*args, P, norm_gain, kv_repeat))
-    t = dict(_tensors(*args))
+    t = dict(_tensors(*args, gemm_in_bytes))
     casts = _weight_cast_bytes(
         model, local_dims(model, micro_batch, tp, sequence_parallel), dtype_bytes, P
     )
@@ -276,7 +285,14 @@ def _weight_cast_bytes(model: ModelConfig, L: Local, d: int, P: int) -> float:
 
 @lru_cache(maxsize=1024)
 def _tensors(
-    model: ModelConfig, b: int, tp: int, sp: bool, recompute: str, flash_attention: bool, d: int
+    model: ModelConfig,
+    b: int,
+    tp: int,
+    sp: bool,
+    recompute: str,
+    flash_attention: bool,
+    d: int,
+    gemm_in: float | None = None,
 ) -> tuple[tuple[str, float], ...]:
     L = local_dims(model, b, tp, sp)
     drop = arch(model).dropout
@@ -284,10 +300,11 @@ def _tensors(
     NT, T = L.norm_tokens, L.tokens  # tokens of the replicated (or SP-split) part / of GEMMs
     if recompute == "full":
         return (("layer_input", float(NT * h * d)),)
+    g = d if gemm_in is None else gemm_in  # bytes of a saved GEMM input
     q_w, kv_w = L.heads * L.head_dim, L.kv_heads * L.head_dim
     t = {
         "norm1_input": NT * h * d,
-        "qkv_input": NT * h * d,  # with SP Megatron keeps the scattered input, re-gathered in bwd
+        "qkv_input": NT * h * g,  # with SP Megatron keeps the scattered input, re-gathered in bwd
         "q_k": T * (q_w + kv_w) * d,
         "v": T * kv_w * d,
     }
@@ -300,13 +317,15 @@ def _tensors(
             if drop:
                 t["softmax_dropout_mask"] = sq * MASK
                 t["softmax_dropout_output"] = sq * d
-    t["out_proj_input"] = T * q_w * d
+    if flash_attention and recompute == "none" and g != d:
+        t["attn_output"] = T * q_w * d  # kept by the attention beside the projection's copy
+    t["out_proj_input"] = T * q_w * g
     if drop:
         t["attn_dropout_mask"] = NT * h * MASK
     t["norm2_input"] = NT * h * d
-    t["fc1_input"] = NT * h * d
+    t["fc1_input"] = NT * h * g
     t["act_input"] = T * L.fc1_out * d
-    t["fc2_input"] = T * L.ffn * d
+    t["fc2_input"] = T * L.ffn * g
     if drop:
         t["mlp_dropout_mask"] = NT * h * MASK
     return tuple((k, float(v)) for k, v in t.items())
@@ -443,6 +462,7 @@ def activation_bytes_per_layer(
     param_dtype: str = "bf16",
     norm_gain: str = "fp32",
     kv_repeat: bool = False,
+    gemm_in_bytes: float | None = None,
 ) -> float:
     """Bytes one layer keeps per micro-batch on one TP rank (sum of
     :func:`activation_tensors_per_layer`). For GPT with dropout, d = 2 and no flash this is
@@ -461,6 +481,7 @@ def activation_bytes_per_layer(
             param_dtype=param_dtype,
             norm_gain=norm_gain,
             kv_repeat=kv_repeat,
+            gemm_in_bytes=gemm_in_bytes,
         ).values()
     )
 

@@ -30,6 +30,13 @@ LOW_PRECISION_CACHE = ("fp8", "mxfp8", "nvfp4")
 E5M6_TILED = 1.5 + 4 / 128
 
 
+def gemm_in_bytes(t: TrainingConfig) -> int | None:
+    """Bytes per element of a saved GEMM input: 1 under a low-precision recipe (Transformer
+    Engine saves the quantised input for the weight gradient; DeepSeek-V3 caches its
+    activations in FP8), None (the activations' dtype) otherwise."""
+    return 1 if t.precision in LOW_PRECISION_CACHE else None
+
+
 def attention_output_bytes(t: TrainingConfig) -> float | None:
     """Bytes per element of the cached attention output: DeepSeek-V3's E5M6 under its
     blockwise FP8 recipe; otherwise None (the GEMM-input rule of the precision)."""
@@ -92,6 +99,7 @@ def layer_activation_bytes(
         local, micro_batch=t.micro_batch, tp=tp, sequence_parallel=sp,
         recompute=dense_rc, flash_attention=t.flash_attention, kernels=t.kernels,
         param_dtype=t.param_dtype, norm_gain=t.rmsnorm_gain, kv_repeat=t.kv_repeat,
+        gemm_in_bytes=gemm_in_bytes(t),
     )  # fmt: skip
     if t.recompute == "full":
         return sum(tensors.values())
@@ -101,7 +109,7 @@ def layer_activation_bytes(
     mlp = sum(v for k, v in tensors.items() if k.startswith(mlp_keys))
     d = BYTES[t.precision] if t.precision in ("bf16", "fp16", "fp32") else 2
     mods = recompute_modules(t)
-    g = 1 if t.precision in LOW_PRECISION_CACHE else None
+    g = gemm_in_bytes(t)
     if local.attention_kind == "mla":
         attn = mla.mla_activation_bytes(local, t.micro_batch, tp, sp, d, recompute=mods,
                                         gemm_in=g, attn_out=attention_output_bytes(t))  # fmt: skip
