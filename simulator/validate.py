@@ -17,9 +17,12 @@ over the suite's ``defaults``) plus ``set`` overrides, the measured figures and 
 
 ``kind: collectives`` -- measured NCCL collectives (JSON lines as in ``data/calibration``) on a
 topology; ``groups`` GPUs per collective, with the other GPUs of the box running the same
-collective on their own disjoint groups at the same time (as measured); ``timing: host_sync``
-when each call was timed with a barrier and a synchronisation (the host overhead is added to
-the prediction), ``device`` (default) for CUDA-event timing::
+collective on their own disjoint groups at the same time (as measured); ``timing`` says how
+the rows were timed, and a row whose own ``timing`` field says otherwise is not read:
+``device`` (default: the GPU's own time, nccl-tests style), ``events`` (a CUDA event between
+calls a Python loop issues back to back: predicted as the longer of the device time and the
+host's interval between two calls, fabrics.yaml ``nccl.events_call_us``), ``host_sync`` (a
+barrier and a synchronisation around each call: the host overhead is added)::
 
     kind: collectives
     data: ../data/calibration/h200x4-nvswitch/collectives.jsonl
@@ -251,17 +254,20 @@ def run_workload_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
 
 def run_collective_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
     suite, coll = prep.suite, prep.collectives
-    # How the data was timed: "device" (CUDA events, as nccl-tests and a training step see a
-    # collective) or "host_sync" (a barrier and a device synchronisation around each call,
-    # which adds the host overhead of fabrics.yaml's host_sync_overhead_us).
+    # How the data was timed: "device" (the GPU's time, as a training step sees a
+    # collective), "events" (a CUDA event between calls a Python loop issues back to back:
+    # the GPU's time or the host's interval between calls, fabrics.yaml's events_call_us,
+    # whichever is longer) or "host_sync" (a barrier and a device synchronisation around each
+    # call, which adds the host overhead of fabrics.yaml's host_sync_overhead_us).
     host = coll.host_sync_overhead_s if suite.timing == "host_sync" else 0.0
+    floor = coll.events_call_s if suite.timing == "events" else 0.0
     n_gpus = coll.topology.n_gpus
     results = []
     for r in prep.rows:
         g = r.group
         groups = [list(range(i, i + g)) for i in range(0, n_gpus - g + 1, g)]
         cost = coll.cost(r.op, groups, r.bytes)
-        predicted = cost.time_s + host
+        predicted = max(cost.time_s + host, floor)
         nbytes = int(r.bytes) if float(r.bytes).is_integer() else r.bytes
         results.append(CaseResult(suite.name, f"{r.op} g{g} {nbytes}B", "time_s", predicted,
                                   r.time_s, "", {"op": r.op, "group": g, "bytes": nbytes}))

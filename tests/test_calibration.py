@@ -26,12 +26,25 @@ def test_closed_form_sets_equal_their_refit(mod):
         assert refit == pytest.approx(shipped, abs=1e-12), name
 
 
-def test_launch_split_is_the_measured_median_difference():
+def test_launch_split_is_refitted_on_device_bound_rows():
+    """launch_us is the device-bound fit, host_sync_overhead_us the fitted total less it, and
+    events_call_us the median host interval of the event-timed rows the host bounds."""
     split = network.launch_split()
     fab = network.load_fabrics()["nccl"]
-    assert split["pairs"] == 24  # all-reduce, all-gather, reduce-scatter x groups 4, 2 x 4 sizes
-    assert split["host_sync_overhead_us"] == fab["host_sync_overhead_us"]
-    assert split["launch_us"] == pytest.approx(fab["launch_us"], abs=0.05)
+    assert split["launch_us"] == fab["launch_us"]
+    assert split["host_sync_overhead_us"] == pytest.approx(fab["host_sync_overhead_us"], abs=0.05)
+    assert split["events_call_us"] == fab["events_call_us"]
+    # the launch is near the device's own 4 KiB all-gather / reduce-scatter (8.3-8.4 us), far
+    # from the host-synchronised total
+    small = [r["time_s"] * 1e6 for r in network.device_rows()
+             if r["op"] in network.DEVICE_OPS and r["bytes"] == 4096]
+    assert min(small) - 1.0 < fab["launch_us"] < max(small)
+    # the host interval comes from 4 ops x 2 groups x 4 sizes (4 KiB - 256 KiB) + 2 x 4
+    # all-to-alls, each at least 3x the device's time of the same size on the pair
+    rows = network.host_bound_rows()
+    assert len(rows) == 40
+    dev = {r["bytes"]: r["time_s"] for r in network.device_rows() if r["op"] == "all_to_all"}
+    assert all(r["time_s"] >= 3 * dev[r["bytes"]] for r in rows)
 
 
 def test_network_constants_are_a_minimum_of_the_fit():
@@ -55,16 +68,19 @@ def test_alltoall_constants_equal_their_refit():
 
 def test_alltoall_fit_uses_device_bound_rows_and_the_model_itself():
     """The fit reads only rows the GPU bounds (every >= 16 MiB uniform row of both groups,
-    none of the host-bound small ones), and its shortcut (a prediction affine in the extra
-    launch and 1 / fraction) is what the collective model computes at other constants."""
+    none of the host-bound small ones, and every device-timed row of the pair), and its
+    shortcut (a prediction affine in the extra launch and 1 / fraction at a given fill) is
+    what the collective model computes at other constants."""
     rows = alltoall.device_rows()
     assert sorted((r["group"], r["bytes"]) for r in rows) == sorted(
         (g, 2**k) for g in (2, 4) for k in (24, 26, 28, 30))
+    assert sorted(r["bytes"] for r in alltoall.pair_device_rows()) == [
+        4**k * 1024 for k in range(1, 10)]
     cfg = alltoall.load_topology(alltoall.TOPOLOGY)
     topo = alltoall.Topology(cfg, alltoall.load_gpu(cfg.gpu))
-    c, b = alltoall._affine(topo, rows)
+    c, b = alltoall._affine(topo, rows, 6 * 2**20)
     m = alltoall.CollectiveModel(topo)
-    m.a2a_launch_extra_s, m.a2a_bw_fraction = 7e-6, 0.8
+    m.a2a_launch_extra_s, m.a2a_bw_fraction, m.a2a_fill_bytes = 7e-6, 0.8, 6 * 2**20
     direct = [m.cost("all_to_all", alltoall._groups(r["group"]), float(r["bytes"])).time_s
               for r in rows]
     assert direct == pytest.approx(c + 7e-6 + b / 0.8, rel=1e-9)

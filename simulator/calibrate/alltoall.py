@@ -1,27 +1,36 @@
-"""Refit NCCL all-to-all's two constants (``nccl.all_to_all`` in ``simulator/network/fabrics.yaml``)
-from ``all_to_all_single`` calls measured on 4x H100 NVSwitch.
+"""Refit NCCL all-to-all's three constants (``nccl.all_to_all`` in
+``simulator/network/fabrics.yaml``) from ``all_to_all_single`` calls the GPU bounds.
 
-Data: the uniform rows of ``data/calibration/h100x4-nvswitch/alltoall.jsonl`` (CUDA events
-between back-to-back calls, groups of 4 and two pairs at once, 4 KiB - 1 GiB;
-``data/calibration/h100x4-nvswitch/README.md``), priced by
-:class:`~simulator.network.collectives.CollectiveModel` exactly as the simulator runs it on
-``topologies/h100x4-nvswitch.yaml``.
+Data: (1) every uniform all-to-all of ``data/measured/h100x2-nccl-device/tuning.jsonl`` timed
+``device`` (2x H100 NVSwitch, 4 KiB - 256 MiB: the stream held by a sleep kernel while the host
+enqueues, then the GPU runs the calls back to back), on ``topologies/h100x2-nvswitch.yaml``;
+(2) the uniform rows of ``data/calibration/h100x4-nvswitch/alltoall.jsonl`` (CUDA events between
+back-to-back calls, groups of 4 and two pairs at once, 4 KiB - 1 GiB;
+``data/calibration/h100x4-nvswitch/README.md``) that the GPU bounds, on
+``topologies/h100x4-nvswitch.yaml``. Both priced by
+:class:`~simulator.network.collectives.CollectiveModel` exactly as the simulator runs them.
 
-Fit: least squares on log(predicted / measured) over the rows the GPU bounds, both constants
-free: ``launch_extra_us`` (the call's fixed device cost beyond the other collectives'
-``launch_us``) and ``bandwidth_fraction`` (the share of the NVLink rate the exchange reaches).
-A row is device-bound when it is >= 16 MiB and at least 1.25x the same group's small-size
+A row of (2) is device-bound when it is >= 16 MiB and at least 1.25x the same group's small-size
 floor, the median of its rows <= 256 KiB. That floor is the host's call interval, not the
 collective: a Python loop issuing ``all_to_all_single`` back to back (45-70 us a call on the
-lent boxes) is slower than the GPU's small exchange, and as soon as the GPU takes longer than
-the host, the host's time hides behind the previous call. Until 2026-11-26 the extra launch was
-the median excess of the <= 256 KiB rows (24.5 us), i.e. the host's rate, added to every call's
-device time: the fit set's own 4-16 MiB rows came out 12-32 % slow.
+lent boxes) is slower than the GPU's small exchange (9-12 us, (1)); the validation suites price
+such rows as max(device time, the host's interval), ``nccl.events_call_us``.
 
-Each row's prediction is affine in (extra, 1 / fraction) -- the protocol follows NCCL's p2p
-rule (size only), the fraction scales the wire bytes of the one direct step, the extra adds --
-so two evaluations of the model per row give the whole loss surface; the search is a nested
-golden section.
+Fit: least squares on log(predicted / measured) over those rows, three constants free:
+``launch_extra_us`` (the call's fixed device cost beyond the other collectives'
+``launch_us``), ``bandwidth_fraction`` (the share of the NVLink rate the exchange reaches) and
+``simple_fill_bytes`` (p2p Simple's pipeline fill: a rank's sends up to this many bytes are
+not overlapped with the receivers' copy-out, :meth:`CollectiveModel._p2p_fill`). The device
+rows show the fill directly: 9.1 us at 4 KiB, 16.5 us at 1 MiB (LL), then 25 / 57 / 148 /
+506 us at 4 / 16 / 64 / 256 MiB, i.e. about 20-28 us above the fluid time from 16 MiB on, a
+ramp that ends near 8 MiB a rank (16 channels x NCCL's 512 KiB p2p chunk,
+``NCCL_P2P_NVL_CHUNKSIZE``), where a fixed extra cost would add the same 20+ us to the small
+calls too. (Until 2026-11-27 a fixed extra of 10 us beside a 25.6 us launch stood for it.)
+
+For a given fill each row's prediction is affine in (extra, 1 / fraction) -- the protocol
+follows NCCL's p2p rule (size only), the fraction scales the wire bytes of the one direct step
+and the fill with them, the extra adds -- so two evaluations of the model per row give the
+loss surface; the fill is searched on a 0.25 MiB grid, the other two by nested golden section.
 """
 
 from __future__ import annotations
@@ -39,6 +48,9 @@ from simulator.network.topology import Topology, load_fabrics
 
 FIT_DATA = REPO / "data/calibration/h100x4-nvswitch/alltoall.jsonl"
 TOPOLOGY = REPO / "topologies/h100x4-nvswitch.yaml"
+DEVICE_DATA = REPO / "data/measured/h100x2-nccl-device/tuning.jsonl"
+DEVICE_TOPOLOGY = REPO / "topologies/h100x2-nvswitch.yaml"
+FILL_GRID_MIB = np.arange(1.0, 24.01, 0.25)
 DEVICE_MIN_BYTES = 16 * 2**20
 FLOOR_BYTES = 256 * 2**10
 FLOOR_RATIO = 1.25
@@ -64,13 +76,22 @@ def device_rows(data: list[dict] | None = None) -> list[dict]:
             if r["bytes"] >= DEVICE_MIN_BYTES and r["time_s"] >= FLOOR_RATIO * floor[r["group"]]]
 
 
-def _affine(topo: Topology, data: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """(c, b) per row with predicted time = c + extra + b / fraction."""
+def pair_device_rows() -> list[dict]:
+    """The all-to-alls of the device-bound measurement (data (1) of the module docstring)."""
+    return [r for r in jsonl(DEVICE_DATA)
+            if r.get("op") == "all_to_all" and r.get("timing") == "device"]
+
+
+def _affine(topo: Topology, data: list[dict], fill_bytes: float = 0.0, pair: bool = False
+            ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(c, b) per row with predicted time = c + extra + b / fraction, at ``fill_bytes``;
+    ``pair``: each row on GPUs 0 and 1 alone (the device-bound pair data)."""
     def at(fraction: float) -> np.ndarray:
         model = CollectiveModel(topo)
         model.a2a_launch_extra_s, model.a2a_bw_fraction = 0.0, fraction
-        return np.array([model.cost("all_to_all", _groups(r["group"]), float(r["bytes"])).time_s
-                         for r in data])
+        model.a2a_fill_bytes = fill_bytes
+        return np.array([model.cost("all_to_all", [[0, 1]] if pair else _groups(r["group"]),
+                                    float(r["bytes"])).time_s for r in data])
 
     t1, t2 = at(1.0), at(0.5)
     b = t2 - t1
@@ -88,23 +109,39 @@ def _golden(f, lo: float, hi: float, iters: int = 60) -> float:
     return (lo + hi) / 2
 
 
-def fit() -> dict[str, float]:
-    """launch_extra_us and bandwidth_fraction minimising the squared log error over the
-    device-bound rows."""
-    cfg = load_topology(TOPOLOGY)
-    data = device_rows()
-    meas = np.array([r["time_s"] for r in data])
-    c, b = _affine(Topology(cfg, load_gpu(cfg.gpu)), data)
+def _topo(path) -> Topology:
+    cfg = load_topology(path)
+    return Topology(cfg, load_gpu(cfg.gpu))
 
-    def loss(extra: float, fraction: float) -> float:
+
+def fit() -> dict[str, float]:
+    """launch_extra_us, bandwidth_fraction and simple_fill_bytes minimising the squared log
+    error over the device-bound rows of both data sets."""
+    pair, box = pair_device_rows(), device_rows()
+    meas = np.array([r["time_s"] for r in pair + box])
+    t2, t4 = _topo(DEVICE_TOPOLOGY), _topo(TOPOLOGY)
+
+    def loss(c, b, extra: float, fraction: float) -> float:
         pred = c + extra + b / fraction
         return float(np.sum(np.log(np.maximum(pred, 1e-9) / meas) ** 2))
 
-    def best_extra(fraction: float) -> float:
-        return _golden(lambda e: loss(e, fraction), -20e-6, 60e-6)
+    best = None
+    for mib in FILL_GRID_MIB:
+        fill = float(mib) * 2**20
+        (c2, b2), (c4, b4) = _affine(t2, pair, fill, pair=True), _affine(t4, box, fill)
+        c, b = np.concatenate([c2, c4]), np.concatenate([b2, b4])
 
-    fraction = _golden(lambda f: loss(best_extra(f), f), 0.5, 1.2)
-    return {"launch_extra_us": best_extra(fraction) * 1e6, "bandwidth_fraction": fraction}
+        def best_extra(fraction: float, c=c, b=b) -> float:
+            return _golden(lambda e: loss(c, b, e, fraction), -20e-6, 60e-6)
+
+        fraction = _golden(lambda f, c=c, b=b: loss(c, b, best_extra(f), f), 0.5, 1.2)
+        extra = best_extra(fraction)
+        val = loss(c, b, extra, fraction)
+        if best is None or val < best[0]:
+            best = (val, extra, fraction, fill)
+    _, extra, fraction, fill = best
+    return {"launch_extra_us": extra * 1e6, "bandwidth_fraction": fraction,
+            "simple_fill_bytes": fill}
 
 
 def refit() -> dict[str, tuple[float, float]]:
@@ -113,4 +150,6 @@ def refit() -> dict[str, tuple[float, float]]:
     new = fit()
     return {"launch_extra_us": (round(new["launch_extra_us"], 1), float(fab["launch_extra_us"])),
             "bandwidth_fraction": (round(new["bandwidth_fraction"], 3),
-                                   float(fab["bandwidth_fraction"]))}
+                                   float(fab["bandwidth_fraction"])),
+            "simple_fill_bytes": (new["simple_fill_bytes"],
+                                  float(fab.get("simple_fill_bytes", 0.0)))}

@@ -12,11 +12,24 @@ the launch cost as that timing sees it (``nccl.launch_us + nccl.host_sync_overhe
 intra-node Simple ring step was a fourth until LL128 joined the model: with it the data no
 longer pin that step down, a free fit runs it to any bound, so it is NCCL's figure now.)
 
-Split: the same collectives timed back to back with CUDA events
-(``data/measured/h200x4/collectives.jsonl``) are faster at <= 256 KiB by the host overhead of
-synchronised timing; its median over the 24 (op, group, size) pairs is
-``host_sync_overhead_us``, and ``launch_us`` is the fitted launch less it. (That file is also
-the events suite, a development set, see validation/collectives-h200x4-events.yaml.)
+Split: the fitted total is what a host-synchronised call costs; only part of it is the GPU's.
+``launch_us`` (the device's fixed cost of a call, what a training step pays) is fitted alone on
+device-bound timings: ``data/measured/h100x2-nccl-device/tuning.jsonl`` rows ``timing:
+device`` (the stream held by a sleep kernel while the host enqueues, then the GPU runs the
+calls back to back), all-gather and reduce-scatter <= 1 MiB (ring/LL, as NCCL's own log of
+that run shows), least squares on log(predicted / measured) over a 0.1 us grid.
+``host_sync_overhead_us`` = the fitted total less it.
+
+Event timing: a Python loop issuing calls back to back with a CUDA event between them (the
+``timing: events`` suites) times max(the call's device time, the host's interval between two
+calls). ``events_call_us`` is that interval: the median of the event-timed rows <= 256 KiB of
+the 4x H100 calibration files (``data/calibration/h100x4-nvswitch/collectives.jsonl`` and
+``alltoall.jsonl``: all-reduce, all-gather, reduce-scatter, uniform all-to-all, groups of 4
+and 2), whose device time is 8-12 us (the device-bound rows above), so the host bounds them.
+(The device-bound file's own event rows, 58-73 us, were timed with NCCL's per-call tuning log
+on, which slows the host.) Until 2026-11-27 the split was the median difference between
+host-synchronised and CUDA-event rows at <= 256 KiB, whose event rows time that host interval
+too: 25.6 us of "launch" on the GPU, three times the device's.
 """
 
 from __future__ import annotations
@@ -37,8 +50,14 @@ from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology, load_fabrics
 
 FIT_DATA = REPO / "data/calibration/h200x4-nvswitch/collectives.jsonl"
-EVENTS_DATA = REPO / "data/measured/h200x4/collectives.jsonl"
+DEVICE_DATA = REPO / "data/measured/h100x2-nccl-device/tuning.jsonl"
 TOPOLOGY = REPO / "topologies/h200x4-nvswitch.yaml"
+DEVICE_TOPOLOGY = REPO / "topologies/h100x2-nvswitch.yaml"
+DEVICE_OPS, DEVICE_MAX_BYTES = ("all_gather", "reduce_scatter"), 2**20
+HOST_BOUND_DATA = (REPO / "data/calibration/h100x4-nvswitch/collectives.jsonl",
+                   REPO / "data/calibration/h100x4-nvswitch/alltoall.jsonl")
+HOST_BOUND_OPS, HOST_BOUND_MAX_BYTES = ("all_reduce", "all_gather", "reduce_scatter",
+                                        "all_to_all"), 2**18
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 SMALL_WEIGHT, SMALL_BYTES = 0.3, 2**20
 # name: (where in fabrics.yaml, lower bound, upper bound, decimals shipped)
@@ -120,16 +139,51 @@ def fit(start: Mapping[str, float] | None = None, iters: int = 400) -> dict[str,
     return dict(zip(names, (float(v) for v in x), strict=True))
 
 
+def device_rows(timing: str = "device") -> list[dict]:
+    """The rows of the device-bound measurement timed ``timing`` (``device`` or ``events``)."""
+    return [r for r in (json.loads(x) for x in DEVICE_DATA.read_text().splitlines() if x.strip())
+            if r.get("timing") == timing]
+
+
+def fit_launch(fab: Mapping | None = None) -> float:
+    """``launch_us`` minimising the squared log error of the device-bound all-gather and
+    reduce-scatter rows <= 1 MiB, on a 0.1 us grid (module docstring)."""
+    cfg = load_topology(DEVICE_TOPOLOGY)
+    topo = Topology(cfg, load_gpu(cfg.gpu))
+    rows = [r for r in device_rows()
+            if r["op"] in DEVICE_OPS and r["bytes"] <= DEVICE_MAX_BYTES]
+    fab = copy.deepcopy(dict(fab or load_fabrics()))
+    fab["nccl"]["launch_us"] = 0.0
+    m = CollectiveModel(topo, fab)
+    rest = np.array([m.cost(r["op"], [[0, 1]], float(r["bytes"])).time_s for r in rows])
+    meas = np.array([r["time_s"] for r in rows])
+    grid = np.arange(0.0, 40.0, 0.1)
+    loss = [float(np.sum(np.log((rest + g * 1e-6) / meas) ** 2)) for g in grid]
+    return round(float(grid[int(np.argmin(loss))]), 1)
+
+
+def host_bound_rows() -> list[dict]:
+    """The event-timed rows of the 4x H100 calibration files that the host bounds (module
+    docstring)."""
+    return [r for path in HOST_BOUND_DATA
+            for r in (json.loads(x) for x in path.read_text().splitlines() if x.strip())
+            if r.get("timing") == "events" and r.get("op") in HOST_BOUND_OPS
+            and r.get("splits", "uniform") == "uniform" and r["bytes"] <= HOST_BOUND_MAX_BYTES]
+
+
+def events_call_us() -> float:
+    """The host's interval between back-to-back calls of an events-timed loop: the median of
+    :func:`host_bound_rows`, rounded to 0.1 us."""
+    return round(statistics.median(r["time_s"] for r in host_bound_rows()) * 1e6, 1)
+
+
 def launch_split(fab: Mapping | None = None) -> dict[str, float]:
-    """host_sync_overhead_us: median (host-synchronised - CUDA-event) time at <= 256 KiB over
-    the (op, group, size) pairs measured both ways; launch_us = the fitted total less it."""
-    sync = {(r["op"], r["group"], r["bytes"]): r["time_s"] for r in _rows(FIT_DATA)}
-    diffs = [sync[k] - r["time_s"] for r in _rows(EVENTS_DATA)
-             if (k := (r["op"], r["group"], r["bytes"])) in sync and r["bytes"] <= 2**18]
-    host = round(statistics.median(diffs) * 1e6, 1)
+    """launch_us fitted on device-bound rows; host_sync_overhead_us = the fitted total less it;
+    events_call_us, the host interval of events-timed loops."""
+    launch = fit_launch(fab)
     total = shipped(fab)["launch_total_us"]
-    return {"host_sync_overhead_us": host, "launch_us": round(total - host, 1),
-            "pairs": float(len(diffs))}
+    return {"host_sync_overhead_us": round(total - launch, 1), "launch_us": launch,
+            "events_call_us": events_call_us()}
 
 
 def refit() -> dict[str, tuple[float, float]]:
@@ -141,4 +195,6 @@ def refit() -> dict[str, tuple[float, float]]:
     out["host_sync_overhead_us"] = (split["host_sync_overhead_us"],
                                     float(fab["nccl"]["host_sync_overhead_us"]))
     out["launch_us"] = (split["launch_us"], float(fab["nccl"]["launch_us"]))
+    out["events_call_us"] = (split["events_call_us"],
+                             float(fab["nccl"].get("events_call_us", 0.0)))
     return out

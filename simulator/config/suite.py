@@ -109,7 +109,14 @@ class CollectiveSuite(_Suite):
     ops: tuple[Literal[COLLECTIVE_OPS], ...] = Field(  # type: ignore[valid-type]
         ("all_reduce", "all_gather", "reduce_scatter"), min_length=1
     )
-    timing: Literal["device", "host_sync"] = "device"
+    timing: Literal["device", "events", "host_sync"] = Field(
+        "device",
+        description="how the rows were timed: device (the GPU's time: nccl-tests style loops, "
+        "or the stream held while the host enqueues), events (a CUDA event between calls a "
+        "Python loop issues back to back: max(device time, the host's call interval)), "
+        "host_sync (a barrier and a synchronisation around each call); rows whose own "
+        "``timing`` says otherwise are not read",
+    )
     splits: tuple[str, ...] = Field(
         ("uniform",), min_length=1, description="all-to-all rows: which split patterns to check"
     )
@@ -145,6 +152,13 @@ class CollectiveRow(Frozen):
     group: PositiveInt
     bytes: PositiveFloat
     time_s: PositiveFloat
+    timing: str | None = Field(None, description="how the row was timed, if it says "
+                               "(``cuda_events`` is ``events``); else the suite's timing")
+
+    @property
+    def timed(self) -> str | None:
+        """The row's own timing, ``cuda_events`` read as ``events``."""
+        return "events" if self.timing == "cuda_events" else self.timing
 
 
 def load_suite(path: str | Path) -> WorkloadSuite | CollectiveSuite:
@@ -189,6 +203,8 @@ def collective_rows(
             err = pydantic_to_config_error(e, CollectiveRow, file=str(data_path), prefix=where)
             raise err from None
         if row.op not in suite.ops or row.splits not in suite.splits:
+            continue
+        if row.timed is not None and row.timed != suite.timing:
             continue
         if row.group > n_gpus:
             raise ConfigError(

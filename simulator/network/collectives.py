@@ -134,6 +134,7 @@ class _Proto:
     fraction: float
     ring: tuple[float, float]  # (intra, net) seconds per step
     tree: tuple[float, float]
+    base_s: float = 0.0  # fixed cost per call beyond LL's (NCCL's base latency difference)
 
 
 class CollectiveModel(InNetworkPhases, AlgorithmPhases):
@@ -155,21 +156,32 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
         #: all-to-all's extra fixed cost per call and achieved fraction of the link rate
         self.a2a_launch_extra_s = float(a2a.get("launch_extra_us", 0.0)) * 1e-6
         self.a2a_bw_fraction = float(a2a.get("bandwidth_fraction", 1.0))
+        #: p2p Simple's pipeline fill: bytes per peer whose time is not overlapped
+        self.a2a_fill_bytes = float(a2a.get("simple_fill_bytes", 0.0))
         ll = a2a.get("ll_max_bytes_per_peer", {})
         #: NCCL's p2p protocol rule: LL up to these bytes per peer, Simple above (never LL128)
         self.p2p_ll_max_bytes = (float(ll.get("nvlink", 0.0)), float(ll.get("net", 0.0)))
         #: what a host-synchronised measurement of one call adds to it (not paid in training)
         self.host_sync_overhead_s = float(fab.get("host_sync_overhead_us", 0.0)) * 1e-6
+        #: the host's interval between calls of a Python loop issuing them back to back
+        #: (what an event-timed measurement of a call shorter than it shows; not in training)
+        self.events_call_s = float(fab.get("events_call_us", 0.0)) * 1e-6
         self.copy_Bps = float(fab["copy_GBps"]) * 1e9
         self.tree_fraction = float(fab["tree_bandwidth_fraction"])
         #: NVLS / SHARP constants (fabrics.yaml ``in_network``)
         self.in_network = in_network_constants(fabrics)
+        #: NCCL's own tuning model, used to choose the protocol as NCCL does (:meth:`_nccl_time`)
+        self.tuner = fab.get("tuner")
+        base = {n: 0.0 for n in fab["protocols"]}
+        if self.tuner:
+            base.update({n: float(v) for n, v in self.tuner["base_latency_us"].items()})
         self.protocols = tuple(
             _Proto(
                 name,
                 float(p["bandwidth_fraction"]),
                 (p["ring_step_us"]["intra"] * 1e-6, p["ring_step_us"]["net"] * 1e-6),
                 (p["tree_hop_us"]["intra"] * 1e-6, p["tree_hop_us"]["net"] * 1e-6),
+                (base[name] - min(base.values())) * 1e-6,
             )
             for name, p in fab["protocols"].items()
         )
@@ -350,7 +362,9 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
         ph = self._direct_phase(self._pxn(tuple(tr)), local, self.a2a_bw_fraction)
         fluid = self._fluid(ph)
         peer = max(nbytes * rows[i][j] for i in range(n) for j in range(n) if i != j)
-        return ph, fluid, self._p2p_protocol(groups[0], peer)
+        proto = self._p2p_protocol(groups[0], peer)
+        fill = self._p2p_fill(ph, fluid, proto)
+        return (replace(ph, path_s=ph.path_s + fill) if fill else ph), fluid, proto
 
     def _p2p_protocol(self, group: Sequence[int], peer_bytes: float) -> _Proto:
         """The protocol NCCL 2.28 runs a send/receive pair with (``enqueue.cc``
@@ -633,18 +647,79 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
                 cands = self._protocols_of(alg, protos)
                 if alg == "direct" and len(cands) > 1:  # NCCL's p2p rule, not a time race
                     cands = (self._p2p_protocol(group, nbytes / len(group)),)
+                elif len(cands) > 1 and self.tuner and self._one_domain(group):
+                    # NCCL's tuner picks the protocol (checked against its log on one NVLink
+                    # domain only; across nodes the fastest protocol is taken, as before)
+                    cands = (min(cands, key=lambda p: self._nccl_time(alg, op, group, nbytes,
+                                                                       p, timed)),)
                 for pr in cands:
+                    fixed = self._fixed(alg, pr, timed)
                     t = sum(
-                        ph.repeat * (f * self._wire(ph, pr) + self._lat(ph, pr)) for ph, f in timed
+                        ph.repeat * (f * self._wire(ph, pr) + self._lat(ph, pr) + x)
+                        for (ph, f), x in zip(timed, fixed, strict=True)
                     )
                     if best is None or t < best[0]:
-                        best = (t, f"{alg}/{pr.name}", pr, timed)
+                        best = (t, f"{alg}/{pr.name}", pr, timed, fixed)
             if best is None:
                 raise ConfigError(
                     f"algorithm {algorithm!r} does not apply to this group", field="algorithm"
                 )
-            best = best[1:]
+            _, name, pr, timed, fixed = best
+            # the protocol's fixed costs ride on the steps' path latency, so that every pricing
+            # of the plan (cost, steps, bundles) and the engine's flow-level run include them
+            best = (name, pr, [(replace(ph, path_s=ph.path_s + x) if x else ph, f)
+                               for (ph, f), x in zip(timed, fixed, strict=True)])
         return best
+
+    def _one_domain(self, group) -> bool:
+        """Whether ``group`` lies in one NVLink domain (no step crosses the network)."""
+        topo = self.topology
+        return topo.intra != "pcie" and len({topo.node_of(g) for g in group}) == 1
+
+    def _nccl_time(self, alg: str, op: str, group, nbytes: float, pr: _Proto, timed) -> float:
+        """NCCL's own estimate of a call within one NVLink domain with protocol ``pr``
+        (``src/graph/tuning.cc``: ``baseLat + steps x hwLat + bytes / busBw`` per protocol,
+        ``fabrics.yaml`` ``nccl.tuner``), with Simple's bus bandwidth the model's fluid rate
+        for these steps, LL128's 0.92 of it, LL's half of it capped at NCCL's ``llMaxBw`` for
+        one node (by NVLink generation). Only the order of the protocols is used: NCCL runs the
+        one its model says is fastest, which is not always the fastest (between two H100s it
+        never picks LL128, data/measured/h100x2-nccl-device/tuning-choices.jsonl)."""
+        tu = self.tuner
+        steps = sum(ph.repeat for ph, _ in timed)
+        lat = float(tu["base_latency_us"][pr.name]) + steps * float(
+            tu["hop_latency_us"][pr.name])
+        data = sum(ph.repeat * f / ph.bw_fraction for ph, f in timed) * 1e6  # Simple, us
+        data /= float(tu["bandwidth_factor"][pr.name])
+        if pr.name == "LL":
+            gen = str(getattr(self.topology.gpu, "nvlink_generation", None) or 4)
+            cap = float(tu["ll_max_GBps"].get(gen, tu["ll_max_GBps"]["4"]))
+            data = max(data, nbytes * BUSBW[op](len(group)) / (cap * 1e3))
+        return lat + data
+
+    def _fixed(self, alg: str, pr: _Proto, timed) -> list[float]:
+        """Per phase, the latency per step the protocol adds beyond :meth:`_lat`: its base
+        latency beyond LL's (NCCL's tuner: ``baseLat[proto]``; fabrics.yaml ``nccl.tuner``),
+        spread evenly over the collective's steps; none for NCCL's p2p all-to-all and sends,
+        whose fixed cost is their own (``nccl.all_to_all``)."""
+        n = sum(ph.repeat for ph, _ in timed) or 1
+        if alg != "direct":
+            return [0.0 if alg == "p2p" else pr.base_s / n] * len(timed)
+        return [self._p2p_fill(ph, f, pr) for ph, f in timed]
+
+    def _p2p_fill(self, ph: Phase, fluid: float, pr: _Proto) -> float:
+        """NCCL's p2p Simple pipeline fill on an all-to-all's direct step within an NVLink
+        domain: each channel's part moves through the receiver's FIFO in chunks
+        (``p2pChunkSize``, 512 KiB on NVLink) that the receiving kernel copies out after they
+        land, so about the first chunk of every channel is not overlapped: the step's own time
+        again up to ``a2a_fill_bytes`` per peer, that many bytes at the step's rate beyond
+        (``nccl.all_to_all.simple_fill_bytes``, fitted). LL has no such pipeline."""
+        if pr.name != "Simple" or ph.net_hops or not ph.transfers or not self.a2a_fill_bytes:
+            return 0.0
+        sent: dict[int, float] = {}
+        for a, _, b in ph.transfers:
+            sent[a] = sent.get(a, 0.0) + b
+        out = max(sent.values())
+        return fluid * min(1.0, self.a2a_fill_bytes / out) if out > 0 else 0.0
 
     def _protocols_of(self, alg: str, protos=None) -> tuple[_Proto, ...]:
         """The protocols ``alg`` runs with: NVLS and CollNet only with Simple (NCCL)."""
