@@ -9,8 +9,10 @@ by a sleep kernel while the host enqueues, then the GPU runs the calls back to b
 ``host_ahead``), on ``topologies/h100x2-nvswitch.yaml``. Printed per row and per size band
 (<= 1 MiB, 4-64 MiB, >= 256 MiB) with MAPE and bias, for three variants of ``fabrics.yaml``:
 
-* ``shipped``: as it is (``nccl.launch_us`` 25.6 us, set from host-synchronised and
-  CUDA-event rows whose small sizes time the host's call rate);
+* ``shipped``: as it is (since 2026-11-27 ``nccl.launch_us`` 8.2 us is fitted on these
+  rows' all-gathers / reduce-scatters <= 1 MiB by ``calibrate network``, and NCCL's tuner picks
+  the protocol; until then 25.6 us, set from host-synchronised and CUDA-event rows whose small
+  sizes time the host's call rate);
 * ``launch``: only ``launch_us`` refitted, on the all-gather / reduce-scatter rows <= 1 MiB
   (least squares in log time, 0.1 us grid);
 * ``nccl-choice``: what NCCL's own log chose on this pair (``tuning-choices.jsonl``: ring/LL up
