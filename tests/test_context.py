@@ -148,10 +148,15 @@ def test_engine_memory_divided_by_cp_and_gradients_reduced_over_cp(tmp_path):
 
 def test_breakdown_adds_up_with_cp(tmp_path):
     for mode in ("p2p", "all_gather"):
-        s = simulate(_case(tmp_path, {"tp": 2, "cp": 4, "dp": 1, "cp_comm": mode,
-                                      "sequence_parallel": True})).summary  # fmt: skip
+        res = simulate(_case(tmp_path, {"tp": 2, "cp": 4, "dp": 1, "cp_comm": mode,
+                                        "sequence_parallel": True}))  # fmt: skip
+        s = res.summary
         assert sum(s["breakdown_s"].values()) == pytest.approx(s["step_time_s"], rel=1e-12)
-        assert s["breakdown_s"]["cp_comm"] > 0.0
+        assert (res.events.kind == "cp_comm").any()
+        # the all-gather of K and V runs before attention and shows; ring attention's sends run
+        # beside the previous chunk's attention and may hide entirely (they do here)
+        if mode == "all_gather":
+            assert s["breakdown_s"]["cp_comm"] > 0.0
 
 
 @pytest.mark.parametrize(

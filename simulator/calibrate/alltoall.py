@@ -28,9 +28,9 @@ ramp that ends near 8 MiB a rank (16 channels x NCCL's 512 KiB p2p chunk,
 calls too. (Until 2026-11-27 a fixed extra of 10 us beside a 25.6 us launch stood for it.)
 
 For a given fill each row's prediction is affine in (extra, 1 / fraction) -- the protocol
-follows NCCL's p2p rule (size only), the fraction scales the wire bytes of the one direct step
-and the fill with them, the extra adds -- so two evaluations of the model per row give the
-loss surface; the fill is searched on a 0.25 MiB grid, the other two by nested golden section.
+follows NCCL's p2p rule (size only), the fraction scales the wire bytes of the one direct step,
+the fill (at the link's rate) and the extra add -- so two evaluations of the model per row give
+the loss surface; the fill is searched on a 0.25 MiB grid, the other two by nested golden section.
 """
 
 from __future__ import annotations

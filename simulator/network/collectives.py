@@ -35,9 +35,12 @@ NVLink/PCIe, where NCCL's own SMs do the stores -- the kernel's extra local memo
 network the NIC's DMA overlaps that work, so it is not charged.
 
 Protocols (NCCL's LL, LL128 and Simple) scale the bytes a step puts on the links by
-1/bandwidth_fraction and add per-step overheads (``fabrics.yaml``). Like NCCL's tuner,
-:meth:`CollectiveModel.algorithm` picks the algorithm and protocol with the lowest predicted
-time for one group. NVLS (NVLink SHARP) and CollNet (InfiniBand SHARP) all-reduces are in
+1/bandwidth_fraction and add per-step overheads (``fabrics.yaml``). Within one NVLink domain
+the protocol of each algorithm is the one NCCL's own tuner model rates fastest, elsewhere the
+one the model prices fastest; a protocol adds its base latency beyond LL's, and an all-to-all
+with Simple its p2p pipeline fill (:mod:`simulator.network.protocols`).
+:meth:`CollectiveModel.algorithm` then picks the algorithm with the lowest predicted time for
+one group. NVLS (NVLink SHARP) and CollNet (InfiniBand SHARP) all-reduces are in
 :mod:`simulator.network.innetwork`; PAT is not modelled.
 """
 
@@ -54,6 +57,7 @@ from simulator.errors import ConfigError
 from simulator.network.algorithms import AlgorithmPhases, Phase, phase_at
 from simulator.network.flows import FlowSet, fluid_completion, fluid_completion_arrays
 from simulator.network.innetwork import IN_NETWORK, InNetworkPhases, in_network_constants
+from simulator.network.protocols import BUSBW, ProtocolCosts
 from simulator.network.topology import Topology, load_fabrics
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send")
@@ -68,15 +72,6 @@ ALGORITHMS = {
 #: Algorithms the automatic choice considers (NCCL's defaults; NVLS and CollNet join them where
 #: the fabric has them, :meth:`CollectiveModel.auto`).
 AUTO = {**ALGORITHMS, "all_reduce": ("ring", "tree", *IN_NETWORK)}
-#: nccl-tests bus-bandwidth factors (nccl-tests doc/PERFORMANCE.md).
-BUSBW = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "send": lambda n: 1.0,
-}
 
 
 @dataclass(frozen=True)
@@ -137,7 +132,7 @@ class _Proto:
     base_s: float = 0.0  # fixed cost per call beyond LL's (NCCL's base latency difference)
 
 
-class CollectiveModel(InNetworkPhases, AlgorithmPhases):
+class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
     """Cost of collectives on a topology (see the module docstring)."""
 
     def __init__(self, topology: Topology, fabrics: Mapping[str, Any] | None = None):
@@ -670,56 +665,6 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases):
             best = (name, pr, [(replace(ph, path_s=ph.path_s + x) if x else ph, f)
                                for (ph, f), x in zip(timed, fixed, strict=True)])
         return best
-
-    def _one_domain(self, group) -> bool:
-        """Whether ``group`` lies in one NVLink domain (no step crosses the network)."""
-        topo = self.topology
-        return topo.intra != "pcie" and len({topo.node_of(g) for g in group}) == 1
-
-    def _nccl_time(self, alg: str, op: str, group, nbytes: float, pr: _Proto, timed) -> float:
-        """NCCL's own estimate of a call within one NVLink domain with protocol ``pr``
-        (``src/graph/tuning.cc``: ``baseLat + steps x hwLat + bytes / busBw`` per protocol,
-        ``fabrics.yaml`` ``nccl.tuner``), with Simple's bus bandwidth the model's fluid rate
-        for these steps, LL128's 0.92 of it, LL's half of it capped at NCCL's ``llMaxBw`` for
-        one node (by NVLink generation). Only the order of the protocols is used: NCCL runs the
-        one its model says is fastest, which is not always the fastest (between two H100s it
-        never picks LL128, data/measured/h100x2-nccl-device/tuning-choices.jsonl)."""
-        tu = self.tuner
-        steps = sum(ph.repeat for ph, _ in timed)
-        lat = float(tu["base_latency_us"][pr.name]) + steps * float(
-            tu["hop_latency_us"][pr.name])
-        data = sum(ph.repeat * f / ph.bw_fraction for ph, f in timed) * 1e6  # Simple, us
-        data /= float(tu["bandwidth_factor"][pr.name])
-        if pr.name == "LL":
-            gen = str(getattr(self.topology.gpu, "nvlink_generation", None) or 4)
-            cap = float(tu["ll_max_GBps"].get(gen, tu["ll_max_GBps"]["4"]))
-            data = max(data, nbytes * BUSBW[op](len(group)) / (cap * 1e3))
-        return lat + data
-
-    def _fixed(self, alg: str, pr: _Proto, timed) -> list[float]:
-        """Per phase, the latency per step the protocol adds beyond :meth:`_lat`: its base
-        latency beyond LL's (NCCL's tuner: ``baseLat[proto]``; fabrics.yaml ``nccl.tuner``),
-        spread evenly over the collective's steps; none for NCCL's p2p all-to-all and sends,
-        whose fixed cost is their own (``nccl.all_to_all``)."""
-        n = sum(ph.repeat for ph, _ in timed) or 1
-        if alg != "direct":
-            return [0.0 if alg == "p2p" else pr.base_s / n] * len(timed)
-        return [self._p2p_fill(ph, f, pr) for ph, f in timed]
-
-    def _p2p_fill(self, ph: Phase, fluid: float, pr: _Proto) -> float:
-        """NCCL's p2p Simple pipeline fill on an all-to-all's direct step within an NVLink
-        domain: each channel's part moves through the receiver's FIFO in chunks
-        (``p2pChunkSize``, 512 KiB on NVLink) that the receiving kernel copies out after they
-        land, so about the first chunk of every channel is not overlapped: the step's own time
-        again up to ``a2a_fill_bytes`` per peer, that many bytes at the step's rate beyond
-        (``nccl.all_to_all.simple_fill_bytes``, fitted). LL has no such pipeline."""
-        if pr.name != "Simple" or ph.net_hops or not ph.transfers or not self.a2a_fill_bytes:
-            return 0.0
-        sent: dict[int, float] = {}
-        for a, _, b in ph.transfers:
-            sent[a] = sent.get(a, 0.0) + b
-        out = max(sent.values())
-        return fluid * min(1.0, self.a2a_fill_bytes / out) if out > 0 else 0.0
 
     def _protocols_of(self, alg: str, protos=None) -> tuple[_Proto, ...]:
         """The protocols ``alg`` runs with: NVLS and CollNet only with Simple (NCCL)."""
