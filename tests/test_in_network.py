@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FAB = load_fabrics()
 EFF = {k: v["efficiency"] for k, v in FAB["links"].items()}
 IN = FAB["in_network"]
-LAUNCH = FAB["nccl"]["launch_us"] * 1e-6
+# NVLS runs Simple, whose base latency beyond LL's (NCCL's tuner) every call pays
+LAUNCH = (FAB["nccl"]["launch_us"] + FAB["nccl"]["tuner"]["base_latency_us"]["Simple"]
+          - FAB["nccl"]["tuner"]["base_latency_us"]["LL"]) * 1e-6
 GiB = 2.0**30
 
 

@@ -38,7 +38,8 @@ def _collective_suite(tmp_path: Path, **extra) -> Path:
     topo = ROOT / "topologies" / "h200x4-nvswitch.yaml"
     data = ROOT / "data" / "measured" / "h200x4" / "collectives.jsonl"
     suite = {"name": "t", "kind": "collectives", "data": str(data), "topology": str(topo),
-             "ops": ["all_gather"], "bands": [{"name": "all", "tolerance_mape": 1.0}], **extra}
+             "ops": ["all_gather"], "timing": "events",
+             "bands": [{"name": "all", "tolerance_mape": 1.0}], **extra}
     p = tmp_path / "s.yaml"
     p.write_text(yaml.safe_dump(suite))
     return p

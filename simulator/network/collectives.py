@@ -240,12 +240,14 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
                 and op != "all_to_all"  # NCCL's p2p protocol depends on the size alone
                 and hit.algorithm.endswith("/LL")
                 and sum(len(g) > 1 for g in key[1]) > 1
+                and not (self.tuner and all(self._one_domain(g) for g in key[1] if len(g) > 1))
             ):
                 # Each group's plan was chosen as if it ran alone; where concurrent groups
                 # share links, another algorithm/protocol can be faster for all of them: LL
                 # (picked alone for its latency) doubles the wire bytes, which loses once a
                 # NIC is shared. NCCL's tuner sees the contended bandwidth, so take the best
-                # of the joint choices.
+                # of the joint choices. (Within NVLink domains the tuner's own choice stands:
+                # :meth:`_plan_one`.)
                 for alg in AUTO[op]:
                     for proto in self._protocols_of(alg):
                         try:
