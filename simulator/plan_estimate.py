@@ -53,7 +53,7 @@ from simulator.engine.program import (
 from simulator.hardware.precision import moe_dispatch_bytes, pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import memory as mem
-from simulator.model import moe_sizes
+from simulator.model import moe_sizes, mtp
 from simulator.model import transformer as tf
 from simulator.model.moe import beside_ep_slowdown, load_spec
 from simulator.model.ops import DTYPE_BYTES as BYTES
@@ -206,6 +206,15 @@ class Estimator:
             dense += self.emb / tp
         if vs == pp * res.virtual_stages - 1:
             dense += self.head / tp
+            m = self.work.model
+            if m.mtp_depth:  # MTP modules, as the engine counts them (simulator.model.mtp)
+                if m.moe is None:
+                    a, b = self.lp / tp, 0.0
+                else:
+                    a, b = moe_sizes.layer_local_params(m, m.layers - 1, tp=tp, ep=res.ep,
+                                                        etp=res.etp)  # fmt: skip
+                dense += m.mtp_depth * a + mtp.mtp_params(m, 0) / tp
+                expert += m.mtp_depth * b
         return dense, expert
 
     def _stage_params(self, res: Resolved, stage: int) -> float:
@@ -359,6 +368,11 @@ class Estimator:
         ) - act_layer)
         pp, v = res.size("pp"), res.virtual_stages
         last = pp * v - 1
+        if m.mtp_depth:  # each MTP module: a layer of the last kind, a head, its inputs
+            proj = 4 * cand.micro_batch * m.seq_len * m.hidden * 2 / (
+                cand.tp if cand.sequence_parallel else 1)
+            act_head += m.mtp_depth * (self._last_layer_activation(cand, res, act_layer)
+                                       + act_head + proj)  # fmt: skip
         worst = 0.0
         skw = dict(zero=cand.zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
                    kernels=t.kernels, weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0],
@@ -415,6 +429,17 @@ class Estimator:
         start = sum(res.stage_layers[:vs])
         first = max(0, min(start + n, moe.dense_layers) - start)
         return first, n - first
+
+    def _last_layer_activation(self, cand: Candidate, res: Resolved, act_layer: float) -> float:
+        """Activation bytes of the model's last layer (the kind an MTP module repeats)."""
+        m = self.work.model
+        if m.moe is None and m.attention_kind != "mla":
+            return act_layer
+        t = self.work.training.model_copy(
+            update={"micro_batch": cand.micro_batch, "recompute": cand.recompute})
+        return moe_sizes.layer_activation_bytes(mc.cp_local(m, cand.cp), t, m.layers - 1,
+                                                tp=cand.tp, sp=cand.sequence_parallel,
+                                                ep=res.ep, etp=res.etp)  # fmt: skip
 
     def _vs_activation(self, cand: Candidate, res: Resolved, vs: int, act_layer: float) -> float:
         """Activation bytes a micro-batch keeps for the layers of virtual stage ``vs``: the

@@ -87,3 +87,27 @@ def test_empty_stages_only_at_the_ends(tmp_path, capsys):
                                 stage_layers=[4, 0, 4, 0]))  # fmt: skip
     expect(fails(capsys, tmp_path, "run", str(p)), p, "parallelism.stage_layers",
            "virtual stage 1 holds no layer")
+
+
+def test_plan_prescreen_counts_the_mtp_memory():
+    # the estimator's memory of a layout with MTP is the engine's (Mixtral 8x7B, 16 GPUs)
+    from simulator.config.load import LoadedWorkload
+    from simulator.plan import enumerate_layouts, plan_topology
+    from simulator.plan_estimate import Estimator
+    from simulator.run import make_machine
+
+    loaded = load_workload(ROOT / "workloads" / "mixtral-8x7b.yaml", ("model.mtp_depth=1",))
+    topo = plan_topology(loaded.topology, 16)
+    machine = make_machine(LoadedWorkload(loaded.workload, topo, loaded.workload_path,
+                                          loaded.topology_path))  # fmt: skip
+    est = Estimator(loaded.workload, topo, machine)
+    picks = [c for c in enumerate_layouts(loaded.workload, 16, 8)
+             if (c.tp, c.pp, c.ep, c.etp, c.zero, c.pp_schedule, c.micro_batch)
+             == (1, 2, 8, 1, 1, "1f1b", 1)]  # fmt: skip
+    assert picks
+    cand = picks[0]
+    work, res = est.resolve(cand)
+    s = simulate(LoadedWorkload(work, topo, loaded.workload_path, loaded.topology_path),
+                 machine=machine).summary  # fmt: skip
+    assert est.estimate(cand, res).memory_gib == pytest.approx(s["memory_gib"]["total"],
+                                                               rel=1e-9)  # fmt: skip
