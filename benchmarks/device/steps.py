@@ -1237,6 +1237,19 @@ def _kind(name: str) -> str:
     return "other"
 
 
+def _annotation(name: str, is_user_annotation: bool) -> bool:
+    """Whether a GPU-timeline event is a range around kernels rather than a kernel: a user
+    annotation, NCCL's ``nccl:<op>`` range, or a ``record_function`` range such as
+    ``Optimizer.step#AdamW.step`` (a '#' and no argument list). A kernel's demangled name has
+    an argument list, and PyTorch's elementwise kernels name their lambda with a '#'
+    (``...direct_copy_kernel_cuda(...)::{lambda(float)#1}...>(int, ...)``: casts, pow, rsqrt,
+    SiLU, GELU), so a '#' alone does not mark an annotation (before 2026-11-27 it did, and
+    profile.jsonl left those kernels out of busy time, counting them as GPU idle)."""
+    if is_user_annotation or name.startswith("nccl:"):
+        return True
+    return "#" in name and "(" not in name
+
+
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
 
 
@@ -1282,8 +1295,7 @@ def profile_step(args, step, name, rank, world, dev) -> None:
     # kernels and copies on the GPU; user annotations ("nccl:all_to_all", "Optimizer.step#...")
     # are GPU-timeline ranges around kernels, not kernels
     kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-            and not getattr(e, "is_user_annotation", False)
-            and not e.name.startswith("nccl:") and "#" not in e.name]
+            and not _annotation(e.name, getattr(e, "is_user_annotation", False))]
     iv = {"all": [], "compute": [], "nccl": []}
     by_kind: dict[str, float] = {}
     by_name: dict[str, list[float]] = {}
