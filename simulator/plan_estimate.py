@@ -327,7 +327,7 @@ class Estimator:
                 recompute_modules=moe_sizes.recompute_modules(
                     t.model_copy(update={"recompute": cand.recompute})),
                 tp_input_dtype=self.work.parallelism.tp_input_dtype,
-                tp_impl=self.work.parallelism.tp_impl,
+                tp_impl=self.work.parallelism.tp_impl, tp_loss=self.work.parallelism.tp_loss,
             )  # fmt: skip
             self._progs[key] = hit
         return hit
@@ -361,7 +361,8 @@ class Estimator:
             m, recompute=cand.recompute, flash_attention=t.flash_attention, **kw, **impl, **code
         )
         act_embed = mem.embedding_activation_bytes(m, **kw, **impl)
-        act_head = mem.head_activation_bytes(m, norm_gain=t.rmsnorm_gain, **kw, **impl)
+        act_head = mem.head_activation_bytes(m, norm_gain=t.rmsnorm_gain,
+                                             tp_loss=self.work.parallelism.tp_loss, **kw, **impl)
         # a recomputed layer's activations, held again during its backward (as the engine)
         act_rc = max(0.0, mem.activation_bytes_per_layer(
             m, recompute="none", flash_attention=t.flash_attention, **kw, **impl, **code

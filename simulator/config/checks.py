@@ -145,6 +145,10 @@ def resolve(
         raise fail("parallelism.tp_impl", "dtensor models PyTorch DTensor tensor parallelism in "
                    "eager code: needs training.kernels: eager (accepted with fused kernels: "
                    "megatron)")
+    if par.tp_loss == "gathered" and (t.kernels != "eager" or par.tp_impl != "megatron"):
+        raise fail("parallelism.tp_loss", "gathered models eager code that all-gathers the "
+                   "LM head's logits: needs training.kernels: eager and parallelism.tp_impl: "
+                   "megatron (accepted otherwise: vocab_parallel)")
     _check_deepspeed(work, pp, fail)
     if t.master_weights == "remainder" and (t.param_dtype != "bf16" or t.optimizer_impl != "fused"):
         raise fail("training.master_weights", "remainder keeps the 16 bits an fp32 weight has "

@@ -574,6 +574,15 @@ class ParallelismConfig(Frozen):
         "of each DTensor unit (gpus.yaml host_dtensor), and with SP the fp32 all-gather of a "
         "norm's output kept for the backward instead of re-gathered",
     )
+    tp_loss: Literal["vocab_parallel", "gathered"] = Field(
+        "vocab_parallel",
+        description="how the loss meets the column-parallel LM head's vocabulary-split logits "
+        "(tp > 1). vocab_parallel: a cross-entropy over the local vocabulary with small "
+        "all-reduces (Megatron-LM's, PyTorch's loss_parallel, benchmarks/device/steps.py). "
+        "gathered: eager code only: the logits all-gathered over TP (and concatenated) so that "
+        "every rank runs an ordinary cross-entropy over the whole vocabulary, its gradient "
+        "sliced back to the rank's shard (benchmarks/device/steps_third.py)",
+    )
     pp_scatter_gather: Bool = Field(
         True,
         description="send 1/tp of a stage boundary activation per TP rank and all-gather it over "

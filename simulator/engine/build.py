@@ -310,6 +310,7 @@ class _Builder:
                 moe_kw=self.moe_kw(), recompute_modules=moe_sizes.recompute_modules(t),
                 tp_input_dtype=self.par.tp_input_dtype,
                 tp_impl=self.par.tp_impl, grad_accumulation=self.grad_accumulation(),
+                tp_loss=self.par.tp_loss,
             )  # fmt: skip
             if self.pp > 1 and self.tp > 1 and self.par.pp_scatter_gather and not self.sp:
                 # Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1): each TP rank
@@ -559,7 +560,8 @@ class _Builder:
         )
         # eager: the loss's working set too (the head's peak, from its forward to its backward)
         head = mem.head_activation_bytes(
-            m, include_transient=t.kernels == "eager", norm_gain=t.rmsnorm_gain, **mkw
+            m, include_transient=t.kernels == "eager", norm_gain=t.rmsnorm_gain,
+            tp_loss=self.par.tp_loss, **mkw
         )
         if m.mtp_depth:  # each MTP module keeps a layer's and a head's activations, and
             # its norms' and projection's inputs (h, h and 2h per token, 16-bit)
@@ -577,7 +579,7 @@ class _Builder:
             return 0.0
         return mem.head_transient_bytes(
             self.local_model, micro_batch=t.micro_batch, tp=self.tp, sequence_parallel=self.sp,
-            kernels=t.kernels,
+            kernels=t.kernels, tp_loss=self.par.tp_loss,
         )  # fmt: skip
 
     # ---- communication: folded costs, or full-detail executors

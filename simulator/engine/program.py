@@ -226,6 +226,7 @@ def build_stage_programs(
     tp_input_dtype: str = "residual",
     tp_impl: str = "megatron",
     grad_accumulation: tuple[int, float] | None = None,
+    tp_loss: str = "vocab_parallel",
 ) -> StagePrograms:
     """Price every program of one stage.
 
@@ -277,7 +278,7 @@ def build_stage_programs(
         layer_fwd = price(fwd_ops, pr, comm_cost)
         layer_bwd = price(bwd(mc.layer_ops(model, backward=True, **lkw)), pr, comm_cost)
         layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr, recompute_modules)
-    hkw = dict(kw, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl)
+    hkw = dict(kw, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl, tp_loss=tp_loss)
     head_f = mc.head_ops(model, backward=False, **hkw)
     head_b = bwd(mc.head_ops(model, backward=True, **hkw))
     if model.mtp_depth:  # MTP modules after the main head (simulator.model.mtp)

@@ -188,19 +188,25 @@ def embedding_ops(
 def head_ops(
     model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool,
     backward: bool, cp: int = 1, kernels: str = "fused", param_dtype: str = "bf16",
-    tp_input_dtype: str = "residual", tp_impl: str = "megatron",
+    tp_input_dtype: str = "residual", tp_impl: str = "megatron", tp_loss: str = "vocab_parallel",
 ) -> list[Op]:  # fmt: skip
     """Final norm, LM head and loss on one rank. With SP the head's input is gathered from
     the sequence-parallel region and its input gradient reduce-scattered back (Korthikanti et
     al. 2022, Fig. 5 at the boundary); without SP the input gradient is all-reduced. DTensor
     (``tp_impl``) gathers the final norm's output (``ColwiseParallel(input_layouts=Shard(1))``
-    on the LM head), in the residual stream's dtype as its gradient's reduce-scatter."""
+    on the LM head), in the residual stream's dtype as its gradient's reduce-scatter.
+    ``tp_loss: gathered`` all-gathers the LM head's vocabulary-split logits (the whole
+    ``[b*s, V]`` tensor in the compute dtype) before the loss's copies."""
     local = cp_local(model, cp)
     kw = dict(micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
-              kernels=kernels, param_dtype=param_dtype)  # fmt: skip
+              kernels=kernels, param_dtype=param_dtype, tp_loss=tp_loss)  # fmt: skip
     ops = (tf.head_backward_ops if backward else tf.head_forward_ops)(local, **kw)
     if tp == 1:
         return ops
+    if tp_loss == "gathered" and not backward:
+        i = next(k for k, op in enumerate(ops) if op.name == "logits_gather_copy")
+        logits = ops[i].bytes / 2  # the copy reads and writes the gathered logits once
+        ops = [*ops[:i], comm_op("tp_all_gather", "all_gather", "tp", logits), *ops[i:]]
     nbytes = tf.tp_comm_bytes(local, micro_batch=micro_batch)
     if sequence_parallel and tp_impl == "dtensor" and tp_input_dtype == "residual":
         nbytes = residual_comm_bytes(local, micro_batch, kernels, param_dtype)

@@ -369,17 +369,26 @@ def embedding_backward(model: ModelConfig, b: int, tp: int, sp: bool, P: int) ->
 # Head and loss
 
 
-def head_forward(model: ModelConfig, b: int, tp: int, sp: bool, d: int, P: int) -> list[Op]:
+def head_forward(model: ModelConfig, b: int, tp: int, sp: bool, d: int, P: int,
+                 gathered: bool = False) -> list[Op]:
     """Final norm, LM head, and the loss on fp32 logits (``logits.float()``): with tp = 1
     ``F.cross_entropy`` (log_softmax, one kernel that keeps a row in shared memory, then
     nll_loss on the target logits); with tp > 1 the vocab-parallel cross-entropy of
-    Megatron-LM / measure.py (max, subtract, exp, sum, divide; each a kernel over the logits)."""
+    Megatron-LM / measure.py (max, subtract, exp, sum, divide; each a kernel over the logits).
+    ``gathered`` (tp > 1, ``parallelism.tp_loss``): the vocabulary shards are all-gathered
+    (the collective is :func:`simulator.model.comm.head_ops`'s), ``dist.all_gather`` into a
+    list copies NCCL's flat output into the ``tp`` parts (ProcessGroupNCCL's allgather) and
+    ``torch.cat`` joins them, then the tp = 1 loss runs over the whole vocabulary."""
     L = local_dims(model, b, tp, sp)
     h, T, NT, x = model.hidden, L.tokens, L.norm_tokens, L.tokens * L.vocab
     ops = _norm_fwd("final_norm", "head", model.norm_kind, NT, h, P, d, P)
     ops += _linear_fwd(gemm_op("lm_head", "head", T, h, L.vocab, d), False, P, d)
+    if gathered and tp > 1:
+        x *= tp  # the whole vocabulary on every rank
+        ops.append(mem_op("logits_gather_copy", "head", 2 * x * d))
+        ops.append(mem_op("logits_cat", "head", 2 * x * d))
     ops.append(cast_op("ce_upcast", "head", x, d, FP32))
-    if tp == 1:
+    if tp == 1 or gathered:
         return ops + [
             mem_op("ce_log_softmax", "head", 2 * x * FP32),
             mem_op("ce_nll", "head", T * (I64 + 2 * FP32)),
@@ -395,14 +404,20 @@ def head_forward(model: ModelConfig, b: int, tp: int, sp: bool, d: int, P: int) 
     ]
 
 
-def head_backward(model: ModelConfig, b: int, tp: int, sp: bool, d: int, P: int) -> list[Op]:
+def head_backward(model: ModelConfig, b: int, tp: int, sp: bool, d: int, P: int,
+                  gathered: bool = False) -> list[Op]:
     """Loss backward on fp32 logits (tp = 1: nll_loss backward zero-fills the gradient and
     scatters the targets, then log_softmax backward reads the gradient and the output; tp > 1:
     subtract one at the targets and scale the kept softmax in place), the cast back to the
-    logits' dtype, the LM head's GEMMs and the final norm's backward."""
+    logits' dtype, the LM head's GEMMs and the final norm's backward. ``gathered``: the tp = 1
+    loss backward over the whole vocabulary, then the rank's slice of the gradient copied out
+    (``g[..., shard].contiguous()``) before the LM head's GEMMs."""
     L = local_dims(model, b, tp, sp)
     h, T, NT, x = model.hidden, L.tokens, L.norm_tokens, L.tokens * L.vocab
-    if tp == 1:
+    shard = x
+    if gathered and tp > 1:
+        x *= tp
+    if tp == 1 or gathered:
         ops = [
             mem_op("ce_nll_fill", "head", x * FP32, True),
             mem_op("ce_nll_scatter", "head", T * (I64 + FP32), True),
@@ -415,6 +430,8 @@ def head_backward(model: ModelConfig, b: int, tp: int, sp: bool, d: int, P: int)
             mem_op("ce_scale", "head", (2 * x + T) * FP32, True),
         ]
     ops.append(cast_op("ce_upcast", "head", x, FP32, d, True))
+    if x != shard:
+        ops.append(mem_op("logits_slice", "head", 2 * shard * d, True))
     ops += _linear_bwd(gemm_op("lm_head", "head", T, h, L.vocab, d), False, P, d)
     return ops + _norm_bwd("final_norm", "head", model.norm_kind, NT, h, P, d, P, False)
 

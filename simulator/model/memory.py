@@ -529,6 +529,7 @@ def head_activation_tensors(
     kernels: str = "fused",
     param_dtype: str = "bf16",
     norm_gain: str = "fp32",
+    tp_loss: str = "vocab_parallel",
 ) -> dict[str, float]:
     """What the last stage keeps for the head's backward per micro-batch, name -> bytes.
 
@@ -540,17 +541,19 @@ def head_activation_tensors(
     and the loss on ``logits.float()``: with tp = 1 ``F.cross_entropy`` keeps the fp32
     log-softmax (``log_softmax`` saves its output, ``nll_loss`` the same tensor), with tp > 1
     the vocab-parallel cross-entropy keeps the fp32 softmax and the shifted target ids and
-    mask. Either mode with fp32 parameters: the LM head's weight cast (see
-    :func:`activation_tensors_per_layer`).
+    mask. ``tp_loss: gathered`` (eager, tp > 1): the tp = 1 loss over the gathered logits of
+    the whole vocabulary (:func:`_loss_logits`). Either mode with fp32 parameters: the LM
+    head's weight cast (see :func:`activation_tensors_per_layer`).
     """
     _check_kernels(kernels)
     P = dtype_bytes_of(param_dtype)
     L = local_dims(model, micro_batch, tp, sequence_parallel)
-    h, d, x = model.hidden, dtype_bytes, L.tokens * L.vocab
+    h, d = model.hidden, dtype_bytes
+    x, whole = _loss_logits(L, tp, kernels, tp_loss)
     if kernels == "eager":
         t = _eager_norm("final_norm", model.norm_kind, L.norm_tokens, h, P, norm_gain)
         t["head_input"] = float(L.tokens * h * d)
-        if tp == 1:
+        if whole:
             t["log_softmax"] = float(x * FP32)
         else:
             t["softmax"] = float(x * FP32)
@@ -566,6 +569,16 @@ def head_activation_tensors(
     return t
 
 
+def _loss_logits(L, tp: int, kernels: str, tp_loss: str) -> tuple[float, bool]:
+    """(logits the loss runs over on this rank, whether an ordinary cross-entropy runs over
+    them): the local vocabulary shard, or with eager ``tp_loss: gathered`` the whole
+    vocabulary (:func:`simulator.model.eager.head_forward`)."""
+    x = float(L.tokens * L.vocab)
+    if kernels == "eager" and tp > 1 and tp_loss == "gathered":
+        return x * tp, True
+    return x, tp == 1
+
+
 def head_transient_bytes(
     model: ModelConfig,
     *,
@@ -574,6 +587,7 @@ def head_transient_bytes(
     sequence_parallel: bool,
     dtype_bytes: int = 2,
     kernels: str = "fused",
+    tp_loss: str = "vocab_parallel",
 ) -> float:
     """The largest working set of the loss beyond what the head keeps (bytes).
 
@@ -585,15 +599,16 @@ def head_transient_bytes(
     kept log-softmax (``8x``): the larger, ``8x`` for bf16. With tp > 1 the forward holds the
     logits and their fp32 copy while ``logits - max`` is written (``x (d + 4)``); the backward
     works in place on the kept softmax and casts it to ``d`` (``d x``). With fp32 compute the
-    ``.float()`` casts are no-ops.
+    ``.float()`` casts are no-ops. ``tp_loss: gathered``: as tp = 1 over the whole vocabulary.
     """
     _check_kernels(kernels)
     L = local_dims(model, micro_batch, tp, sequence_parallel)
-    d, x = dtype_bytes, L.tokens * L.vocab
+    d = dtype_bytes
+    x, whole = _loss_logits(L, tp, kernels, tp_loss)
     up = FP32 if d != FP32 else 0
     if kernels != "eager":
         return float(x * (d + FP32))
-    if tp == 1:
+    if whole:
         return float(max(x * (d + up), 2 * x * FP32))
     return float(max(x * (d + up), x * d if up else 0))
 
@@ -609,6 +624,7 @@ def head_activation_bytes(
     kernels: str = "fused",
     param_dtype: str = "bf16",
     norm_gain: str = "fp32",
+    tp_loss: str = "vocab_parallel",
 ) -> float:
     """Bytes the head keeps per micro-batch (sum of :func:`head_activation_tensors`);
     ``include_transient`` adds the loss's working set (:func:`head_transient_bytes`), the
@@ -619,6 +635,7 @@ def head_activation_bytes(
         sequence_parallel=sequence_parallel,
         dtype_bytes=dtype_bytes,
         kernels=kernels,
+        tp_loss=tp_loss,
     )
     kept = sum(
         head_activation_tensors(model, param_dtype=param_dtype, norm_gain=norm_gain, **kw).values()

@@ -358,13 +358,16 @@ def head_forward_ops(
     dtype_bytes: int = 2,
     kernels: str = "fused",
     param_dtype: str = "bf16",
+    tp_loss: str = "vocab_parallel",
 ) -> list[Op]:
     """Final norm, the vocab-parallel LM head ``[b*s, h] @ [h, V/tp]`` and the fp32
     cross-entropy over ``V/tp`` logits (memory-bound). ``kernels="eager"``:
-    :func:`eager.head_forward`; ``param_dtype="fp32"`` casts the head's weight first."""
+    :func:`eager.head_forward` (``tp_loss``: see ``parallelism``); ``param_dtype="fp32"``
+    casts the head's weight first."""
     P = _modes(kernels, param_dtype)
     if kernels == "eager":
-        return eager.head_forward(model, micro_batch, tp, sequence_parallel, dtype_bytes, P)
+        return eager.head_forward(model, micro_batch, tp, sequence_parallel, dtype_bytes, P,
+                            tp_loss == "gathered")
     L, h, d = local_dims(model, micro_batch, tp, sequence_parallel), model.hidden, dtype_bytes
     ops = (
         mem_op("final_norm", "head", 2 * L.norm_tokens * h * d),
@@ -383,13 +386,15 @@ def head_backward_ops(
     dtype_bytes: int = 2,
     kernels: str = "fused",
     param_dtype: str = "bf16",
+    tp_loss: str = "vocab_parallel",
 ) -> list[Op]:
     """Cross-entropy backward, LM head dgrad and wgrad, final-norm backward.
     ``kernels="eager"``: :func:`eager.head_backward`; ``param_dtype="fp32"`` adds the head
     gradient's cast and ``.grad`` accumulation."""
     P = _modes(kernels, param_dtype)
     if kernels == "eager":
-        return eager.head_backward(model, micro_batch, tp, sequence_parallel, dtype_bytes, P)
+        return eager.head_backward(model, micro_batch, tp, sequence_parallel, dtype_bytes, P,
+                            tp_loss == "gathered")
     L, h, d = local_dims(model, micro_batch, tp, sequence_parallel), model.hidden, dtype_bytes
     lm = gemm_op("lm_head", "head", L.tokens, h, L.vocab, d)
     ops = (

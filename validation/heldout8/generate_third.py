@@ -55,7 +55,8 @@ DOES = {
             "on DTensors, AdamW(fused) on the shards.",
     "tp": "hand-written Megatron-style column/row parallel Linears (custom autograd "
           "all-reduces, bf16), no SP; LM head column-parallel with its logits all-gathered "
-          "before an ordinary cross entropy; embedding and norms replicated.",
+          "before an ordinary cross entropy (tp_loss: gathered); embedding and norms "
+          "replicated.",
     "pp": "layers split evenly, hand-written 1F1B with batch_isend_irecv pairs "
           "(Megatron's pairing), full activations sent (no scatter/gather), distributed clip "
           "(one scalar all-reduce).",
@@ -68,8 +69,7 @@ NOT = {
     "single": "",
     "ddp": "",
     "fsdp": "",
-    "tp": "; all-gather of the vocabulary-split logits (no vocab-parallel cross entropy), "
-          "replicated embedding",
+    "tp": "; replicated embedding",
     "pp": "; the scalar all-reduce of the distributed clip",
     "moe": "; one all-reduce per replicated parameter (no bucketing; described as ddp_buckets "
            "none after backward with 25 MiB buckets), the host sort of received rows by "
@@ -121,7 +121,7 @@ def body(name: str, c: dict, batch: int = 8, shapes: dict = SHAPES) -> str:
               f"  pp: {world if sch == 'pp' else 1}", f"  dp: {dp}",
               f"  zero: {3 if sch == 'fsdp' else 0}", "  sequence_parallel: false"]
     if sch == "tp":
-        lines += ["  tp_input_dtype: compute", "  tp_impl: megatron"]
+        lines += ["  tp_input_dtype: compute", "  tp_impl: megatron", "  tp_loss: gathered"]
     if sch == "pp":
         lines += ["  pp_schedule: 1f1b", "  virtual_stages: 1", "  pp_scatter_gather: false"]
     if sch == "moe":
