@@ -265,6 +265,20 @@ def test_stage_layers_do_not_add_up(tmp_path, capsys):
     )
 
 
+def test_stage_layers_empty_in_the_middle(tmp_path, capsys):
+    work = changed("parallelism", pp=2, dp=2, pp_schedule="interleaved", virtual_stages=2,
+                   stage_layers=[2, 0, 3, 3])  # fmt: skip
+    work["training"]["global_batch"] = 16
+    p = write(tmp_path, work)
+    expect(
+        fails(capsys, tmp_path, "run", str(p)),
+        p,
+        "parallelism.stage_layers",
+        "entry 1 is 0",
+        "only the first (embedding) or the last",
+    )
+
+
 def test_stage_layers_wrong_length(tmp_path, capsys):
     p = write(tmp_path, changed("parallelism", stage_layers=[2, 2, 2, 2]))
     expect(

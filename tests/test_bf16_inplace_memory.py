@@ -160,3 +160,23 @@ def test_nemo_2403_llama2_7b_4k_row_states_and_fit():
     assert m["gradients"] * GiB == pytest.approx(2 * n, rel=1e-6)
     assert m["optimizer"] * GiB == pytest.approx(10 / 4 * n, rel=1e-6)
     assert s["fits"] and m["total"] < m["capacity"]
+
+
+def test_llama3_405b_8k_gpu_row_fits_with_one_layer_per_chunk():
+    """The Llama 3 paper's 8,192-GPU row (DP 64, 32 micro-batches, no recompute) with its one
+    layer per chunk (8 chunks a stage, the first only the embedding): stage 1 holds Megatron's
+    interleaved warm-up, (p - 2) 2 + (v - 1) p = 140 chunk-micro-batches, plus the one in its
+    steady state, of one layer each; the row fits in 80 GB."""
+    loaded = load_workload(
+        ROOT / "workloads/llama3-405b.yaml",
+        overrides={"parallelism.dp": 64, "topology.nodes": 1024},
+    )
+    w = loaded.workload
+    p, v = w.parallelism.pp, w.parallelism.virtual_stages
+    assert (p, v, w.parallelism.stage_layers[0]) == (16, 8, 0)
+    layer = mem.activation_bytes_per_layer(
+        w.model, micro_batch=1, tp=8, sequence_parallel=True, recompute="none"
+    )
+    m = simulate(loaded).summary["memory_gib"]
+    assert m["activations"] * GiB == pytest.approx(((p - 2) * 2 + (v - 1) * p + 1) * layer)
+    assert m["total"] < m["capacity"]
