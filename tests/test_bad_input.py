@@ -274,8 +274,8 @@ def test_stage_layers_empty_in_the_middle(tmp_path, capsys):
         fails(capsys, tmp_path, "run", str(p)),
         p,
         "parallelism.stage_layers",
-        "entry 1 is 0",
-        "only the first (embedding) or the last",
+        "virtual stage 1 holds no layer",
+        "only the first, with the embedding",
     )
 
 
