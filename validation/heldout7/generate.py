@@ -22,9 +22,10 @@ TOPOLOGY = {1: "../heldout6/h100x1.yaml", 2: "../../topologies/h100x2-nvswitch.y
 ORDINAL = {7: "seventh", 8: "eighth", 9: "ninth"}
 
 
-def tables(var: str = "CASES7") -> tuple[dict, dict]:
-    """(SHAPES with every update, the case table ``var``) read from the script's source."""
-    tree = ast.parse((ROOT / "benchmarks" / "device" / "steps_alt.py").read_text())
+def tables(var: str = "CASES7", script: str = "steps_alt.py") -> tuple[dict, dict]:
+    """(SHAPES with every update, the case table ``var``) read from the measuring script's
+    source (``benchmarks/device/<script>``; parsed, not imported: it needs torch)."""
+    tree = ast.parse((ROOT / "benchmarks" / "device" / script).read_text())
     shapes, cases = {}, {}
 
     def entries(d: ast.Dict) -> dict:

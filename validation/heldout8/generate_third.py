@@ -4,35 +4,20 @@ simulator's input keys. Run from the repository root: python validation/heldout8
 
 from __future__ import annotations
 
-import ast
+import importlib.util
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "benchmarks", "device", "steps_third.py")
 
 
 def _tables(var: str = "CASES8") -> tuple[dict, dict]:
-    """(SHAPES with every update, the case table ``var``) read from steps_third.py's source (it
-    needs torch: parsed, not imported), so the workloads cannot drift from the cases the script
-    runs."""
-    def entries(d: ast.Dict) -> dict:
-        return {ast.literal_eval(k): {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
-                for k, v in zip(d.keys, d.values, strict=True)}
-
-    shapes, cases = {}, {}
-    with open(SCRIPT) as f:
-        tree = ast.parse(f.read())
-    for node in tree.body:
-        name = getattr(node.targets[0], "id", None) if isinstance(node, ast.Assign) else None
-        if name == "SHAPES":
-            shapes.update(entries(node.value))
-        if name == var:
-            cases = entries(node.value)
-        if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-                and getattr(node.value.func, "attr", None) == "update"
-                and getattr(node.value.func.value, "id", None) == "SHAPES"):
-            shapes.update(entries(node.value.args[0]))
-    return shapes, cases
+    """(SHAPES with every update, the case table ``var``) read from steps_third.py's source, so
+    the workloads cannot drift from the cases the script runs (heldout7/generate.py's reader)."""
+    spec = importlib.util.spec_from_file_location(
+        "generate_alt", os.path.join(HERE, "..", "heldout7", "generate.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.tables(var, "steps_third.py")
 
 
 SHAPES, CASES8 = _tables()
