@@ -355,8 +355,7 @@ class Estimator:
             micro_batch=cand.micro_batch, tp=cand.tp, sequence_parallel=cand.sequence_parallel
         )
         impl = dict(kernels=t.kernels, param_dtype=t.param_dtype)
-        code = dict(norm_gain=t.rmsnorm_gain, kv_repeat=t.kv_repeat,
-                    gemm_in_bytes=moe_sizes.gemm_in_bytes(t))  # fmt: skip
+        code = moe_sizes.activation_code(t)
         act_layer = mem.activation_bytes_per_layer(
             m, recompute=cand.recompute, flash_attention=t.flash_attention, **kw, **impl, **code
         )

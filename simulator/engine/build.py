@@ -550,8 +550,7 @@ class _Builder:
         t, m = self.t, self.local_model
         mkw = dict(micro_batch=t.micro_batch, tp=self.tp, sequence_parallel=self.sp,
                    kernels=t.kernels, param_dtype=t.param_dtype)  # fmt: skip
-        code = dict(norm_gain=t.rmsnorm_gain, kv_repeat=t.kv_repeat,
-                    gemm_in_bytes=moe_sizes.gemm_in_bytes(t))  # fmt: skip
+        code = moe_sizes.activation_code(t)
         layer = mem.activation_bytes_per_layer(
             m, recompute=t.recompute, flash_attention=t.flash_attention, **mkw, **code
         )

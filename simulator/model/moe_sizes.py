@@ -37,6 +37,14 @@ def gemm_in_bytes(t: TrainingConfig) -> int | None:
     return 1 if t.precision in LOW_PRECISION_CACHE else None
 
 
+def activation_code(t: TrainingConfig) -> dict:
+    """How the training code writes what the activation accounting depends on (keyword
+    arguments of :func:`simulator.model.memory.activation_bytes_per_layer` and
+    :func:`~simulator.model.memory.activation_tensors_per_layer`): its RMSNorm's gain, GQA's
+    K/V repeat and the bytes of a saved GEMM input."""
+    return dict(norm_gain=t.rmsnorm_gain, kv_repeat=t.kv_repeat, gemm_in_bytes=gemm_in_bytes(t))
+
+
 def attention_output_bytes(t: TrainingConfig) -> float | None:
     """Bytes per element of the cached attention output: DeepSeek-V3's E5M6 under its
     blockwise FP8 recipe; otherwise None (the GEMM-input rule of the precision)."""
@@ -98,8 +106,7 @@ def layer_activation_bytes(
     tensors = mem.activation_tensors_per_layer(
         local, micro_batch=t.micro_batch, tp=tp, sequence_parallel=sp,
         recompute=dense_rc, flash_attention=t.flash_attention, kernels=t.kernels,
-        param_dtype=t.param_dtype, norm_gain=t.rmsnorm_gain, kv_repeat=t.kv_repeat,
-        gemm_in_bytes=gemm_in_bytes(t),
+        param_dtype=t.param_dtype, **activation_code(t),
     )  # fmt: skip
     if t.recompute == "full":
         return sum(tensors.values())
