@@ -252,22 +252,26 @@ def run_workload_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
     return SuiteResult(suite.name, results, checks)
 
 
+def timed_collective_s(coll, op: str, groups, nbytes: float, timing: str) -> float:
+    """What a measurement timed by ``timing`` shows of one collective: the GPU's time
+    (``device``), the longer of it and the host's interval between back-to-back calls
+    (``events``, fabrics.yaml ``nccl.events_call_us``), or it plus the host overhead of a
+    barrier and a synchronisation around the call (``host_sync``)."""
+    t = coll.cost(op, groups, nbytes).time_s
+    if timing == "host_sync":
+        return t + coll.host_sync_overhead_s
+    return max(t, coll.events_call_s) if timing == "events" else t
+
+
 def run_collective_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
     suite, coll = prep.suite, prep.collectives
-    # How the data was timed: "device" (the GPU's time, as a training step sees a
-    # collective), "events" (a CUDA event between calls a Python loop issues back to back:
-    # the GPU's time or the host's interval between calls, fabrics.yaml's events_call_us,
-    # whichever is longer) or "host_sync" (a barrier and a device synchronisation around each
-    # call, which adds the host overhead of fabrics.yaml's host_sync_overhead_us).
-    host = coll.host_sync_overhead_s if suite.timing == "host_sync" else 0.0
-    floor = coll.events_call_s if suite.timing == "events" else 0.0
+    # as the suite's rows were timed (timed_collective_s)
     n_gpus = coll.topology.n_gpus
     results = []
     for r in prep.rows:
         g = r.group
         groups = [list(range(i, i + g)) for i in range(0, n_gpus - g + 1, g)]
-        cost = coll.cost(r.op, groups, r.bytes)
-        predicted = max(cost.time_s + host, floor)
+        predicted = timed_collective_s(coll, r.op, groups, r.bytes, suite.timing)
         nbytes = int(r.bytes) if float(r.bytes).is_integer() else r.bytes
         results.append(CaseResult(suite.name, f"{r.op} g{g} {nbytes}B", "time_s", predicted,
                                   r.time_s, "", {"op": r.op, "group": g, "bytes": nbytes}))

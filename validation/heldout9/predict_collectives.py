@@ -33,11 +33,13 @@ PLAN = ((3, [[0, 1, 2]], [4096 * 4**i for i in range(10)]),
 
 def predict() -> int:
     coll = prereg.collective_model(TOPOLOGY)
+    from simulator.validate import timed_collective_s  # importable once prereg set the path
+
     rows = []
     for g, groups, sizes in PLAN:
         for op in OPS:
             for b in sizes:
-                t = max(float(coll.cost(op, groups, b).time_s), coll.events_call_s)
+                t = float(timed_collective_s(coll, op, groups, b, "events"))
                 rows.append({"op": op, "group": g, "bytes": b, "predicted_s": t})
     return prereg.write(OUT, TOPOLOGY, rows)
 
