@@ -162,6 +162,19 @@ CASES9 = {
     "h9_moe_ep4_S": dict(shape="S", world=4, scheme="moe", mb=8, n_mb=2),
 }
 CASES.update(CASES9)
+# The tenth batch: a new shape, written 2026-11-27 04:00 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 16 GPT-2 blocks of width 2816 (22 heads of 128), GPT-2's padded vocabulary, 1K sequences.
+    "T": dict(layers=16, hidden=2816, heads=22, vocab=50304, seq=1024),
+})
+CASES10 = {
+    "h10_tp2sp_T": dict(shape="T", world=2, scheme="tp", sp=True, mb=4, n_mb=1),
+    "h10_ddp4_T_straggler": dict(shape="T", world=4, scheme="ddp", mb=4, n_mb=2, straggler=1.2),
+    "h10_fsdp4_T_ac": dict(shape="T", world=4, scheme="fsdp", mb=4, n_mb=1, ac=True),
+    "h10_pp4_gpipe_T": dict(shape="T", world=4, scheme="pp", schedule="gpipe", mb=2, n_mb=8),
+    "h10_pp4_1f1b_T": dict(shape="T", world=4, scheme="pp", schedule="1f1b", mb=2, n_mb=8),
+}
+CASES.update(CASES10)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

@@ -136,7 +136,26 @@ CASES9 = {
     "h9t_pp4_1f1b_C": dict(shape="C", world=4, scheme="pp", mb=1, n_mb=8),
     "h9t_moe_ep4_D": dict(shape="D", world=4, scheme="moe", mb=4, n_mb=2),
 }
-CASES = dict(CASES8, **CASES9)
+# The tenth batch: new shapes, written 2026-11-27 04:00 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 24 blocks of width 1536, 12 query heads / 4 KV heads of 128, SwiGLU 4096, a 32768-token
+    # vocabulary, 2K sequences (about 0.65 B parameters).
+    "E": dict(layers=24, hidden=1536, heads=12, kv_heads=4, ffn=4096, vocab=32768, seq=2048),
+    # MoE: 8 blocks of width 1280, 10 query / 2 KV heads of 128, 8 SwiGLU experts of 2560,
+    # top-2, a 32000-token vocabulary, 2K sequences.
+    "F": dict(layers=8, hidden=1280, heads=10, kv_heads=2, ffn=2560, vocab=32000, seq=2048,
+              experts=8, top_k=2),
+})
+CASES10 = {
+    "h10t_single_E": dict(shape="E", world=1, scheme="single", mb=4, n_mb=2),
+    "h10t_fsdp2_E_ac": dict(shape="E", world=2, scheme="fsdp", mb=8, n_mb=1, ac=True),
+    "h10t_ddp4_E": dict(shape="E", world=4, scheme="ddp", mb=4, n_mb=2),
+    "h10t_fsdp4_E": dict(shape="E", world=4, scheme="fsdp", mb=4, n_mb=1),
+    "h10t_tp4_E": dict(shape="E", world=4, scheme="tp", mb=8, n_mb=1),
+    "h10t_pp4_1f1b_E": dict(shape="E", world=4, scheme="pp", mb=2, n_mb=8),
+    "h10t_moe_ep4_F": dict(shape="F", world=4, scheme="moe", mb=4, n_mb=2),
+}
+CASES = dict(CASES8, **CASES9, **CASES10)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 
