@@ -162,7 +162,7 @@ CASES9 = {
     "h9_moe_ep4_S": dict(shape="S", world=4, scheme="moe", mb=8, n_mb=2),
 }
 CASES.update(CASES9)
-# The tenth batch: a new shape, written 2026-11-27 04:00 UTC before its freeze (4-GPU box).
+# The tenth batch: a new shape, written 2026-11-27 03:35 UTC before its freeze (4-GPU box).
 SHAPES.update({
     # 16 GPT-2 blocks of width 2816 (22 heads of 128), GPT-2's padded vocabulary, 1K sequences.
     "T": dict(layers=16, hidden=2816, heads=22, vocab=50304, seq=1024),

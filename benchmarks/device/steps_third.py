@@ -136,7 +136,7 @@ CASES9 = {
     "h9t_pp4_1f1b_C": dict(shape="C", world=4, scheme="pp", mb=1, n_mb=8),
     "h9t_moe_ep4_D": dict(shape="D", world=4, scheme="moe", mb=4, n_mb=2),
 }
-# The tenth batch: new shapes, written 2026-11-27 04:00 UTC before its freeze (4-GPU box).
+# The tenth batch: new shapes, written 2026-11-27 03:35 UTC before its freeze (4-GPU box).
 SHAPES.update({
     # 24 blocks of width 1536, 12 query heads / 4 KV heads of 128, SwiGLU 4096, a 32768-token
     # vocabulary, 2K sequences (about 0.65 B parameters).
