@@ -95,7 +95,7 @@ def _close(name: str, refit: float, shipped: float) -> bool:
 
 
 @pytest.mark.parametrize("kind", ["gemm", "gemm_fp8", "attention.fwd", "attention.bwd",
-                                  "attention_fa2"])
+                                  "attention_fa2", "attention_blackwell"])
 def test_kernel_parameters_equal_their_refit(kind):
     for name, (refit, shipped) in compute.refit((kind,)).items():
         assert _close(name, refit, shipped), (name, refit, shipped)

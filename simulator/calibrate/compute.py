@@ -42,7 +42,8 @@ def _sets(kind: str):
 
 
 def refit(
-    kinds=("gemm", "gemm_fp8", "attention.fwd", "attention.bwd", "attention_fa2"),
+    kinds=("gemm", "gemm_fp8", "attention.fwd", "attention.bwd", "attention_fa2",
+           "attention_blackwell"),
 ) -> dict[str, tuple[float, float]]:
     """{GPU-or-shared.parameter: (refitted, shipped)}, refitted from the shipped values."""
     out: dict[str, tuple[float, float]] = {}
@@ -50,6 +51,9 @@ def refit(
     for kind in kinds:
         if kind == "attention_fa2":
             out.update(refit_fa2())
+            continue
+        if kind == "attention_blackwell":
+            out.update(refit_blackwell_attention())
             continue
         if kind == "gemm_fp8":  # eta_fp8 of the GPUs with FP8 files, bf16 shape parameters kept
             res = fit_gemm_fp8(_sets(kind))
@@ -136,4 +140,33 @@ def refit_fa2() -> dict[str, tuple[float, float]]:
             shipped = getattr(load_gpu(name).attention_fa2, ps)
             for k, v in fitted.items():
                 out[f"attention_fa2.{ps}.{k}[{name}]"] = (v, float(getattr(shipped, k)))
+    return out
+
+
+#: Blackwell GPUs whose attention ``eta`` is fitted on published cuDNN SDPA timings (their
+#: ``calibration`` entries: cudnn-frontend's training benchmark), and the GPUs derived from one
+#: of them by the ratio of their GEMM etas (each from its published BF16 MAMF): GB200 from
+#: B200 (the same SM, other clocks and power), B300 from GB300 (Blackwell Ultra's SM).
+BLACKWELL_FITTED = ("B200", "GB300")
+BLACKWELL_DERIVED = {"GB200": "B200", "B300": "GB300"}
+
+
+def refit_blackwell_attention() -> dict[str, tuple[float, float]]:
+    """{``attention.<pass>.eta[GPU]``: (refit, shipped)}: ``eta`` alone fitted per pass on the
+    GPU's published timings (each file's host dispatch fitted as its overhead; the shape
+    parameters are H100's), and the derived GPUs' ``eta`` as the source's times their GEMM
+    eta ratio (the MAMF ratio of ``gemm.eta``'s sources)."""
+    out: dict[str, tuple[float, float]] = {}
+    fitted: dict[tuple[str, str], float] = {}
+    for name in BLACKWELL_FITTED:
+        gpu = load_gpu(name)
+        for ps in ("fwd", "bwd"):
+            res = fit_attention(calibration_sets(gpu, f"attention.{ps}"), ps == "bwd", ("eta",))
+            fitted[name, ps] = res.etas[name]
+            out[f"attention.{ps}.eta[{name}]"] = (res.etas[name], getattr(gpu.attention, ps).eta)
+    for name, src in BLACKWELL_DERIVED.items():
+        gpu, base = load_gpu(name), load_gpu(src)
+        for ps in ("fwd", "bwd"):
+            want = fitted[src, ps] * gpu.gemm.eta / base.gemm.eta
+            out[f"attention.{ps}.eta[{name}]"] = (want, getattr(gpu.attention, ps).eta)
     return out
