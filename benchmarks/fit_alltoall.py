@@ -11,9 +11,11 @@ The two constants are fitted by ``python -m simulator.calibrate alltoall``
 the rows <= 256 KiB time the host's call interval); this script prints that fit against every
 row.
 
-The uneven (``rotated``, ``hot``) rows are not fitted: they are printed as a check of the
-busiest-receiver rule (:meth:`CollectiveModel.all_to_all_v`), with whether every split's
-offset in the send and receive buffers is a multiple of 16 bytes (``aligned``).
+The uneven (``rotated``, ``hot``) rows are printed as a check of the busiest-receiver rule
+(:meth:`CollectiveModel.all_to_all_v`, with 16-byte copies), with whether every split's
+offset in the send and receive buffers is a multiple of 16 bytes (``aligned``); the misaligned
+ones >= 64 MiB fit the narrow copies' rate (``python -m simulator.calibrate unaligned``,
+:mod:`simulator.network.alignment`).
 
 What makes the uneven rows slow (found on this data, 2026-11-26): **misaligned split
 offsets**, not the uneven split itself. ``benchmarks/device/comm.py`` cuts ``elems`` bf16

@@ -21,7 +21,7 @@ collective on their own disjoint groups at the same time (as measured); ``timing
 the rows were timed, and a row whose own ``timing`` field says otherwise is not read:
 ``device`` (default: the GPU's own time, nccl-tests style), ``events`` (a CUDA event between
 calls a Python loop issues back to back: predicted as the longer of the device time and the
-host's interval between two calls, fabrics.yaml ``nccl.events_call_us``), ``host_sync`` (a
+host's interval between two calls, the box's gpus.yaml ``host_events_call_s``), ``host_sync`` (a
 barrier and a synchronisation around each call: the host overhead is added)::
 
     kind: collectives
@@ -75,6 +75,7 @@ from simulator.config.suite import (
 )
 from simulator.errors import ConfigError
 from simulator.hardware.catalog import load_gpu
+from simulator.network.alignment import measured_stores, narrow_time
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology
 from simulator.run import resolve_loaded, simulate
@@ -255,9 +256,14 @@ def run_workload_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
 def timed_collective_s(coll, op: str, groups, nbytes: float, timing: str) -> float:
     """What a measurement timed by ``timing`` shows of one collective: the GPU's time
     (``device``), the longer of it and the host's interval between back-to-back calls
-    (``events``, fabrics.yaml ``nccl.events_call_us``), or it plus the host overhead of a
-    barrier and a synchronisation around the call (``host_sync``)."""
-    t = coll.cost(op, groups, nbytes).time_s
+    (``events``, the box's gpus.yaml ``host_events_call_s``), or it plus the host overhead of a
+    barrier and a synchronisation around the call (``host_sync``). The device time is NCCL's
+    with the measuring scripts' buffers: each rank's share cut as ``benchmarks/device/comm.py``
+    cuts it, so the parts off a 16-byte boundary run NCCL's narrow copies
+    (:mod:`simulator.network.alignment`)."""
+    n = max(len(g) for g in groups)
+    t = narrow_time(coll.cost(op, groups, nbytes), measured_stores(op, n, nbytes),
+                    coll.unaligned_Bps)
     if timing == "host_sync":
         return t + coll.host_sync_overhead_s
     return max(t, coll.events_call_s) if timing == "events" else t

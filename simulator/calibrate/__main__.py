@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-SETS = ("network", "alltoall", "launch", "interference", "memory", "compute", "host", "routes")
+SETS = ("network", "alltoall", "unaligned", "launch", "interference", "memory", "compute", "host", "routes")
 
 
 def main(argv=None) -> int:

@@ -14,7 +14,7 @@ A row of (2) is device-bound when it is >= 16 MiB and at least 1.25x the same gr
 floor, the median of its rows <= 256 KiB. That floor is the host's call interval, not the
 collective: a Python loop issuing ``all_to_all_single`` back to back (45-70 us a call on the
 lent boxes) is slower than the GPU's small exchange (9-12 us, (1)); the validation suites price
-such rows as max(device time, the host's interval), ``nccl.events_call_us``.
+such rows as max(device time, the host's interval), gpus.yaml ``host_events_call_s``.
 
 Fit: least squares on log(predicted / measured) over those rows, three constants free:
 ``launch_extra_us`` (the call's fixed device cost beyond the other collectives'

@@ -22,12 +22,15 @@ that run shows), least squares on log(predicted / measured) over a 0.1 us grid.
 
 Event timing: a Python loop issuing calls back to back with a CUDA event between them (the
 ``timing: events`` suites) times max(the call's device time, the host's interval between two
-calls). ``events_call_us`` is that interval: the median of the event-timed rows <= 256 KiB of
-the 4x H100 calibration files (``data/calibration/h100x4-nvswitch/collectives.jsonl`` and
-``alltoall.jsonl``: all-reduce, all-gather, reduce-scatter, uniform all-to-all, groups of 4
-and 2), whose device time is 8-12 us (the device-bound rows above), so the host bounds them.
-(The device-bound file's own event rows, 58-73 us, were timed with NCCL's per-call tuning log
-on, which slows the host.) Until 2026-11-27 the split was the median difference between
+calls). That interval is the box's (gpus.yaml ``host_events_call_s``, per GPU entry: the host
+is part of the machine): the median of the event-timed rows <= 256 KiB (all-reduce,
+all-gather, reduce-scatter, uniform all-to-all, groups of 4 and 2) of the box's files
+(:data:`HOST_BOUND_DATA`), whose device time is 8-12 us (the device-bound rows above), so the
+host bounds them: on the 4x H100 box its calibration files
+(``data/calibration/h100x4-nvswitch/collectives.jsonl`` and ``alltoall.jsonl``; the catalog's
+default), on the 4x H200 box its development files (``data/measured/h200x4/collectives.jsonl``,
+``data/measured/h200x4-alltoall/alltoall.jsonl``). (The device-bound file's own event rows,
+58-73 us, were timed with NCCL's per-call tuning log on, which slows the host.) Until 2026-11-27 the split was the median difference between
 host-synchronised and CUDA-event rows at <= 256 KiB, whose event rows time that host interval
 too: 25.6 us of "launch" on the GPU, three times the device's.
 """
@@ -42,10 +45,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from simulator.calibrate import REPO
 from simulator.config.load import load_topology
-from simulator.hardware.catalog import load_gpu
+from simulator.hardware.catalog import CATALOG_FILE, load_gpu
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology, load_fabrics
 
@@ -54,8 +58,14 @@ DEVICE_DATA = REPO / "data/measured/h100x2-nccl-device/tuning.jsonl"
 TOPOLOGY = REPO / "topologies/h200x4-nvswitch.yaml"
 DEVICE_TOPOLOGY = REPO / "topologies/h100x2-nvswitch.yaml"
 DEVICE_OPS, DEVICE_MAX_BYTES = ("all_gather", "reduce_scatter"), 2**20
-HOST_BOUND_DATA = (REPO / "data/calibration/h100x4-nvswitch/collectives.jsonl",
-                   REPO / "data/calibration/h100x4-nvswitch/alltoall.jsonl")
+#: per GPU entry of gpus.yaml (``defaults``: the catalog's default, the 4x H100 box's), the
+#: event-timed files of its box whose small rows time the host's call interval
+HOST_BOUND_DATA = {
+    "defaults": (REPO / "data/calibration/h100x4-nvswitch/collectives.jsonl",
+                 REPO / "data/calibration/h100x4-nvswitch/alltoall.jsonl"),
+    "H200-SXM-141GB": (REPO / "data/measured/h200x4/collectives.jsonl",
+                       REPO / "data/measured/h200x4-alltoall/alltoall.jsonl"),
+}
 HOST_BOUND_OPS, HOST_BOUND_MAX_BYTES = ("all_reduce", "all_gather", "reduce_scatter",
                                         "all_to_all"), 2**18
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -162,19 +172,26 @@ def fit_launch(fab: Mapping | None = None) -> float:
     return round(float(grid[int(np.argmin(loss))]), 1)
 
 
-def host_bound_rows() -> list[dict]:
-    """The event-timed rows of the 4x H100 calibration files that the host bounds (module
-    docstring)."""
-    return [r for path in HOST_BOUND_DATA
+def host_bound_rows(gpu: str = "defaults") -> list[dict]:
+    """The event-timed rows of ``gpu``'s box files that the host bounds (module docstring;
+    ``cuda_events`` is ``events``)."""
+    return [r for path in HOST_BOUND_DATA[gpu]
             for r in (json.loads(x) for x in path.read_text().splitlines() if x.strip())
-            if r.get("timing") == "events" and r.get("op") in HOST_BOUND_OPS
+            if r.get("timing") in ("events", "cuda_events") and r.get("op") in HOST_BOUND_OPS
             and r.get("splits", "uniform") == "uniform" and r["bytes"] <= HOST_BOUND_MAX_BYTES]
 
 
-def events_call_us() -> float:
-    """The host's interval between back-to-back calls of an events-timed loop: the median of
-    :func:`host_bound_rows`, rounded to 0.1 us."""
-    return round(statistics.median(r["time_s"] for r in host_bound_rows()) * 1e6, 1)
+def events_call_us(gpu: str = "defaults") -> float:
+    """The host's interval between back-to-back calls of an events-timed loop on ``gpu``'s
+    box: the median of :func:`host_bound_rows`, rounded to 0.1 us."""
+    return round(statistics.median(r["time_s"] for r in host_bound_rows(gpu)) * 1e6, 1)
+
+
+def shipped_events_call_us() -> dict[str, float]:
+    """gpus.yaml's ``host_events_call_s`` in us, per entry of :data:`HOST_BOUND_DATA`."""
+    cat = yaml.safe_load(CATALOG_FILE.read_text())
+    return {g: round(float((cat["defaults"] if g == "defaults" else cat["gpus"][g])
+                           ["host_events_call_s"]) * 1e6, 1) for g in HOST_BOUND_DATA}
 
 
 def launch_split(fab: Mapping | None = None) -> dict[str, float]:
@@ -183,7 +200,7 @@ def launch_split(fab: Mapping | None = None) -> dict[str, float]:
     launch = fit_launch(fab)
     total = shipped(fab)["launch_total_us"]
     return {"host_sync_overhead_us": round(total - launch, 1), "launch_us": launch,
-            "events_call_us": events_call_us()}
+            **{f"events_call_us[{g}]": events_call_us(g) for g in HOST_BOUND_DATA}}
 
 
 def refit() -> dict[str, tuple[float, float]]:
@@ -195,6 +212,6 @@ def refit() -> dict[str, tuple[float, float]]:
     out["host_sync_overhead_us"] = (split["host_sync_overhead_us"],
                                     float(fab["nccl"]["host_sync_overhead_us"]))
     out["launch_us"] = (split["launch_us"], float(fab["nccl"]["launch_us"]))
-    out["events_call_us"] = (split["events_call_us"],
-                             float(fab["nccl"].get("events_call_us", 0.0)))
+    for g, v in shipped_events_call_us().items():  # gpus.yaml host_events_call_s
+        out[f"events_call_us[{g}]"] = (split[f"events_call_us[{g}]"], v)
     return out

@@ -163,6 +163,11 @@ class GPUSpec:
     host_gemm_new_shape_fwd_s: float = 0.0
     host_gemm_new_shape_dgrad_s: float = 0.0
     host_gemm_new_shape_wgrad_s: float = 0.0
+    #: the host's interval between two collective calls of a Python loop issuing them back to
+    #: back with a CUDA event between them: what an event-timed measurement of a call shorter
+    #: than it shows (``validate``'s ``timing: events``; never paid in training, whose host
+    #: clock is the step model's). Per box kind: the host is part of the machine (gpus.yaml)
+    host_events_call_s: float = 0.0
     #: host time PyTorch DTensor tensor parallelism adds to one unit of its plan beyond the
     #: same work on plain tensors, ``{unit: (forward_s, backward_s)}`` for the units of
     #: :data:`DTENSOR_UNITS` (``parallelism.tp_impl: dtensor``; gpus.yaml ``host_dtensor``)
@@ -439,7 +444,8 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
     for key in ("host_op_s", "host_collective_s", "host_sync_s", "host_moe_op_s",
                 "host_fsdp_call_s", "host_fsdp_tensor_s", "host_fused_op_s",
                 "host_fused_collective_s", "host_gemm_new_shape_fwd_s",
-                "host_gemm_new_shape_dgrad_s", "host_gemm_new_shape_wgrad_s"):
+                "host_gemm_new_shape_dgrad_s", "host_gemm_new_shape_wgrad_s",
+                "host_events_call_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
     values["host_dtensor"] = _dtensor_rates(entry, defaults, file=file, field=field)

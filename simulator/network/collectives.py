@@ -159,9 +159,13 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         #: what a host-synchronised measurement of one call adds to it (not paid in training)
         self.host_sync_overhead_s = float(fab.get("host_sync_overhead_us", 0.0)) * 1e-6
         #: the host's interval between calls of a Python loop issuing them back to back
-        #: (what an event-timed measurement of a call shorter than it shows; not in training)
-        self.events_call_s = float(fab.get("events_call_us", 0.0)) * 1e-6
+        #: (what an event-timed measurement of a call shorter than it shows; not in training):
+        #: the box's own (gpus.yaml ``host_events_call_s``)
+        self.events_call_s = float(topology.gpu.host_events_call_s)
         self.copy_Bps = float(fab["copy_GBps"]) * 1e9
+        #: a rank's store rate through NCCL's narrow packs (copies off a 16-byte boundary;
+        #: :func:`simulator.network.alignment.narrow_time`)
+        self.unaligned_Bps = float(fab.get("unaligned_copy_GBps", 0.0)) * 1e9
         self.tree_fraction = float(fab["tree_bandwidth_fraction"])
         #: NVLS / SHARP constants (fabrics.yaml ``in_network``)
         self.in_network = in_network_constants(fabrics)
