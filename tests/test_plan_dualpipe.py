@@ -125,8 +125,9 @@ def test_plan_picks_dualpipe_where_it_wins_and_its_estimate_holds(tmp_path, monk
 
 
 def test_estimate_of_deepseek_v3_as_shipped():
-    """DeepSeek-V3's own layout (2,048 H800, PP 16 DualPipe, EP 64): the walk's step and the
-    pre-screen's memory against the engine's (README: 14.1 s, 73.2 GiB)."""
+    """DeepSeek-V3's own layout (arXiv:2412.19437 Sections 3.2 and 4.2: 2,048 H800, PP 16
+    with DualPipe, EP 64 over 8 nodes, MTP depth 1): it fits in the H800's 80 GB, and the
+    walk's step and the pre-screen's memory agree with the engine's."""
     loaded = load_workload(ROOT / "workloads" / "deepseek-v3.yaml")
     machine = make_machine(loaded)
     est = Estimator(loaded.workload, loaded.topology, machine)
@@ -135,5 +136,8 @@ def test_estimate_of_deepseek_v3_as_shipped():
     work, res = est.resolve(cand)
     e = est.estimate(cand, res)
     s = simulate(loaded, machine=machine).summary
+    assert loaded.workload.model.mtp_depth == 1
+    assert s["n_gpus"] == 2048 and s["gpu"] == "H800" and s["fits"]
+    assert (s["layout"]["pp"], s["layout"]["pp_schedule"], s["moe"]["ep"]) == (16, "dualpipe", 64)
     assert e.step_time_s == pytest.approx(s["step_time_s"], rel=0.25)
     assert e.memory_gib <= s["memory_gib"]["total"] * (1 + 1e-9)
