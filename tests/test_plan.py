@@ -3,12 +3,15 @@ and Llama-2-70B on 1,024 GPUs within a minute, at least as fast as the shipped l
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
 
 import pytest
+from rich.console import Console
 
 from simulator.cli import main as cli_main
+from simulator.commands.plan_cmd import plan_table
 from simulator.config.load import LoadedWorkload, load_workload
 from simulator.errors import ConfigError
 from simulator.parallel.schedules import max_in_flight, schedule
@@ -21,6 +24,7 @@ from simulator.plan import (
     uneven_split,
 )
 from simulator.plan_estimate import Estimator, peak_inflight_bytes
+from simulator.report.table import format_seconds
 from simulator.run import make_machine, simulate
 from tests.conftest import ROOT, SMALL_MODEL, small_topology, write_case
 
@@ -237,3 +241,17 @@ def test_headroom(tmp_path):
         assert mem["total"] + 5.0 <= mem["capacity"]
     cap = res.top[0].summary["memory_gib"]["capacity"]
     assert plan(loaded, 16, top=3, workers=1, headroom_gib=cap).top == []
+
+
+def test_plan_table_never_cuts_a_figure(tmp_path):
+    """On a terminal narrower than the layouts' labels, the label column wraps and every
+    layout's throughput, step time, MFU and memory are printed whole (no ellipsis)."""
+    res = plan(small(tmp_path), 16, top=3, workers=1)
+    for width in (90, 120):
+        buf = io.StringIO()
+        Console(file=buf, width=width, highlight=False).print(plan_table(res))
+        out = buf.getvalue()
+        assert "…" not in out and max(len(x) for x in out.splitlines()) <= width
+        for p in res.top:
+            s = p.summary
+            assert format_seconds(s["step_time_s"]) in out and f"{s['mfu']:.1%}" in out

@@ -121,7 +121,9 @@ def plan_table(result: PlanResult) -> Group:
 
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     t.add_column("#", justify="right", no_wrap=True, min_width=5)
-    t.add_column("layout", no_wrap=True)
+    # the layout wraps onto more lines where the terminal is narrow, so that the figures
+    # beside it are never cut to an ellipsis
+    t.add_column("layout", overflow="fold", ratio=1)
     for col in ("tokens / s", "step", "MFU", "memory GiB"):
         t.add_column(col, justify="right", no_wrap=True)
     shown = [
