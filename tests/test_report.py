@@ -736,6 +736,17 @@ def test_breakdown_hides_only_the_dimensions_the_layout_does_not_use(step):
     assert "EP all-to-all" in _render(table.run_table(summary))
 
 
+def test_stage_imbalance_note_keeps_each_figure_with_its_unit(step):
+    """The note on what makes the heaviest stage heavier is one line at the console's width:
+    wrapped to the breakdown table's, it split '46.6 ms' over two lines (llama70b)."""
+    summary = copy.deepcopy(step[3])
+    summary["pp_imbalance_from"] = {
+        "heaviest_stage": 3, "parts_s": {"compute": 0.0466, "tp_comm": 0.00643}}  # fmt: skip
+    lines = _render(table.run_table(summary)).splitlines()
+    note = [x for x in lines if x.startswith("stage imbalance: the heaviest stage (3)")]
+    assert note and note[0].rstrip().endswith("compute 46.6 ms, TP communication 6.43 ms")
+
+
 def test_compare_and_sweep_tables(step):
     base = step[3]
     slow = copy.deepcopy(base)

@@ -30,7 +30,7 @@ BREAKDOWN_LABELS = {
     **{f"{d}_comm": long for d, (_, long, _) in COMM_DIMS.items()},
     "pp_bubble": "pipeline bubble",
     "pp_imbalance": "stage imbalance",
-    "host": "host launch (eager)",
+    "host": "host (launch, sync)",
     "optimizer": "optimizer",
     "other": "other",
 }
@@ -212,17 +212,22 @@ def _breakdown(summary: dict) -> Table:
             bar(share, colour),
             style="dim" if not share else None,
         )
-    why = summary.get("pp_imbalance_from")
-    if why and why.get("parts_s"):
-        total = sum(why["parts_s"].values())
-        parts = sorted(((k, v) for k, v in why["parts_s"].items() if v >= 0.01 * total),
-                       key=lambda kv: -kv[1])  # parts under 1 % of the imbalance are noise
-        text = ", ".join(f"{BREAKDOWN_LABELS.get(k, k)} {format_seconds(v)}" for k, v in parts)
-        t.caption = (f"stage imbalance: the heaviest stage ({why['heaviest_stage']}) spends "
-                     f"more on {text}")
-        t.caption_justify = "left"
     t.add_row(Text("step", style="bold"), Text(format_seconds(step), style="bold"), "100%", "")
     return t
+
+
+def _imbalance_note(summary: dict) -> Text | None:
+    """What makes the heaviest pipeline stage heavier, one line under the breakdown (printed
+    at the console's width, not wrapped to the table's, which split '46.6 ms' over two lines)."""
+    why = summary.get("pp_imbalance_from")
+    if not why or not why.get("parts_s"):
+        return None
+    total = sum(why["parts_s"].values())
+    parts = sorted(((k, v) for k, v in why["parts_s"].items() if v >= 0.01 * total),
+                   key=lambda kv: -kv[1])  # parts under 1 % of the imbalance are noise
+    text = ", ".join(f"{BREAKDOWN_LABELS.get(k, k)} {format_seconds(v)}" for k, v in parts)
+    return Text(f"stage imbalance: the heaviest stage ({why['heaviest_stage']}) spends more "
+                f"on {text}", style="dim")
 
 
 def _memory(summary: dict) -> Table | None:
@@ -386,6 +391,9 @@ def run_table(summary: dict) -> RenderableType:
         Text(""),
         _breakdown(summary),
     ]
+    note = _imbalance_note(summary)
+    if note is not None:
+        parts.append(note)
     for extra in (_memory(summary), _links(summary), _training_cost(summary)):
         if extra is not None:
             parts += [Text(""), extra]
