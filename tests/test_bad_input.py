@@ -237,7 +237,11 @@ def test_tp_pp_dp_not_equal_to_cluster(tmp_path, capsys):
         "tp*pp*dp = 2*2*4 = 16",
         "8 GPUs",
         "dp=2",
+        "dp: null to fill the cluster",
     )
+    # the way out the message names works
+    assert main(["run", str(p), "--no-files", "--json", "--set", "parallelism.dp=null"]) == 0
+    capsys.readouterr()
 
 
 def test_layers_not_divisible_across_stages(tmp_path, capsys):

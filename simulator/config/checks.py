@@ -81,7 +81,8 @@ def _world(work: WorkloadConfig, n_gpus: int, topo: TopologyConfig, fail) -> dic
                 _culprit(given, n_gpus),
                 f"{names}*dp = {vals}*{dp} = {rest * dp}, but the cluster "
                 f"'{topo.name}' has {n_gpus} GPUs ({topo.nodes} nodes x {topo.gpus_per_node}); "
-                f"they must be equal (e.g. dp={n_gpus // rest})"
+                f"they must be equal (e.g. dp={n_gpus // rest}, or dp: null to fill the "
+                "cluster)"
                 if n_gpus % rest == 0
                 else f"{names}*dp = {rest * dp}, but the cluster '{topo.name}' has {n_gpus} GPUs",
             )
