@@ -157,6 +157,16 @@ def test_missing_required_key(tmp_path, capsys):
     expect(fails(capsys, tmp_path, "run", str(p)), p, "model.hidden", "required key is missing")
 
 
+
+def test_misspelled_required_key_names_the_spelling(tmp_path, capsys):
+    """A required key spelt wrong is both missing and unknown: the line names the spelling
+    and the key it stands for, not only that the key is missing."""
+    work = copy.deepcopy(BASE_WORK)
+    work["training"]["global_bach"] = work["training"].pop("global_batch")
+    p = write(tmp_path, work)
+    expect(fails(capsys, tmp_path, "run", str(p)), p, "training.global_bach", "unknown key",
+           "did you mean 'global_batch'?")  # fmt: skip
+
 @pytest.mark.parametrize(
     "section,key,value,accepted",
     [

@@ -120,8 +120,13 @@ def dotted_path(loc: Sequence[Any]) -> str:
 def pydantic_to_config_error(
     err: ValidationError, model: type[BaseModel], *, file: str, prefix: str = ""
 ) -> ConfigError:
-    """Convert the first pydantic error into a ConfigError naming the dotted field."""
-    e = err.errors(include_url=False)[0]
+    """Convert the first pydantic error into a ConfigError naming the dotted field. A missing
+    key is reported after an unknown one: a misspelled required key (``global_bach``) is
+    both, and the unknown key's did-you-mean names the fix."""
+    errors = err.errors(include_url=False)
+    e = errors[0]
+    if e["type"] == "missing":
+        e = next((x for x in errors if x["type"] == "extra_forbidden"), e)
     loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
     # Drop union-branch tags pydantic inserts (e.g. 'str', 'dict[str,any]').
     loc = [p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"str", "int"}))]
