@@ -2,6 +2,7 @@
 
     python studies/deepseek-v3/study.py plan     # plan's best layout per machine -> layouts.yaml
     python studies/deepseek-v3/study.py report   # run them -> results.json, README.md, .png
+    python studies/deepseek-v3/study.py mechanisms   # README's table: one mechanism at a time
 
 ``workloads/deepseek-v3.yaml`` as shipped (the report's model, batch of 15,360 x 4,096 tokens,
 FP8 recipe, DeepEP dispatch) on each machine of ``machines.yaml``: first the layout DeepSeek
@@ -101,6 +102,7 @@ def _row(m: dict, which: str, label: str, sets: list[str]) -> dict:
         "ep_inside_nvlink_domain": moe["ep_inside_nvlink_domain"],
         "ep_network_bytes_per_rank_per_layer": moe.get("network_bytes_per_rank_per_layer"),
         "cost_per_Mtoken_usd": s["cost_per_Mtoken_usd"], "critical": s["critical_process"],
+        "breakdown_s": bd, "imbalance_from": s.get("pp_imbalance_from"),
     }  # fmt: skip
 
 
@@ -115,6 +117,8 @@ def run_report() -> None:
         planned = [f"{k}={v}" for k, v in best["overrides"].items()]
         rows.append(_row(m, "plan", best["layout"], planned))
         for label, extra in (m.get("variants") or {}).items():  # plan's layout, one key changed
+            if all(best["overrides"].get(k) == _value(v) for k, v in extra.items()):
+                continue  # plan's layout has it already
             rows.append(_row(m, "variant", f"plan's, {label}",
                              planned + [f"{k}={v}" for k, v in extra.items()]))  # fmt: skip
         print(f"{m['key']}: " + ", ".join(f"{r['which']} {r['step_time_s']:.2f} s"
@@ -147,7 +151,47 @@ def write_markdown(rows: list[dict], layouts: dict) -> None:
     text = (HERE / "README.template.md").read_text()
     text = text.replace("{{TABLE}}", "\n".join(lines)).replace("{{PLANS}}", "\n".join(plans))
     text = text.replace("{{SUMMARY}}", "\n".join(summary(rows)))
+    text = text.replace("{{ANSWER}}", "\n".join(answer_table(rows)))
     (HERE / "README.md").write_text(text)
+
+
+def _busiest_view(r: dict) -> dict[str, float]:
+    """Shares of the step (%) by ``PARTS``, with the critical GPU's wait for a busier stage
+    (stage imbalance) counted as what that stage spends the time on (the summary's
+    ``pp_imbalance_from``); what it does not explain stays with the bubble."""
+    bd = dict(r["breakdown_s"])
+    why = (r.get("imbalance_from") or {}).get("parts_s") or {}
+    moved = min(sum(why.values()), bd.get("pp_imbalance", 0.0))
+    scale = moved / sum(why.values()) if why else 0.0
+    for k, v in why.items():
+        bd[k] = bd.get(k, 0.0) + v * scale
+    bd["pp_imbalance"] = bd.get("pp_imbalance", 0.0) - moved
+    return {k: 100 * sum(bd.get(x, 0.0) for x in v) / r["step_time_s"] for k, v in PARTS.items()}
+
+
+def answer_table(rows: list[dict]) -> list[str]:
+    """Issue 10's question in a short table: per machine, DeepSeek's layout and plan's best:
+    step, where it goes (share of the step), memory, and where the EP all-to-all runs."""
+    head = ["machine", "layout", "step s", "compute", "EP all-to-all", "pipeline bubble",
+            "rest", "memory GiB", "EP group inside one NVLink domain?"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["which"] == "variant":
+            continue
+        step, share = r["step_time_s"], _busiest_view(r)
+        rest = 100 - share["compute"] - share["EP all-to-all"] - share["bubble + stage imbalance"]
+        where = (f"yes: EP {r['ep']} in a {r['nvlink_domain_gpus']}-GPU domain, NVLink only"
+                 if r["ep_inside_nvlink_domain"] else
+                 f"no: EP {r['ep']} spans {r['ep'] // r['nvlink_domain_gpus']} domains of "
+                 f"{r['nvlink_domain_gpus']}, IB + NVLink")  # fmt: skip
+        layout = "DeepSeek's" if r["which"] == "shipped" else "plan's: " + r["layout"]
+        fit = "" if r["fits"] else " (no fit)"
+        lines.append("| " + " | ".join([
+            r["name"], layout, f"{step:.2f}", f"{share['compute']:.0f} %",
+            f"{share['EP all-to-all']:.0f} %", f"{share['bubble + stage imbalance']:.0f} %",
+            f"{rest:.0f} %", f"{r['memory_gib']:.1f} of {r['capacity_gib']:.0f}{fit}",
+            where]) + " |")  # fmt: skip
+    return lines
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -205,11 +249,55 @@ def plot(rows: list[dict]) -> None:
     fig.savefig(HERE / "deepseek-v3.png", dpi=110)
 
 
+#: README's mechanism table: DeepSeek's layout with one mechanism at a time (``--set``s)
+MECHANISMS = {
+    "NCCL all-to-all (`moe_dispatcher: alltoall`), plain 1F1B": [
+        "training.moe_dispatcher=alltoall", "parallelism.pp_schedule=1f1b"],
+    "`moe_dispatcher: deepep`, plain 1F1B": ["parallelism.pp_schedule=1f1b"],
+    "`alltoall` with combined 1F1B (`overlap_moe_expert_parallel_comm`)": [
+        "training.moe_dispatcher=alltoall", "parallelism.pp_schedule=1f1b",
+        "training.overlap_moe_expert_parallel_comm=true"],
+    "`deepep` with combined 1F1B": [
+        "parallelism.pp_schedule=1f1b", "training.overlap_moe_expert_parallel_comm=true"],
+    "as shipped without MTP (`model.mtp_depth=0`)": ["model.mtp_depth=0"],
+    "**as shipped**: `deepep`, DualPipe, MTP depth 1": [],
+}  # fmt: skip
+#: the mechanism table's machines: DeepSeek's layout needs 2,048 GPUs, so GB200 as 32 NVL72
+#: racks using 16 of their 18 trays (64-GPU NVLink domains; README "Inputs")
+MECHANISM_MACHINES = {
+    "H800": [],
+    "H100": ["topology.gpu=H100-SXM-80GB"],
+    "2,048 GB200 (EP 64 inside a 64-GPU NVLink domain)": [
+        f"cluster.topology={ROOT / 'topologies/gb200-nvl72.yaml'}", "topology.nodes=512",
+        "topology.nvlink_domain_gpus=64"],
+}  # fmt: skip
+
+
+def run_mechanisms() -> None:
+    """Print README's table: the shipped workload with each mechanism switched on alone, per
+    machine (step, worst GPU's memory and whether it fits, MFU on active parameters)."""
+    head = ["", *MECHANISM_MACHINES]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, sets in MECHANISMS.items():
+        cells = []
+        for extra in MECHANISM_MACHINES.values():
+            s = simulate(load_workload(WORKLOAD, extra + sets)).summary
+            mem = s["memory_gib"]
+            fit = "" if s["fits"] else ": does not fit"
+            cells.append(f"{s['step_time_s']:.2f} s, {mem['total']:.1f} of "
+                         f"{mem['capacity']:.1f} GiB{fit}, {100 * s['mfu']:.1f} %")  # fmt: skip
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+        print(lines[-1], flush=True)
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
     step = sys.argv[1] if len(sys.argv) > 1 else "report"
     if step == "plan":
         run_plan(top=int(os.environ.get("TOP", "3")))
     elif step == "report":
         run_report()
+    elif step == "mechanisms":
+        run_mechanisms()
     else:
-        raise SystemExit(f"usage: {sys.argv[0]} plan|report")
+        raise SystemExit(f"usage: {sys.argv[0]} plan|report|mechanisms")
