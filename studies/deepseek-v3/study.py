@@ -203,15 +203,14 @@ def summary(rows: list[dict]) -> list[str]:
     for k in keys:
         shipped, best = by[(k, "shipped")], by[(k, "plan")]
         gain = shipped["step_time_s"] / best["step_time_s"] - 1
-        ep = best["parts_s"]["EP all-to-all"] / best["step_time_s"]
-        idle = best["parts_s"]["bubble + stage imbalance"] / best["step_time_s"]
+        share = _busiest_view(best)
+        ep, idle = share["EP all-to-all"] / 100, share["bubble + stage imbalance"] / 100
         line = (f"- **{best['name']}**: plan's layout ({best['layout']}) takes "
                 f"{best['step_time_s']:.2f} s a step, {100 * gain:+.0f} % tokens/s against "
                 f"DeepSeek's layout ({shipped['step_time_s']:.2f} s"
                 f"{'' if shipped['fits'] else ', which does not fit'}); compute "
-                f"{100 * best['parts_s']['compute'] / best['step_time_s']:.0f} % of the step, "
-                f"exposed all-to-all {100 * ep:.0f} %, bubble and stage imbalance "
-                f"{100 * idle:.0f} %; {_ep_cell(best)}; "
+                f"{share['compute']:.0f} % of the busiest stage's step, exposed all-to-all "
+                f"{100 * ep:.0f} %, pipeline bubble {100 * idle:.0f} %; {_ep_cell(best)}; "
                 f"${best['cost_per_Mtoken_usd']:.2f} per million tokens")  # fmt: skip
         if best is not ref:
             line += (f" ({best['step_time_s'] / ref['step_time_s']:.2f}x the step and "
@@ -297,7 +296,11 @@ if __name__ == "__main__":
         run_plan(top=int(os.environ.get("TOP", "3")))
     elif step == "report":
         run_report()
+    elif step == "readme":  # README.md and the plot again from results.json, no runs
+        rows = json.loads((HERE / "results.json").read_text())
+        write_markdown(rows, yaml.safe_load((HERE / "layouts.yaml").read_text())["machines"])
+        plot(rows)
     elif step == "mechanisms":
         run_mechanisms()
     else:
-        raise SystemExit(f"usage: {sys.argv[0]} plan|report|mechanisms")
+        raise SystemExit(f"usage: {sys.argv[0]} plan|report|readme|mechanisms")
