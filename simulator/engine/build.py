@@ -41,7 +41,12 @@ from simulator.model import eager, moe_sizes, mtp, shape_cache
 from simulator.model import memory as mem
 from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
-from simulator.model.moe import beside_ep_slowdown, load_spec, new_shape_share
+from simulator.model.moe import (
+    beside_ep_slowdown,
+    expert_wgrad_acc_bytes,
+    load_spec,
+    new_shape_share,
+)
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
@@ -344,8 +349,8 @@ class _Builder:
             return None
         t = self.t
         return dict(ep=self.ep, etp=self.etp, expert_load=load_spec(t),
-                    dispatcher=t.moe_dispatcher,
-                    dispatch_bytes=moe_dispatch_bytes(t))  # fmt: skip
+                    dispatcher=t.moe_dispatcher, dispatch_bytes=moe_dispatch_bytes(t),
+                    wgrad_acc_bytes=expert_wgrad_acc_bytes(t))  # fmt: skip
 
     def _make_procs(self) -> None:
         lay, inner = self.lay, self.job.inner_dims

@@ -105,7 +105,7 @@ def _op_time(
     if op.kind == "gemm":
         # A batched GEMM (unfused attention: one product per head) fills the GPU like one
         # GEMM with the batch folded into m.
-        t = cm.gemm_s(op.m * max(op.batch, 1), op.k, op.n, gemm_dtype)
+        t = cm.gemm_s(op.m * max(op.batch, 1), op.k, op.n, gemm_dtype, op.acc_bytes)
         if rec is not None and not op.batch:
             # Transformer Engine's low-precision GEMMs take quantised operands: the
             # activation-side operands are quantised from bf16 first (a memory-bound kernel,

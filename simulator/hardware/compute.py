@@ -96,11 +96,17 @@ class ComputeModel:
 
     # -- GEMM ---------------------------------------------------------------------------------
 
-    def gemm_s(self, m: int, k: int, n: int, dtype: str = "bf16") -> float:
-        """Kernel time of ``[m,k] @ [k,n]`` (2mkn FLOPs) in seconds."""
-        return self._gemm_cached(m, k, n, dtype)
+    def gemm_s(self, m: int, k: int, n: int, dtype: str = "bf16", acc_bytes: int = 0) -> float:
+        """Kernel time of ``[m,k] @ [k,n]`` (2mkn FLOPs) in seconds. ``acc_bytes`` > 0: the
+        GEMM adds its output into a buffer of that many bytes an element (cuBLASLt with
+        ``beta = 1`` and ``C = D``, as Transformer Engine's wgrad GEMMs accumulate into an fp32
+        ``main_grad`` under Megatron's gradient-accumulation fusion): C is read and D
+        written in the buffer's dtype, both counted with the operand reads in the roofline
+        term (so a kernel never beats that traffic at the achievable HBM rate), beside the
+        exposed share of an ordinary output's write that the fit saw."""
+        return self._gemm_cached(m, k, n, dtype, acc_bytes)
 
-    def _gemm_s(self, m: int, k: int, n: int, dtype: str = "bf16") -> float:
+    def _gemm_s(self, m: int, k: int, n: int, dtype: str = "bf16", acc_bytes: int = 0) -> float:
         if min(m, k, n) < 0:
             raise ValueError(f"negative GEMM dimension in [{m},{k}]@[{k},{n}]")
         if m == 0 or k == 0 or n == 0:
@@ -115,7 +121,7 @@ class ComputeModel:
             waves = full + min(1.0, rest / sms * (1.0 + c)) if rest else full
             best = min(best, waves * k * flop_per_k)
         t_c = best / per_sm
-        t_r = BYTES[dtype] * (m * k + k * n) / self._bw
+        t_r = (BYTES[dtype] * (m * k + k * n) + 2 * acc_bytes * m * n) / self._bw
         t_w = OUT_BYTES[dtype] * m * n / self._bw
         q = p.overlap_p
         return p.t0_s + (t_c**q + t_r**q) ** (1.0 / q) + p.write_exposed * t_w

@@ -41,7 +41,7 @@ import numpy as np
 
 from simulator.config.schema import ModelConfig, TrainingConfig
 from simulator.model import shape_cache
-from simulator.model.ops import FP32, Op, gemm_grads, gemm_op, mem_op
+from simulator.model.ops import DTYPE_BYTES, FP32, Op, gemm_grads, gemm_op, mem_op
 
 #: int64 indices (token ids, permutations)
 I64 = 8
@@ -140,6 +140,19 @@ GROUPED_TILE_M = 128
 #: ``common/util/multi_stream.cpp``, 2026-08). So experts run four at a time: each round of four
 #: GEMMs fills the GPU like one GEMM of their rows together.
 TE_GEMM_STREAMS = 4
+
+
+def expert_wgrad_acc_bytes(training: TrainingConfig) -> int:
+    """Bytes an element of the ``main_grad`` buffers that fused grouped experts' wgrad GEMMs
+    add into: Megatron's gradient-accumulation fusion (default on) hands Transformer Engine
+    each expert's ``main_grad``, in the gradient-reduction dtype (fp32 unless
+    ``--grad-reduce-in-bf16``: bf16 training accumulates and reduces in fp32, Megatron-LM
+    ``arguments.py``); 0 where the wgrads write fresh outputs (eager code, the fusion off,
+    fp32 working weights)."""
+    t = training
+    if t.kernels != "fused" or not t.grad_accumulation_fusion or t.param_dtype != "bf16":
+        return 0
+    return DTYPE_BYTES[t.grad_reduce_dtype]
 
 
 def _mats(model: ModelConfig) -> int:
@@ -389,6 +402,33 @@ def _grouped_gemm(name: str, loc: MoELocal, k: int, n: int, d: int) -> list[Op]:
     return ops
 
 
+def _grouped_wgrads(name: str, loc: MoELocal, k: int, n: int, d: int, acc: int) -> list[Op]:
+    """Weight gradients of :func:`_grouped_gemm`'s rounds: each expert's own ``[k, rows] @
+    [rows, n]`` with its own ``[k, n]`` output (``GroupedLinear``'s backward issues one wgrad
+    GEMM per expert over the same streams), so a round of ``e`` experts is priced as their
+    products stacked in ``m`` (``e k`` rows: the output tiles of all ``e``, each over the
+    expert's mean rows; the second operands' bytes counted once). ``acc`` > 0: each adds
+    into its ``main_grad`` of ``acc`` bytes an element (gradient-accumulation fusion:
+    TransformerEngine ``module/grouped_linear.py`` passes the experts' ``main_grad`` as the
+    outputs with ``accumulate=True``), read and written in place; with few rows an expert
+    this traffic bounds the kernel (DeepGEMM's maintainers on their grouped wgrad: "memory
+    bound", deepseek-ai/DeepGEMM issue #125, 2025-07-21). The wgrad of a round priced as one
+    ``[k, e rows] @ [e rows, n]`` (the forward's dgrad transpose) would write one output for
+    ``e`` experts."""
+    ops = []
+    tok = loc.expert_tokens
+    for r0 in range(0, len(tok), TE_GEMM_STREAMS):
+        part = tok[r0 : r0 + TE_GEMM_STREAMS]
+        real, e = sum(part), len(part)
+        out = e * k * n * (2 * acc if acc else d)
+        ops.append(Op(
+            f"{name}_wgrad", "gemm", "moe", m=e * k, k=max(1, round(real / e)), n=n,
+            flops=2.0 * real * k * n, bytes=float(real * (k + n) * d + out), backward=True,
+            acc_bytes=acc,
+        ))  # fmt: skip
+    return ops
+
+
 def _expert_ops(model: ModelConfig, loc: MoELocal, d: int, grouped: bool) -> list[Op]:
     """Expert compute of the busiest rank: grouped ``fc1, act, fc2`` (fused kernels), or
     ``fc1, act, fc2`` per expert one after another (eager PyTorch; an expert with no token
@@ -568,6 +608,7 @@ def moe_backward_ops(
     dispatcher: str = "alltoall",
     grouped: bool = True,
     dispatch_bytes: float | None = None,
+    wgrad_acc_bytes: int = 0,
 ) -> list[Op | Comm]:
     """The forward reversed: each GEMM's dgrad and wgrad, every collective's conjugate (an
     all-to-all stays an all-to-all with the gradients, an all-gather becomes a reduce-scatter
@@ -577,10 +618,18 @@ def moe_backward_ops(
     conjugates send the output gradients towards the experts, quantised as the forward
     dispatch is; the dispatch's conjugates return the input gradients in ``d`` (DeepSeek-V3,
     arXiv:2412.19437 Sec. 3.3.3: the activation gradient before the down-projection in FP8,
-    both combines in BF16)."""
+    both combines in BF16). A grouped GEMM's wgrad is one per expert
+    (:func:`_grouped_wgrads`), adding into ``main_grad`` buffers of ``wgrad_acc_bytes`` (0:
+    fresh outputs)."""
     fwd = moe_forward_ops(
         model, loc, tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=grouped
     )
+    h, f = model.hidden, loc.ffn
+    fc1_out = 2 * f if model.activation == "swiglu" else f
+    wgrads = {  # the grouped GEMMs' wgrads per round, in forward order
+        "expert_fc1": _grouped_wgrads("expert_fc1", loc, h, fc1_out, d, wgrad_acc_bytes),
+        "expert_fc2": _grouped_wgrads("expert_fc2", loc, f, h, d, wgrad_acc_bytes),
+    } if grouped else {}  # fmt: skip
     conj = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}
     towards_experts = ("moe_combine", "moe_scatter", "moe_etp_scatter")
     out: list[Op | Comm] = []
@@ -594,11 +643,14 @@ def moe_backward_ops(
                                 nbytes, op.share))  # fmt: skip
         elif op.kind == "gemm":
             # dgrad and wgrad; a grouped GEMM keeps its real tokens' FLOPs
-            out += [
+            grads = [
                 Op(g.name, g.kind, g.block, m=g.m, k=g.k, n=g.n, flops=op.flops,
                    bytes=g.bytes, backward=True)
                 for g in gemm_grads(op, d)
             ]  # fmt: skip
+            if op.name in wgrads:  # this round's per-expert wgrads (rounds seen last first)
+                grads[1] = wgrads[op.name].pop()
+            out += grads
             if op.name.startswith("expert_fc1_e") and any(
                     o.name == "expert_fc3" + op.name[len("expert_fc1"):] for o in fwd):
                 # x fed w1 and w3: autograd adds their two input gradients

@@ -39,7 +39,10 @@ class Op:
     :mod:`simulator.model.comm`). ``flops`` is authoritative for every kind; ``bytes`` counts
     HBM bytes read plus written (for GEMMs the operands once: ``(mk + kn + mn) * dtype``).
     Backward GEMMs are named ``<fwd>_dgrad`` (gradient of the left operand, the activation)
-    and ``<fwd>_wgrad`` (gradient of the right operand, the weight).
+    and ``<fwd>_wgrad`` (gradient of the right operand, the weight). ``acc_bytes`` (GEMMs):
+    bytes per element of a buffer the GEMM adds its output into, read and written in place
+    (a wgrad fused with gradient accumulation into an fp32 ``main_grad``: 4); 0 writes a
+    fresh output in the compute dtype.
     """
 
     name: str
@@ -61,6 +64,7 @@ class Op:
     dim: str = ""  # comm: the parallel dimension whose groups run it
     collective: str = ""  # comm: all_reduce | all_gather | reduce_scatter | send_recv
     overlap: bool = False  # comm: runs beside the next kernel
+    acc_bytes: int = 0  # gemm: accumulates into a buffer of this many bytes an element
 
 
 @dataclass(frozen=True)
