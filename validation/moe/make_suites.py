@@ -222,6 +222,8 @@ def _case(row: dict, rules: dict) -> dict | None:
     for key, value in rules.get("training", {}).items():
         if key != "fp8_recipe" or work["training"]["precision"] == "fp8":
             work["training"][key] = value
+    if p.get("zero_or_fsdp") == "FSDP":
+        work["training"].update(rules.get("fsdp_training", {}))
     measured = rules["measured"](row)
     if measured is None:
         return None
@@ -302,7 +304,9 @@ SOURCES = {
             "256 H100 as topologies/dgx-h100-ndr-fattree.yaml with 32 nodes.",
             "Recompute of norms and activations ('norm, act') as Megatron-Core's selective "
             "recompute modules layernorm and moe_act (run_h100_235b.sh: --recompute-modules "
-            "moe_act layernorm); 'full' as full; FSDP as ZeRO-3.",
+            "moe_act layernorm); 'full' as full; FSDP as ZeRO-3, with its command's "
+            "--no-gradient-accumulation-fusion (run_235b.sh at 8017e11): "
+            "training.grad_accumulation_fusion false.",
             "The DeepEP rows with moe_dispatcher deepep (a token crosses the network once per "
             "destination node), the A2A row with the NCCL all-to-all; forced load balancing as "
             "the readme's commands of 2025-05-27 (run_235b.sh at 8017e11: "
@@ -312,6 +316,8 @@ SOURCES = {
         ],
         "recompute": lambda p: "full" if p.get("recompute") == "full" else "none",
         "training": {"moe_routing": "random"},
+        # run_235b.sh at 8017e11, the FSDP command: --no-gradient-accumulation-fusion
+        "fsdp_training": {"grad_accumulation_fusion": False},
         # model_configs/benchmarking/Qwen3-235B-A22B.yaml: --account-for-embedding-in-pipeline-
         # split and --account-for-loss-in-pipeline-split
         "embedding_loss_slots": True,
