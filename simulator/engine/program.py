@@ -105,7 +105,10 @@ def _op_time(
     if op.kind == "gemm":
         # A batched GEMM (unfused attention: one product per head) fills the GPU like one
         # GEMM with the batch folded into m.
-        t = cm.gemm_s(op.m * max(op.batch, 1), op.k, op.n, gemm_dtype, op.acc_bytes)
+        m = op.m * max(op.batch, 1)
+        # a GEMM adding into a buffer in place (ComputeModel.gemm_s's acc_bytes)
+        t = (cm.gemm_s(m, op.k, op.n, gemm_dtype, op.acc_bytes) if op.acc_bytes
+             else cm.gemm_s(m, op.k, op.n, gemm_dtype))
         if rec is not None and not op.batch:
             # Transformer Engine's low-precision GEMMs take quantised operands: the
             # activation-side operands are quantised from bf16 first (a memory-bound kernel,
