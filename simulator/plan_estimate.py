@@ -55,7 +55,12 @@ from simulator.model import comm as mc
 from simulator.model import memory as mem
 from simulator.model import moe_sizes, mtp
 from simulator.model import transformer as tf
-from simulator.model.moe import beside_ep_slowdown, expert_wgrad_acc_bytes, load_spec
+from simulator.model.moe import (
+    beside_ep_slowdown,
+    expert_wgrad_acc_bytes,
+    load_spec,
+    router_kernels,
+)
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.network.interference import slowdown_fn
 from simulator.network.topology import load_fabrics
@@ -314,7 +319,8 @@ class Estimator:
                 moe_kw = dict(ep=res.ep, etp=res.etp, expert_load=load_spec(t),
                               dispatcher=t.moe_dispatcher,
                               dispatch_bytes=moe_dispatch_bytes(t),
-                              wgrad_acc_bytes=expert_wgrad_acc_bytes(t))  # fmt: skip
+                              wgrad_acc_bytes=expert_wgrad_acc_bytes(t),
+                              router=router_kernels(t))  # fmt: skip
 
             def comm_cost(dim: str, op: str, nbytes: float) -> float:
                 return self._cost(op, dim, res, nbytes)

@@ -69,3 +69,51 @@ def test_megatron_defaults_accumulate_in_fp32():
     assert moe.expert_wgrad_acc_bytes(t.model_copy(update={"kernels": "eager"})) == 0
     # without the fusion each expert writes a fresh bf16 output
     assert all(op.acc_bytes == 0 for op in _wgrads(0))
+
+
+# ---- the router as Megatron-Core's PyTorch code runs it (before --moe-router-fusion)
+
+#: the tensor operations of Megatron-LM 1e057005's top-k router after its gating GEMM, read
+#: from router.py / moe_utils.py: RandomSTE's clone and normal_; topk_softmax_with_capacity's
+#: topk, softmax, zeros_like + scatter (gates), zeros_like + int + scatter + bool (map), sum;
+#: the aux loss's softmax, sum, product, sum and scale; the tracker's division and addition
+TORCH_CALLS_FWD = 2 + 1 + 1 + 2 + 4 + 1 + 1 + 4 + 2
+#: their autograd: topk's and the softmaxes' backward, the gates' gather, the loss's sum,
+#: product and sum (the map, counts, random logits and logging have no gradient)
+TORCH_CALLS_BWD = 1 + 1 + 1 + 1 + 3
+
+
+def _router(backward: bool, router: str, tp: int = 4):
+    loc = moe.moe_local(QWEN3, 1, tp, 1, 8, 1)
+    fn = moe.moe_backward_ops if backward else moe.moe_forward_ops
+    ops = fn(QWEN3, loc, tp=tp, ep=8, etp=1, d=2, dispatcher="deepep", router=router)
+    return [op for op in ops if op.name.startswith("router") and op.name != "router"
+            and not op.name.startswith("router_dgrad") and not op.name.startswith("router_wgrad")]
+
+
+def test_unfused_router_launches_a_kernel_per_torch_call():
+    fwd = _router(False, "unfused_random")
+    kernels = [op for op in fwd if not isinstance(op, moe.Comm)]
+    assert len(kernels) == TORCH_CALLS_FWD
+    comms = [op for op in fwd if isinstance(op, moe.Comm)]
+    # the tokens per expert summed over the TP group that splits the sequence (128 int64)
+    assert [(c.collective, c.dim, c.nbytes) for c in comms] == [("all_reduce", "tp", 128 * 8)]
+    bwd = _router(True, "unfused_random")
+    assert not any(isinstance(op, moe.Comm) for op in bwd)
+    assert len(bwd) == TORCH_CALLS_BWD
+    # without forced balance no random logits; without TP no all-reduce
+    assert len(_router(False, "unfused")) == TORCH_CALLS_FWD - 2 + 1
+    assert not any(isinstance(op, moe.Comm) for op in _router(False, "unfused", tp=1))
+    # the fused router (the default) is one kernel each way
+    assert [op.name for op in _router(False, "fused")] == ["router_topk"]
+    assert [op.name for op in _router(True, "fused")] == ["router_topk"]
+
+
+def test_router_setting_follows_the_code():
+    t = TrainingConfig(global_batch=8)
+    assert moe.router_kernels(t) == "fused"
+    old = t.model_copy(update={"moe_router_fusion": False})
+    assert moe.router_kernels(old) == "unfused"
+    assert moe.router_kernels(old.model_copy(update={"moe_routing": "random"})) == \
+        "unfused_random"
+    assert moe.router_kernels(old.model_copy(update={"kernels": "eager"})) == "fused"

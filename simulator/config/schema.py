@@ -457,6 +457,14 @@ class TrainingConfig(Frozen):
         "normal logits per token; the busiest EP rank, which every rank waits for, then "
         "carries the expected maximum of the ranks' counts)",
     )
+    moe_router_fusion: Bool = Field(
+        True,
+        description="fused MoE code: the router's scores, top-k, routing map and aux-loss "
+        "scores in one kernel (Megatron-Core's --moe-router-fusion, since 2025-08); false: "
+        "Megatron-Core's PyTorch router, one kernel per tensor operation (about 17 forward, "
+        "7 backward, and an all-reduce of the tokens per expert over TP), as code before "
+        "that flag ran",
+    )
     moe_routes: Literal["learned", "replayed"] = Field(
         "learned",
         description="where an eager MoE step's routes come from: learned (a router picks "

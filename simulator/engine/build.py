@@ -350,7 +350,8 @@ class _Builder:
         t = self.t
         return dict(ep=self.ep, etp=self.etp, expert_load=load_spec(t),
                     dispatcher=t.moe_dispatcher, dispatch_bytes=moe_dispatch_bytes(t),
-                    wgrad_acc_bytes=expert_wgrad_acc_bytes(t))  # fmt: skip
+                    wgrad_acc_bytes=expert_wgrad_acc_bytes(t),
+                    router=moe_math.router_kernels(t))  # fmt: skip
 
     def _make_procs(self) -> None:
         lay, inner = self.lay, self.job.inner_dims

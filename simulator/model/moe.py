@@ -48,6 +48,10 @@ I64 = 8
 #: eager ops whose backward runs no kernel (views, constants, integer bookkeeping)
 NO_BACKWARD = ("expert_cat", "combine_zeros", "perm_cat", "inv_arange", "inv_scatter",
                "shared_add")
+#: kernels of the unfused router whose backward runs none (name prefixes): random logits'
+#: straight-through gradient, the integer routing map and counts, the loss's scale, logging
+ROUTER_NO_BACKWARD = ("router_random", "router_map", "router_tokens", "router_aux_scale",
+                      "router_aux_log")
 
 #: The collective of a node-aware dispatch or combine (``moe_dispatcher: deepep``): ``nbytes``
 #: is one vector per token of the rank, spread as :func:`simulator.model.moe_routing.
@@ -140,6 +144,59 @@ GROUPED_TILE_M = 128
 #: ``common/util/multi_stream.cpp``, 2026-08). So experts run four at a time: each round of four
 #: GEMMs fills the GPU like one GEMM of their rows together.
 TE_GEMM_STREAMS = 4
+
+
+def router_kernels(training: TrainingConfig) -> str:
+    """Which router a fused MoE layer runs: ``fused`` (one kernel for scores, top-k, routing
+    map and the aux loss's scores, as Megatron-Core's ``--moe-router-fusion`` does, since
+    Megatron-LM c08d89bea0, 2025-08-17), ``unfused`` (its PyTorch router before or without
+    that flag, :func:`_unfused_router_ops`), ``unfused_random`` (the same with
+    ``--moe-router-force-load-balancing``'s random logits, ``training.moe_routing: random``)."""
+    if training.moe_router_fusion or training.kernels != "fused":
+        return "fused"
+    return "unfused_random" if training.moe_routing == "random" else "unfused"
+
+
+def _unfused_router_ops(t: int, E: int, k: int, tp: int, d: int, random: bool) -> list:
+    """Megatron-Core's PyTorch top-k router after its gating GEMM, one op per kernel it
+    launches (Megatron-LM 1e057005, 2025-05-24: ``router.py`` ``TopKRouter.forward``,
+    ``aux_loss_load_balancing``, ``apply_load_balancing_loss``; ``moe_utils.py``
+    ``topk_softmax_with_capacity`` without capacity, ``switch_load_balancing_loss_func``,
+    ``save_to_aux_losses_tracker``, ``RandomSTE``), on the rank's ``t`` tokens' ``[t, E]``
+    fp32 logits: random logits (``clone().normal_()``, forced balance only), ``topk``, the
+    softmax of the top-k scores, the gates (``zeros_like().scatter``), the routing map
+    (``zeros_like().int().scatter().bool()``), the tokens per expert (``sum``), the aux
+    loss's full softmax, the all-reduce of the tokens per expert over the TP group (the
+    sequence is split over it), the loss (``sum``, product, ``sum``, scale) and its logging
+    (``/ coeff``, ``+=``). Names in :data:`ROUTER_NO_BACKWARD` run no kernel backward (random
+    logits' straight-through gradient, integer maps, logging). Left out: the casts of the
+    input and weight to an fp32 router (``--moe-router-dtype fp32``), z-loss and capacity."""
+    x = t * E * FP32
+    ops: list = [mem_op("router_random_clone", "moe", 2 * x), mem_op("router_random_normal",
+                 "moe", x)] if random else []  # fmt: skip
+    ops += [
+        mem_op("router_topk", "moe", x + t * k * (FP32 + I64)),
+        mem_op("router_softmax_k", "moe", 2 * t * k * FP32),
+        mem_op("router_map_gates_zeros", "moe", x),
+        mem_op("router_gates", "moe", x + t * k * (FP32 + I64)),
+        mem_op("router_map_zeros", "moe", x),
+        mem_op("router_map_int", "moe", 2 * x),
+        mem_op("router_map_scatter", "moe", t * E * 4 + t * k * I64),
+        mem_op("router_map_bool", "moe", t * E * 5),
+        mem_op("router_tokens_sum", "moe", t * E + E * I64),
+        mem_op("router_aux_softmax", "moe", 2 * x),
+    ]
+    if tp > 1:
+        ops.append(Comm("router_aux_tokens", "all_reduce", "tp", E * I64))
+    ops += [
+        mem_op("router_aux_probs_sum", "moe", x + E * FP32),
+        mem_op("router_aux_mul", "moe", E * (2 * FP32 + I64)),
+        mem_op("router_aux_sum", "moe", E * FP32),
+        mem_op("router_aux_scale", "moe", 2 * FP32),
+        mem_op("router_aux_log_div", "moe", 2 * FP32),
+        mem_op("router_aux_log_add", "moe", 3 * FP32),
+    ]
+    return ops
 
 
 def expert_wgrad_acc_bytes(training: TrainingConfig) -> int:
@@ -475,6 +532,7 @@ def moe_forward_ops(
     dispatcher: str = "alltoall",
     grouped: bool = True,
     dispatch_bytes: float | None = None,
+    router: str = "fused",
 ) -> list[Op | Comm]:
     """Kernels and collectives of one MoE block's forward on the busiest EP rank, after the
     attention's residual add: ``norm2, router, router_topk, permute, [count exchange,
@@ -482,7 +540,8 @@ def moe_forward_ops(
     expert], residual2``. ``grouped=False`` computes the experts one after another (eager
     PyTorch); the memory-bound kernels read and write the token copies they move.
     ``dispatch_bytes``: bytes per element of the tokens sent towards the experts (FP8
-    dispatch, :func:`simulator.hardware.precision.moe_dispatch_bytes`; default ``d``)."""
+    dispatch, :func:`simulator.hardware.precision.moe_dispatch_bytes`; default ``d``).
+    ``router``: :func:`router_kernels` (fused code only; eager code keeps its one kernel)."""
     moe, h = model.moe, model.hidden
     q = d if dispatch_bytes is None else dispatch_bytes
     t, k, E = loc.tokens, moe.top_k, moe.experts
@@ -495,9 +554,11 @@ def moe_forward_ops(
     ops: list[Op | Comm] = [
         mem_op("norm2", "moe", 2 * t * h * d),
         gemm_op("router", "moe", t, h, E, d),
-        # scores (fp32 softmax or sigmoid), top-k, the routing map and weights; aux loss
-        mem_op("router_topk", "moe", t * E * (d + 3 * FP32)),
     ]
+    if grouped and router != "fused":
+        ops += _unfused_router_ops(t, E, k, tp, d, router == "unfused_random")
+    else:  # scores (fp32 softmax or sigmoid), top-k, the routing map and weights; aux loss
+        ops.append(mem_op("router_topk", "moe", t * E * (d + 3 * FP32)))
     if dispatcher == "allgather":
         full = ep * etp * t
         ops += [
@@ -609,6 +670,7 @@ def moe_backward_ops(
     grouped: bool = True,
     dispatch_bytes: float | None = None,
     wgrad_acc_bytes: int = 0,
+    router: str = "fused",
 ) -> list[Op | Comm]:
     """The forward reversed: each GEMM's dgrad and wgrad, every collective's conjugate (an
     all-to-all stays an all-to-all with the gradients, an all-gather becomes a reduce-scatter
@@ -622,7 +684,8 @@ def moe_backward_ops(
     (:func:`_grouped_wgrads`), adding into ``main_grad`` buffers of ``wgrad_acc_bytes`` (0:
     fresh outputs)."""
     fwd = moe_forward_ops(
-        model, loc, tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=grouped
+        model, loc, tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=grouped,
+        router=router,
     )
     h, f = model.hidden, loc.ffn
     fc1_out = 2 * f if model.activation == "swiglu" else f
@@ -635,7 +698,7 @@ def moe_backward_ops(
     out: list[Op | Comm] = []
     for op in reversed(fwd):
         if isinstance(op, Comm):
-            if op.name != "moe_counts":
+            if op.name not in ("moe_counts", "router_aux_tokens"):  # forward only
                 nbytes = op.nbytes
                 if dispatch_bytes is not None and op.name in towards_experts:
                     nbytes = op.nbytes * dispatch_bytes / d
@@ -656,7 +719,7 @@ def moe_backward_ops(
                 # x fed w1 and w3: autograd adds their two input gradients
                 out.append(mem_op("expert_dx_add" + op.name[len("expert_fc1"):], "moe",
                                   3 * op.m * op.k * d, True))
-        elif op.name in NO_BACKWARD or op.name.startswith("perm_arange"):
+        elif op.name in NO_BACKWARD or op.name.startswith(("perm_arange", *ROUTER_NO_BACKWARD)):
             continue
         elif op.name in ("permute", "unpermute", "sort_chunks", "unsort_chunks"):
             out.append(mem_op(op.name, op.block, op.bytes, True))

@@ -100,11 +100,13 @@ def layer_ops(
     dispatcher: str = "alltoall",
     dispatch_bytes: float | None = None,
     wgrad_acc_bytes: int = 0,
+    router: str = "fused",
 ) -> list[Op]:
     """One layer's forward (or backward) on one rank of an MoE and/or MLA model: kernels and
     collectives over ``tp``, ``cp``, ``ep`` and ``etp`` (module docstring);
     ``wgrad_acc_bytes``: the grouped experts' wgrads add into ``main_grad`` buffers of that
-    many bytes an element (:func:`simulator.model.moe.expert_wgrad_acc_bytes`)."""
+    many bytes an element (:func:`simulator.model.moe.expert_wgrad_acc_bytes`); ``router``
+    which router kernels run (:func:`simulator.model.moe.router_kernels`)."""
     b, sp, d = micro_batch, sequence_parallel, precision_bytes
     local = mc.cp_local(model, cp)
     # the dense layer with its TP/CP collectives: its attention and MLP halves are reused
@@ -127,17 +129,18 @@ def layer_ops(
         norm2 = [op for op in mlp if op.name.startswith("norm2")]
         res2 = [op for op in mlp if op.name.startswith("residual2")]
         body = _moe_body(local, b, tp, d, backward, kernels, param_dtype, ep, etp,
-                         expert_load, dispatcher, dispatch_bytes, wgrad_acc_bytes)  # fmt: skip
+                         expert_load, dispatcher, dispatch_bytes, wgrad_acc_bytes,
+                         router)  # fmt: skip
         mlp = [*res2, *body, *norm2] if backward else [*norm2, *body, *res2]
     return [*mlp, *att] if backward else [*att, *mlp]
 
 
 def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, dispatcher,
-              dispatch_bytes=None, wgrad_acc_bytes=0) -> list[Op]:  # fmt: skip
+              dispatch_bytes=None, wgrad_acc_bytes=0, router="fused") -> list[Op]:  # fmt: skip
     """The MoE block between norm2 and residual2, its collectives as comm ops."""
     loc = moe.moe_local(model, b, tp, 1, ep, etp, load)
     kw = dict(tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=kernels == "fused",
-              dispatch_bytes=dispatch_bytes)  # fmt: skip
+              dispatch_bytes=dispatch_bytes, router=router)  # fmt: skip
     if backward:
         block = moe.moe_backward_ops(model, loc, wgrad_acc_bytes=wgrad_acc_bytes, **kw)
     else:

@@ -312,10 +312,16 @@ SOURCES = {
             "the readme's commands of 2025-05-27 (run_235b.sh at 8017e11: "
             "--moe-router-force-load-balancing on every row), which draws each token's "
             "experts at random (i.i.d. normal logits): training.moe_routing random.",
+            "The router as Megatron-Core's PyTorch code ran it in May 2025 (one kernel per "
+            "tensor operation, an all-reduce of the tokens per expert over TP: training."
+            "moe_router_fusion false; --moe-router-fusion came on 2025-08-17, Megatron-LM "
+            "c08d89bea0).",
             "Missing micro-batch: 1.",
         ],
         "recompute": lambda p: "full" if p.get("recompute") == "full" else "none",
-        "training": {"moe_routing": "random"},
+        # moe_router_fusion false: the rows' code (main 1e057005 and moe_dev, May 2025)
+        # predates Megatron-Core's --moe-router-fusion (Megatron-LM c08d89bea0, 2025-08-17)
+        "training": {"moe_routing": "random", "moe_router_fusion": False},
         # run_235b.sh at 8017e11, the FSDP command: --no-gradient-accumulation-fusion
         "fsdp_training": {"grad_accumulation_fusion": False},
         # model_configs/benchmarking/Qwen3-235B-A22B.yaml: --account-for-embedding-in-pipeline-
