@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-SETS = ("network", "alltoall", "unaligned", "launch", "interference", "memory", "compute", "host", "routes")
+SETS = ("network", "alltoall", "unaligned", "launch", "interference", "memory", "compute", "host",
+        "routes", "sync")
 
 
 def main(argv=None) -> int:

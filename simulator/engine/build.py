@@ -49,6 +49,7 @@ from simulator.model.moe import (
 )
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
+from simulator.model.sync import group_sync_factor
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
 from simulator.network.flows import FlowNetwork
 from simulator.network.interference import slowdown_fn
@@ -353,9 +354,18 @@ class _Builder:
                     wgrad_acc_bytes=expert_wgrad_acc_bytes(t),
                     router=moe_math.router_kernels(t))  # fmt: skip
 
+    def sync_group(self) -> int:
+        """GPUs that meet at every layer's collective on the critical path: the tensor x
+        context parallel group, or an MoE layer's expert-parallel group if larger."""
+        n = self.tp * self.lay.size("cp")
+        return max(n, self.ep * self.etp) if self.m.moe is not None else n
+
     def _make_procs(self) -> None:
         lay, inner = self.lay, self.job.inner_dims
         slow = gpu_slowdowns(self.job.work, self.job.topo)
+        # each layer waits for the group's slowest GPU (simulator/model/sync.py); a straggler
+        # slower than that is the slowest anyway, so the larger of the two factors
+        sync = group_sync_factor(self.sync_group(), self.job.machine.gpu.sync_jitter)
         self.slow = slow
         self.classes = replica_classes(lay, slow, faulted_gpus(self.job.work, self.job.topo))
         self.class_of_replica = {d: c for c, (reps, _) in enumerate(self.classes) for d in reps}
@@ -364,7 +374,8 @@ class _Builder:
             for c, (replicas, sig) in enumerate(self.classes):
                 for s in range(self.pp):
                     p = Proc(len(procs), f"c{c}.s{s}", s, c, replicas, None,
-                             lay.rank({"dp": replicas[0], "pp": s}), sig[s], None)  # fmt: skip
+                             lay.rank({"dp": replicas[0], "pp": s}), max(sig[s], sync),
+                             None)  # fmt: skip
                     self.pid_of[(c, s)] = p.pid
                     p.programs = self.programs_for(p)
                     procs.append(p)
@@ -373,7 +384,7 @@ class _Builder:
             for s in range(self.pp):
                 for g in lay.group(inner, {"dp": d, "pp": s}):
                     p = Proc(len(procs), f"g{g}", s, d, (d,), lay.coords(g), g,
-                             slow.get(g, 1.0), None)  # fmt: skip
+                             max(slow.get(g, 1.0), sync), None)  # fmt: skip
                     self.pid_of[g] = p.pid
                     p.programs = self.programs_for(p)
                     procs.append(p)

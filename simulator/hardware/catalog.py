@@ -151,6 +151,9 @@ class GPUSpec:
     #: all-gather input and output views and module attribute swaps, its sharded gradient's
     #: view), beyond the call's own (gpus.yaml)
     host_fsdp_tensor_s: float = 0.0
+    #: spread of a GPU's sustained speed under its power cap, as the scale of the expected
+    #: maximum of normals a group meeting at every layer pays (:mod:`simulator.model.sync`)
+    sync_jitter: float = 0.0
     #: host time per kernel and per collective call of fused (Megatron-Core / Transformer
     #: Engine) code; only an MoE model's fused programs use them (Megatron-Core's own rate
     #: per kernel launched, measured; a lower bound for Transformer Engine: see gpus.yaml)
@@ -445,7 +448,7 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
                 "host_fsdp_call_s", "host_fsdp_tensor_s", "host_fused_op_s",
                 "host_fused_collective_s", "host_gemm_new_shape_fwd_s",
                 "host_gemm_new_shape_dgrad_s", "host_gemm_new_shape_wgrad_s",
-                "host_events_call_s"):
+                "host_events_call_s", "sync_jitter"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
     values["host_dtensor"] = _dtensor_rates(entry, defaults, file=file, field=field)
