@@ -16,6 +16,7 @@ class StubGpu:
     hbm_GiB: float = 80.0
     host_op_s: float = 0.0  # no host time: the closed forms count GPU work only
     host_collective_s: float = 0.0
+    sync_jitter: float = 0.0  # identical GPUs: a group computes at each one's speed
 
     def peak_flops(self, dtype):
         return RATE
