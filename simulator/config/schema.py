@@ -591,6 +591,18 @@ class ParallelismConfig(Frozen):
         "every rank runs an ordinary cross-entropy over the whole vocabulary, its gradient "
         "sliced back to the rank's shard (benchmarks/device/steps_third.py)",
     )
+    pp_runtime: Literal["megatron", "torch"] = Field(
+        "megatron",
+        description="how the pipeline's sends and receives are issued. megatron: each transfer "
+        "issued when its producer ends and received when its consumer needs it, sends on a "
+        "stream of their own (Megatron-LM). torch: torch.distributed.pipelining as of PyTorch "
+        "2.11, for the interleaved schedule: each receive posted where its runtime's lock-step "
+        "pass places it (often passes before its consumer) and every transfer a "
+        "batch_isend_irecv on the group's one NCCL stream, so a rank's transfers run one after "
+        "another in posting order (benchmarks/device/steps_alt.py; simulator/parallel/"
+        "torch_posts.py). Its single-stage schedules (gpipe, 1f1b) post each receive at its "
+        "consumer: priced as megatron",
+    )
     pp_scatter_gather: Bool = Field(
         True,
         description="send 1/tp of a stage boundary activation per TP rank and all-gather it over "

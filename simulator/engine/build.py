@@ -870,6 +870,7 @@ class _Builder:
             virtual_stages=self.v,
             microbatches=self.job.microbatches,
             schedule_name=par.pp_schedule,
+            pp_runtime=par.pp_runtime,
             ep_overlap=moe_sizes.ep_overlap(self.job.work),
             straggler_scope=self.job.work.faults.straggler_scope,
             layers_of=self.layers_of,

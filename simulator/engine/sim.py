@@ -37,6 +37,7 @@ from simulator.engine.host import FSDP_CALLS, HostRates, program_matrix
 from simulator.engine.program import Part, Program, StagePrograms, program_time
 from simulator.engine.sends import CommSpec, PipelineSends
 from simulator.engine.split import SplitBackward, grads_done, unit_of
+from simulator.engine.torch_sends import TorchPipelineSends
 from simulator.parallel.schedules import Work, chunks_per_rank, combined, schedule, virtual_stage
 
 #: Streams of the data-parallel communicators (gradient reductions and ZeRO gathers: dense over
@@ -157,6 +158,9 @@ class StepPlan:
     #: each steady-state forward run beside the backward of another micro-batch
     #: (:mod:`simulator.engine.combined`)
     ep_overlap: bool = False
+    #: parallelism.pp_runtime: "torch" plays torch.distributed.pipelining's interleaved
+    #: runtime's P2P stream (simulator/engine/torch_sends.py)
+    pp_runtime: str = "megatron"
     #: eager code: the host that issues the kernels (:mod:`simulator.engine.host`); None:
     #: fused kernels, whose host stays ahead of the GPU
     host: HostRates | None = None
@@ -187,7 +191,7 @@ class StepPlan:
         return self.layer_sizes(layer)
 
 
-class Engine(CombinedSteps, PipelineSends, SplitBackward, DeepSpeedZero3):
+class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, SplitBackward, DeepSpeedZero3):
     """Run one training step of a :class:`StepPlan`."""
 
     def __init__(self, plan: StepPlan, env: CountingEnvironment | None = None):
@@ -220,6 +224,7 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward, DeepSpeedZero3):
         self._send_ways: dict[tuple[int, int], tuple[bool, bool]] = {}
         self._send_static_cache: dict[tuple[int, int], tuple] = {}
         self._routes: dict[tuple, tuple] = {}  # (pid, phase, vs, chunk) -> a send's destination
+        self._torch_events: dict[tuple, simpy.Event] = {}  # pp_runtime torch rendezvous
         self._dp_starting = 0  # DP / ZeRO collectives issued by all members, not yet running
         #: programs made here, not in a stage's :class:`StagePrograms` (a backward split into
         #: input and weight gradients): (pid, id(program)) -> program, for link accounting
@@ -495,6 +500,9 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward, DeepSpeedZero3):
             return f
 
         fwd_mem, bwd_mem = act_delta(+1), act_delta(-1)
+        # torch.distributed.pipelining's interleaved runtime: its transfers on one stream
+        torch_ends = (iter(self._torch_post(p, steps)) if plan.pp_runtime == "torch"
+                      and plan.schedule_name == "interleaved" and pp > 1 else None)
         lazy = [plan.lazy_grad_mem(p) if plan.lazy_grad_mem is not None else 0.0]
 
         def grads_allocated():  # the first backward made the .grad tensors
@@ -524,7 +532,9 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward, DeepSpeedZero3):
                     yield from self._run_segments(p, segs, "fwd", w.microbatch, fwd_mem)
                 else:
                     yield self._segments_folded(p, segs, "fwd", w.microbatch, fwd_mem)
-                if vs < last_vs:
+                if torch_ends is not None:
+                    next(torch_ends).succeed()
+                elif vs < last_vs:
                     self._send(p, "F", vs, w.microbatch, w.chunk)
             else:
                 weights = w.phase == "W"  # DualPipe's deferred weight gradients: no transfer
@@ -570,7 +580,9 @@ class Engine(CombinedSteps, PipelineSends, SplitBackward, DeepSpeedZero3):
                         expert = sum(self._expert_grad_bytes(s) for s in done)
                         buckets[w.chunk] += sum(self._grad_bytes(s, vs) for s in done) - expert
                         ebuckets[w.chunk] += expert
-                if vs > 0 and not weights:
+                if torch_ends is not None:
+                    next(torch_ends).succeed()
+                elif vs > 0 and not weights:
                     self._send(p, "B", vs, w.microbatch, w.chunk)
                 grads_allocated()
 

@@ -1,0 +1,77 @@
+"""Where ``torch.distributed.pipelining``'s interleaved runtime posts its transfers
+(``parallelism.pp_runtime: torch``).
+
+``ScheduleInterleaved1F1B`` runs the compute order of :func:`simulator.parallel.schedules.
+interleaved`, and its runtime (``_PipelineScheduleRuntime``, PyTorch 2.11) places each send and
+receive by a lock-step pass over the ranks (``_add_send_recv``): the ranks are visited in
+turn, and a rank places its next compute once the input it needs has been placed on it (a
+receive, or the neighbouring virtual stage's pass on the same rank); placing a pass appends its
+send to the rank's own list and the matching receive to the receiver's list, where it often
+lands several passes before the receiver consumes it. Every transfer is a ``batch_isend_irecv``
+(PyTorch 2.11's ``_batch_p2p``), which ProcessGroupNCCL runs on the group's own communicator
+(``pointToPoint``: "for batch P2P, we need to treat it like a collective when selecting
+communicator"), so a rank's transfers run one after another on one NCCL stream in the order
+posted. The engine plays that stream (:mod:`simulator.engine.torch_sends`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from simulator.parallel.schedules import Work
+
+
+class Post(NamedTuple):
+    """One entry of a rank's posting order: a pass (``kind`` "C", ``work`` set) or a transfer
+    (``kind`` "S" send / "R" receive) of ``phase`` "F" (activations) or "B" (gradients) for
+    virtual stage ``vs`` (a send: the producing stage; a receive: the consuming one) and
+    micro-batch ``mb``."""
+
+    kind: str
+    phase: str
+    vs: int
+    mb: int
+    work: Work | None = None
+
+
+def posting_order(orders: dict[int, list[Work]], pp: int, v: int) -> dict[int, list[Post]]:
+    """Each rank's passes with the transfers it posts, in posting order, from every rank's
+    compute order (``orders[rank]``; virtual stage of chunk ``c`` on rank ``r`` = ``c pp + r``)."""
+    last = pp * v - 1
+    todo = {r: list(ws) for r, ws in orders.items() if ws}
+    out: dict[int, list[Post]] = {r: [] for r in orders}
+    seen: dict[int, set] = {r: set() for r in orders}
+    rank_of = lambda vs: vs % pp  # noqa: E731 (the interleaved placement)
+
+    def ready(r: int, w: Work) -> bool:
+        vs = w.chunk * pp + r
+        if w.phase == "F" and vs > 0:
+            return ("R", "F", vs, w.microbatch) in seen[r] or ("C", "F", vs - 1,
+                                                               w.microbatch) in seen[r]
+        if w.phase == "B" and vs < last:
+            return ("R", "B", vs, w.microbatch) in seen[r] or ("C", "B", vs + 1,
+                                                               w.microbatch) in seen[r]
+        return True
+
+    while todo:
+        progress = False
+        for r in sorted(todo):
+            w = todo[r][0]
+            if not ready(r, w):
+                continue
+            vs = w.chunk * pp + r
+            out[r].append(Post("C", w.phase, vs, w.microbatch, w))
+            seen[r].add(("C", w.phase, vs, w.microbatch))
+            dst_vs = vs + 1 if w.phase == "F" else vs - 1
+            if 0 <= dst_vs <= last and rank_of(dst_vs) != r:
+                out[r].append(Post("S", w.phase, vs, w.microbatch))
+                dst = rank_of(dst_vs)
+                out[dst].append(Post("R", w.phase, dst_vs, w.microbatch))
+                seen[dst].add(("R", w.phase, dst_vs, w.microbatch))
+            todo[r].pop(0)
+            if not todo[r]:
+                del todo[r]
+            progress = True
+        if not progress:
+            raise ValueError("a compute order whose transfers cannot be placed")
+    return out
