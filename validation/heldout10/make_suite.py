@@ -9,7 +9,7 @@ validation/heldout10/make_suite.py``.
 
 from __future__ import annotations
 
-import json
+import importlib.util
 from pathlib import Path
 
 import yaml
@@ -29,31 +29,20 @@ HEAD = """# HELD OUT, pre-registered (issue 12), tenth batch ({what}). Nothing h
 """
 
 
-def frozen() -> dict:
-    """case -> the frozen H100 prediction (every predictions file of the tag)."""
-    out = {}
-    for f in sorted(HERE.glob("predictions-heldout-freeze-10-*.yaml")):
-        for case, boxes in yaml.safe_load(f.read_text())["cases"].items():
-            for box, p in boxes.items():
-                if box.startswith("h100"):
-                    out[case] = p
-    return out
+def _ninth():
+    """validation/heldout9/make_suite.py: its frozen-prediction and row readers serve both batches."""
+    spec = importlib.util.spec_from_file_location("make_suite9", HERE.parent / "heldout9" / "make_suite.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def rows(metric: str, key: str, pred: dict) -> list[dict]:
-    out = []
-    for line in open(DATA / "steps-first.jsonl"):
-        r = json.loads(line)
-        c, n = r["case"], r["gpus"]
-        out.append({
-            "name": f"h100x{n}-{c}", "workload": f"{c}.yaml",
-            "set": {"cluster.topology": TOPOLOGY[n]},
-            "measured": {metric: round(r[key], 5)},
-            "predicted_at_freeze": {metric: pred[c][key]},
-            "source": f"this project's measurement: {r['script']} on {r['env']['gpu']} x{n}, "
-                      f"{r['measured_utc']}; ../../data/measured/heldout10-h100x4/steps-first.jsonl "
-                      f"(case {c}, median of the timed steps, slowest rank)"})
-    return out
+    return _ninth().rows(metric, key, pred, DATA, TOPOLOGY, "h100")
+
+
+def frozen() -> dict:
+    return _ninth().frozen(HERE, 10, "h100")
 
 
 def write(name: str, metric: str, key: str, tol: float, what: str, result: str) -> None:

@@ -24,29 +24,31 @@ HEAD = """# HELD OUT, pre-registered (issue 12), ninth batch ({what}). Nothing h
 """
 
 
-def frozen() -> dict:
-    """case -> the frozen H200 prediction (every predictions file of the tag)."""
+def frozen(here: Path = HERE, batch: int = 9, box: str = "h200") -> dict:
+    """case -> the frozen prediction for ``box`` (every predictions file of the batch's tag)."""
     out = {}
-    for f in sorted(HERE.glob("predictions-heldout-freeze-9-*.yaml")):
+    for f in sorted(here.glob(f"predictions-heldout-freeze-{batch}-*.yaml")):
         for case, boxes in yaml.safe_load(f.read_text())["cases"].items():
-            for box, p in boxes.items():
-                if box.startswith("h200"):
+            for name, p in boxes.items():
+                if name.startswith(box):
                     out[case] = p
     return out
 
 
-def rows(metric: str, key: str, pred: dict) -> list[dict]:
+def rows(metric: str, key: str, pred: dict, data: Path = DATA, topology: dict = TOPOLOGY,
+         box: str = "h200") -> list[dict]:
+    """One suite row per case of ``data``'s first run, with its frozen prediction."""
     out = []
-    for line in open(DATA / "steps-first.jsonl"):
+    for line in open(data / "steps-first.jsonl"):
         r = json.loads(line)
         c, n = r["case"], r["gpus"]
         out.append({
-            "name": f"h200x{n}-{c}", "workload": f"{c}.yaml",
-            "set": {"cluster.topology": TOPOLOGY[n]},
+            "name": f"{box}x{n}-{c}", "workload": f"{c}.yaml",
+            "set": {"cluster.topology": topology[n]},
             "measured": {metric: round(r[key], 5)},
             "predicted_at_freeze": {metric: pred[c][key]},
             "source": f"this project's measurement: {r['script']} on {r['env']['gpu']} x{n}, "
-                      f"{r['measured_utc']}; ../../data/measured/heldout9-h200x4/steps-first.jsonl "
+                      f"{r['measured_utc']}; ../../data/measured/{data.name}/steps-first.jsonl "
                       f"(case {c}, median of the timed steps, slowest rank)"})
     return out
 
