@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 
 from simulator.engine.records import COMM_DIMS  # noqa: E402
-from simulator.report.io import write_png_atomic  # noqa: E402
+from simulator.report.io import png_bytes, write_png_atomic  # noqa: E402
 
 DPI = 100
 
@@ -91,6 +91,15 @@ def styled(func):
 def new_figure(width_px: int, height_px: int):
     """A figure of ``width_px`` x ``height_px`` pixels at :data:`DPI`."""
     return plt.figure(figsize=(width_px / DPI, height_px / DPI), dpi=DPI)
+
+
+def png_bytes_closed(fig) -> bytes:
+    """``fig`` rendered to PNG bytes (at its own dpi, no metadata), then closed: pyplot keeps
+    every open figure, so a report built per point of a sweep would otherwise hold them all."""
+    try:
+        return png_bytes(fig)
+    finally:
+        plt.close(fig)
 
 
 def save_png(fig, path: str | os.PathLike) -> None:

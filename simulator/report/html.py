@@ -32,7 +32,14 @@ from matplotlib.ticker import EngFormatter
 
 from simulator.engine.records import BREAKDOWN_KEYS, KIND_COLOURS
 from simulator.report import io, sweep_view
-from simulator.report.figure import KIND_LABELS, LINE_COLOURS, new_figure, styled, time_unit
+from simulator.report.figure import (
+    KIND_LABELS,
+    LINE_COLOURS,
+    new_figure,
+    png_bytes_closed,
+    styled,
+    time_unit,
+)
 from simulator.report.table import layout_text
 
 GiB = 1024**3
@@ -148,7 +155,7 @@ def memory_png(memory: pd.DataFrame, capacity_gib: float, k: int = 4) -> bytes |
     ax.legend(loc="upper right", fontsize=8, frameon=False, ncol=k + 1)
     ax.set_title("Memory over the step (the fullest simulated processes)", loc="left")
     fig.tight_layout()
-    return io.png_bytes(fig)
+    return png_bytes_closed(fig)
 
 
 def link_bursts(series: pd.DataFrame | None, step: float) -> dict[str, dict[str, float]]:
@@ -192,7 +199,7 @@ def links_png(series: pd.DataFrame | None, step: float, k: int = 4) -> bytes | N
     fig.suptitle("Load of the busiest links over the step (bursts, not averages)", x=0.01,
                  ha="left", fontsize=12)
     fig.tight_layout()
-    return io.png_bytes(fig)
+    return png_bytes_closed(fig)
 
 
 @styled
@@ -231,7 +238,7 @@ def tradeoff_png(df: pd.DataFrame, y: str, keys: Sequence[str]) -> bytes | None:
                  + " per million tokens against step time (lower left is better)",
                  x=0.01, ha="left", fontsize=12)
     ax.grid(alpha=0.3)
-    return io.png_bytes(fig)
+    return png_bytes_closed(fig)
 
 
 def _short_key(key: str) -> str:
