@@ -50,16 +50,13 @@ from simulator.engine.program import (
     build_stage_programs,
     program_time,
 )
-from simulator.hardware.precision import moe_dispatch_bytes, pricing_dtype, weight_bytes
+from simulator.hardware.precision import pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import memory as mem
-from simulator.model import moe_sizes, mtp
+from simulator.model import moe_layer, moe_sizes, mtp
 from simulator.model import transformer as tf
 from simulator.model.moe import (
     beside_ep_slowdown,
-    expert_wgrad_acc_bytes,
-    load_spec,
-    router_kernels,
 )
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.network.interference import slowdown_fn
@@ -316,11 +313,7 @@ class Estimator:
             t = self.work.training
             moe_kw = None
             if self.work.model.moe is not None:
-                moe_kw = dict(ep=res.ep, etp=res.etp, expert_load=load_spec(t),
-                              dispatcher=t.moe_dispatcher,
-                              dispatch_bytes=moe_dispatch_bytes(t),
-                              wgrad_acc_bytes=expert_wgrad_acc_bytes(t),
-                              router=router_kernels(t))  # fmt: skip
+                moe_kw = moe_layer.layer_settings(t, res.ep, res.etp)
 
             def comm_cost(dim: str, op: str, nbytes: float) -> float:
                 return self._cost(op, dim, res, nbytes)

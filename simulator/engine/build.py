@@ -34,17 +34,15 @@ from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.errors import ConfigError
 from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
-from simulator.hardware.precision import moe_dispatch_bytes, pricing_dtype, weight_bytes
+from simulator.hardware.precision import pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import deepspeed as dsz
-from simulator.model import eager, moe_sizes, mtp, shape_cache
+from simulator.model import eager, moe_layer, moe_sizes, mtp, shape_cache
 from simulator.model import memory as mem
 from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
 from simulator.model.moe import (
     beside_ep_slowdown,
-    expert_wgrad_acc_bytes,
-    load_spec,
     new_shape_share,
 )
 from simulator.model.ops import DTYPE_BYTES as BYTES
@@ -348,11 +346,7 @@ class _Builder:
         """The MoE block's settings for :func:`simulator.model.moe_layer.layer_ops`."""
         if self.m.moe is None:
             return None
-        t = self.t
-        return dict(ep=self.ep, etp=self.etp, expert_load=load_spec(t),
-                    dispatcher=t.moe_dispatcher, dispatch_bytes=moe_dispatch_bytes(t),
-                    wgrad_acc_bytes=expert_wgrad_acc_bytes(t),
-                    router=moe_math.router_kernels(t))  # fmt: skip
+        return moe_layer.layer_settings(self.t, self.ep, self.etp)
 
     def sync_group(self) -> int:
         """GPUs that meet at every layer's collective on the critical path: the tensor x

@@ -23,6 +23,7 @@ of the layer (:mod:`simulator.engine.combined`); here every all-to-all waits for
 from __future__ import annotations
 
 from simulator.config.schema import ModelConfig
+from simulator.hardware.precision import moe_dispatch_bytes
 from simulator.model import comm as mc
 from simulator.model import mla, moe
 from simulator.model import transformer as tf
@@ -76,6 +77,16 @@ def _expert_weight_casts(model: ModelConfig, loc: moe.MoELocal, d: int, backward
         return [cast_op("expert_gcast", "moe", n, d, FP32, True),
                 accumulate_op("expert_gacc", "moe", n)]  # fmt: skip
     return [cast_op("expert_wcast", "moe", n, FP32, d)]
+
+
+def layer_settings(training, ep: int, etp: int) -> dict:
+    """The MoE block's settings for :func:`layer_ops` (``moe=``): the engine's builder and
+    ``plan``'s estimator both take them from here."""
+    return dict(ep=ep, etp=etp, expert_load=moe.load_spec(training),
+                dispatcher=training.moe_dispatcher,
+                dispatch_bytes=moe_dispatch_bytes(training),
+                wgrad_acc_bytes=moe.expert_wgrad_acc_bytes(training),
+                router=moe.router_kernels(training))  # fmt: skip
 
 
 def layer_ops(

@@ -17,23 +17,9 @@ every pair and of the group of four in those windows (``python -m simulator.cali
 
 from __future__ import annotations
 
-import math
-from functools import cache
+from simulator.model.moe import expected_max_normal  # one quadrature for every E[max] of normals
 
-import numpy as np
-
-
-@cache
-def expected_max_normal(n: int) -> float:
-    """E[max of ``n`` independent standard normals] (0 for ``n`` <= 1), by quadrature of
-    ``n x phi(x) Phi(x)^(n-1) x`` on a fine grid (exact to ~1e-9 for the sizes used)."""
-    if n <= 1:
-        return 0.0
-    x = np.linspace(-12.0, 12.0, 200_001)
-    phi = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
-    f = n * x * phi * cdf ** (n - 1)
-    return float(np.sum((f[1:] + f[:-1]) * 0.5 * np.diff(x)))
+__all__ = ["expected_max_normal", "group_sync_factor"]
 
 
 def group_sync_factor(n: int, jitter: float) -> float:
