@@ -45,6 +45,8 @@ from pathlib import Path
 import yaml
 
 from simulator.calibrate import alltoall as calibrate_alltoall
+from simulator.calibrate.unaligned import HOT, split_table
+from simulator.calibrate.unaligned import ROTATED as ROT
 from simulator.config.schema import TopologyConfig
 from simulator.hardware.catalog import load_gpu
 from simulator.network.collectives import CollectiveModel
@@ -53,9 +55,6 @@ from simulator.network.topology import Topology
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data/calibration/h100x4-nvswitch/alltoall.jsonl"
 TOPO = ROOT / "topologies/h100x4-nvswitch.yaml"
-#: the uneven splits of benchmarks/device/comm.py
-HOT = {4: [55, 15, 15, 15], 2: [7, 3]}
-ROT = {4: [4, 3, 2, 1], 2: [3, 1]}
 
 
 def groups_of(n: int) -> list[list[int]]:
@@ -77,25 +76,15 @@ def predict(cm: CollectiveModel, row: dict) -> float:
 
 def aligned(row: dict, quantum: int = 16) -> bool:
     """Whether every split offset of the row's send and receive buffers (as
-    ``benchmarks/device/comm.py`` cuts them: bf16 elements in proportion to the weights, the
-    remainder to the first) is a multiple of ``quantum`` bytes."""
-    n, elems, kind = row["group"], row["bytes"] // 2, row["splits"]
-    if kind == "uniform":
-        w = [[1] * n for _ in range(n)]
-    elif kind == "rotated":
-        w = [[ROT[n][(j - s) % n] for j in range(n)] for s in range(n)]
-    else:
-        w = [list(HOT[n]) for _ in range(n)]
-    table = []
-    for s in range(n):
-        sizes = [elems * x // sum(w[s]) for x in w[s]]
-        sizes[0] += elems - sum(sizes)
-        table.append(sizes)
+    ``benchmarks/device/comm.py`` cuts them: ``simulator.calibrate.unaligned.split_table``) is a
+    multiple of ``quantum`` bytes."""
+    n = row["group"]
+    table = split_table(row["splits"], n, row["bytes"])
     for r in range(n):
         for sizes in (table[r], [table[s][r] for s in range(n)]):
-            off = 0
+            off = 0.0
             for x in sizes:
-                if off * 2 % quantum:
+                if off % quantum:
                     return False
                 off += x
     return True
