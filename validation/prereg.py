@@ -41,22 +41,30 @@ def write(out: Path, topology: str, rows: list[dict]) -> int:
         return 2
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    out.write_text(yaml.safe_dump({"commit": commit, "topology": topology, "splits": "uniform",
+    splits = sorted({_splits(r) for r in rows})
+    out.write_text(yaml.safe_dump({"commit": commit, "topology": topology,
+                                   "splits": splits[0] if len(splits) == 1 else splits,
                                    "timing": "events", "rows": rows}, sort_keys=False))
     print(f"wrote {out} ({len(rows)} rows) at {commit}")
     return 0
 
 
+def _splits(r: dict) -> str:
+    """A row's all-to-all splits; ``uniform`` for every other operation (comm.py writes '-')."""
+    return "uniform" if r.get("splits") in (None, "-") else r["splits"]
+
+
 def score(out: Path, data: str, label: Callable[[dict], str]) -> int:
-    """Print each measured row of ``data`` (comm.py JSON lines; uniform splits, CUDA events)
-    against its frozen prediction in ``out``, then MAPE and bias per (label, size band)."""
-    pred = {(r["op"], r["group"], r["bytes"]): r["predicted_s"]
+    """Print each measured row of ``data`` (comm.py JSON lines, CUDA events) that has a frozen
+    prediction in ``out`` (same operation, group, bytes and splits), then MAPE and bias per
+    (label, size band)."""
+    pred = {(r["op"], r["group"], r["bytes"], _splits(r)): r["predicted_s"]
             for r in yaml.safe_load(out.read_text())["rows"]}
     errs: dict[tuple[str, str], list[float]] = {}
     for line in open(data):
         r = json.loads(line)
-        key = (r.get("op"), r.get("group"), r.get("bytes"))
-        if r.get("splits", "uniform") not in ("uniform", "-") or key not in pred:
+        key = (r.get("op"), r.get("group"), r.get("bytes"), _splits(r))
+        if key not in pred:
             continue
         if r.get("timing", "events") != "events":
             continue

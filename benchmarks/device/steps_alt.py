@@ -175,6 +175,25 @@ CASES10 = {
     "h10_pp4_1f1b_T": dict(shape="T", world=4, scheme="pp", schedule="1f1b", mb=2, n_mb=8),
 }
 CASES.update(CASES10)
+# The eleventh batch: new shapes, written 2026-11-27 06:35 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 16 GPT-2 blocks of width 3584 (28 heads of 128), GPT-2's padded vocabulary, 1K sequences.
+    "P": dict(layers=16, hidden=3584, heads=28, vocab=50304, seq=1024),
+    # MoE: 8 blocks of width 1536 (12 heads of 128), 16 GELU experts of 1024, top-4, 1K sequences.
+    "M": dict(layers=8, hidden=1536, heads=12, vocab=32768, seq=1024, experts=16, top_k=4,
+              expert_ffn=1024),
+})
+CASES11 = {
+    "h11_ddp2_P_straggler": dict(shape="P", world=2, scheme="ddp", mb=2, n_mb=2, straggler=1.25),
+    "h11_ddp4_P": dict(shape="P", world=4, scheme="ddp", mb=2, n_mb=2),
+    "h11_fsdp4_P": dict(shape="P", world=4, scheme="fsdp", mb=4, n_mb=1),
+    "h11_tp4sp_P": dict(shape="P", world=4, scheme="tp", sp=True, mb=4, n_mb=1),
+    "h11_pp4_gpipe_P": dict(shape="P", world=4, scheme="pp", schedule="gpipe", mb=2, n_mb=8),
+    "h11_pp4_int2_P": dict(shape="P", world=4, scheme="pp", schedule="interleaved", v=2, mb=1,
+                           n_mb=8),
+    "h11_moe_ep4_M": dict(shape="M", world=4, scheme="moe", mb=8, n_mb=2),
+}
+CASES.update(CASES11)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

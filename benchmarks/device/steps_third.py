@@ -155,7 +155,27 @@ CASES10 = {
     "h10t_pp4_1f1b_E": dict(shape="E", world=4, scheme="pp", mb=2, n_mb=8),
     "h10t_moe_ep4_F": dict(shape="F", world=4, scheme="moe", mb=4, n_mb=2),
 }
-CASES = dict(CASES8, **CASES9, **CASES10)
+# The eleventh batch: new shapes, written 2026-11-27 06:35 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 20 blocks of width 2048, 16 query heads / 8 KV heads of 128, SwiGLU 5632, GPT-2's padded
+    # vocabulary, 3K sequences (about 1.15 B parameters).
+    "G": dict(layers=20, hidden=2048, heads=16, kv_heads=8, ffn=5632, vocab=50304, seq=3072),
+    # MoE: 6 blocks of width 1792, 14 query / 2 KV heads of 128, 16 SwiGLU experts of 1536,
+    # top-2, a 32000-token vocabulary, 2K sequences.
+    "H": dict(layers=6, hidden=1792, heads=14, kv_heads=2, ffn=1536, vocab=32000, seq=2048,
+              experts=16, top_k=2),
+})
+CASES11 = {
+    "h11t_single_G": dict(shape="G", world=1, scheme="single", mb=2, n_mb=2),
+    "h11t_tp2_G": dict(shape="G", world=2, scheme="tp", mb=4, n_mb=1),
+    "h11t_moe_ep2_H": dict(shape="H", world=2, scheme="moe", mb=4, n_mb=2),
+    "h11t_ddp4_G": dict(shape="G", world=4, scheme="ddp", mb=2, n_mb=2),
+    "h11t_fsdp4_G_ac": dict(shape="G", world=4, scheme="fsdp", mb=4, n_mb=1, ac=True),
+    "h11t_tp4_G": dict(shape="G", world=4, scheme="tp", mb=4, n_mb=1),
+    "h11t_pp4_1f1b_G": dict(shape="G", world=4, scheme="pp", mb=1, n_mb=8),
+    "h11t_moe_ep4_H": dict(shape="H", world=4, scheme="moe", mb=4, n_mb=2),
+}
+CASES = dict(CASES8, **CASES9, **CASES10, **CASES11)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

@@ -1,0 +1,39 @@
+#!/bin/bash
+# Eleventh pre-registered held-out batch (issue 12 item 3), a 4-GPU box, run by the device tool
+# after the model was frozen (tag heldout-freeze-11) and its predictions committed
+# (heldout-predictions-11). Three calls (a call may run 10 minutes):
+#   call_heldout11.sh A : every CASES11 case of steps_third.py once (label "first", the
+#                         pre-registered measurement).
+#   call_heldout11.sh B : every CASES11 case of steps_alt.py once (label "first"); then NCCL
+#                         collectives, CUDA events: a group of 4 and two pairs at once at
+#                         12 KiB x 4^k (3x the calibrated sizes), a group of 3 at 24 KiB x 4^k
+#                         (every rank's share 16-byte aligned); all-to-all with uniform, rotated
+#                         and hot splits (comm.py).
+#   call_heldout11.sh C : the host-bound cases again (label "repeat").
+# $OUT set by the device tool; results in $OUT/r.tgz.
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+set -o pipefail
+D=$(dirname "$0"); R=$OUT/r; mkdir -p "$R"; L=$R/log.txt
+THIRD=h11t_single_G,h11t_tp2_G,h11t_moe_ep2_H,h11t_ddp4_G,h11t_fsdp4_G_ac,h11t_tp4_G,h11t_pp4_1f1b_G,h11t_moe_ep4_H
+ALT=h11_ddp2_P_straggler,h11_ddp4_P,h11_fsdp4_P,h11_tp4sp_P,h11_pp4_gpipe_P,h11_pp4_int2_P,h11_moe_ep4_M
+{ date -u; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])'; nvidia-smi --query-gpu=index,name,memory.total,clocks.max.sm,power.limit --format=csv; nvidia-smi topo -m; lscpu | grep -E "^(Model name|CPU\(s\))"; } > "$R/env-$1.txt" 2>&1
+head -2 "$R/env-$1.txt"
+steps() {  # script label cases budget
+  timeout $(( $4 + 30 )) python3 "$D/$1" --driver --out "$R" --label "$2" --budget-s "$4" \
+    --case-timeout-s 80 --only "$3" 2>&1 | grep -v "Warning: \[PG" | tee -a "$L" | grep -E "RESULT|===|Error|error"
+}
+comm() {  # nproc groups min_bytes max_bytes file budget
+  timeout $(( $6 + 40 )) python3 -m torch.distributed.run --standalone --nproc_per_node="$1" "$D/comm.py" \
+    --out "$R" --file "$5" --ops all_reduce,all_gather,reduce_scatter,all_to_all --groups "$2" \
+    --timing events --min-bytes "$3" --max-bytes "$4" --budget-s "$6" 2>&1 | grep -v "Warning: \[PG" | tee -a "$L" | tail -2
+}
+case "${1:-A}" in
+  A) steps steps_third.py first "$THIRD" 380 ;;
+  B) steps steps_alt.py first "$ALT" 280
+     comm 4 2 12288 805306368 comm-g4.jsonl 100
+     comm 3 3 24576 402653184 comm-g3.jsonl 60 ;;
+  C) steps steps_third.py repeat h11t_moe_ep4_H,h11t_moe_ep2_H 100
+     steps steps_alt.py repeat h11_moe_ep4_M,h11_tp4sp_P 100 ;;
+esac
+date -u | tee -a "$L"; wc -l "$R"/*.jsonl
+tar -C "$OUT" -czf "$OUT/r.tgz" r && rm -rf "$R"
