@@ -59,6 +59,7 @@ from simulator.model.moe import (
     beside_ep_slowdown,
 )
 from simulator.model.ops import DTYPE_BYTES as BYTES
+from simulator.model.sync import group_sync_factor
 from simulator.network.interference import slowdown_fn
 from simulator.network.topology import load_fabrics
 from simulator.parallel.layout import Layout
@@ -237,6 +238,12 @@ class Estimator:
         parts = [self._vs_local(res, vs)
                  for vs in rank_stages(sched, stage, pp, res.virtual_stages)]  # fmt: skip
         return sum(a for a, _ in parts), sum(b for _, b in parts)
+
+    def _sync_group(self, res: Resolved) -> int:
+        """GPUs that meet at every layer's collective (the engine's ``_Builder.sync_group``):
+        TP x CP, or an MoE layer's EP x ETP group if larger."""
+        n = res.size("tp") * res.size("cp")
+        return max(n, res.ep * res.etp) if self.work.model.moe is not None else n
 
     def _edp(self, res: Resolved) -> int:
         """Ranks the routed experts' states are sharded over (ZeRO): edp where experts are
@@ -594,6 +601,7 @@ class Estimator:
         def beside(t_comp: float) -> float:
             return max(t_comp, z3_gather + s_ag * min(z3_gather, t_comp))
 
+        sync = group_sync_factor(self._sync_group(res), self.machine.gpu.sync_jitter)
         T, F, B, comp, tpc, gx = [], [], [], [], [], []
         for s in range(pp):
             f = b = c_ = g_ = 0.0
@@ -622,6 +630,9 @@ class Estimator:
                 f += z3_gather  # the first layer's gather is never hidden
                 b += z3_gather
                 g_ += 2 * z3_gather
+            if sync > 1.0 and f + b > 0.0:  # compute at the group's expected slowest GPU
+                extra = (sync - 1.0) * c_
+                f, b, c_ = f + extra * f / (f + b), b + extra * b / (f + b), c_ * sync
             gx.append(g_)
             F.append(f)
             B.append(b)

@@ -255,3 +255,33 @@ def test_plan_table_never_cuts_a_figure(tmp_path):
         for p in res.top:
             s = p.summary
             assert format_seconds(s["step_time_s"]) in out and f"{s['mfu']:.1%}" in out
+
+
+def test_estimate_computes_at_the_groups_expected_slowest_gpu(tmp_path):
+    """The analytic step, like the engine, runs a TP group's compute at its expected slowest
+    GPU (simulator/model/sync.py): with one stage and one replica the step grows by exactly
+    (factor - 1) x the compute of the same estimate without the spread."""
+    import dataclasses
+
+    from simulator.model.sync import expected_max_normal
+
+    work = {
+        "name": "s",
+        "model": {**SMALL_MODEL, "layers": 4},
+        "training": {"global_batch": 4, "micro_batch": 1},
+        "parallelism": {"tp": 8, "pp": 1, "zero": 1, "sequence_parallel": True},
+    }
+    loaded = load_workload(write_case(tmp_path, work, small_topology(1, 8)))
+    machine = make_machine(loaded)
+    jitter = machine.gpu.sync_jitter
+    assert jitter > 0  # the catalog's H100 carries the measured spread
+    cand = Candidate(tp=8, pp=1, dp=1, micro_batch=1, zero=1, recompute="none",
+                     pp_schedule="1f1b", virtual_stages=1, sequence_parallel=True)
+    still = dataclasses.replace(machine, gpu=dataclasses.replace(machine.gpu, sync_jitter=0.0))
+    e0 = Estimator(loaded.workload, loaded.topology, still)
+    e1 = Estimator(loaded.workload, loaded.topology, machine)
+    a, b = e0.estimate(cand, e0.resolve(cand)[1]), e1.estimate(cand, e1.resolve(cand)[1])
+    factor = 1.0 + jitter * expected_max_normal(8)  # 1 + 0.0168 x 2.85: +4.8 % at 8
+    assert b.step_time_s - a.step_time_s == pytest.approx(
+        (factor - 1.0) * a.breakdown_s["compute"], rel=1e-6)
+    assert b.breakdown_s["compute"] == pytest.approx(factor * a.breakdown_s["compute"], rel=1e-9)
