@@ -793,3 +793,19 @@ def test_engine_shaped_events_without_tp_stream_and_with_gather(tmp_path):
     summary = dict(summary, layout=dict(summary["layout"], pp_schedule="1f1b", microbatches=8))
     plots.plot_timeline(events, summary, out)
     assert _png_size(out) == (1600, 900)
+
+
+def test_memory_table_shows_the_first_steps_row_only_where_they_hold_more(step):
+    """``allocated_first_steps`` (eager DDP's constructor buckets, live until the rebuild) is a
+    row of its own, in words, only where it exceeds the steady-state allocation: otherwise the
+    rows above ``total`` are the parts it is made of."""
+    summary = copy.deepcopy(step[3])
+    mem = summary["memory_gib"]
+    mem.setdefault("allocated", mem["total"] - 2.5)
+    mem["allocated_first_steps"] = mem["allocated"]
+    text = _render(table.run_table(summary))
+    assert "first steps" not in text and "allocated_first_steps" not in text
+    mem["allocated_first_steps"] = mem["allocated"] + 1.5
+    text = _render(table.run_table(summary))
+    assert re.search(rf"allocated, first steps \(DDP rebuild\)\s+{mem['allocated'] + 1.5:.1f}",
+                     text)

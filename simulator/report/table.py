@@ -230,6 +230,13 @@ def _imbalance_note(summary: dict) -> Text | None:
                 f"on {text}", style="dim")
 
 
+#: Row labels of the memory table where the summary key is not plain words.
+MEMORY_LABELS = {
+    # eager DDP's constructor bucket set, live until the buckets are rebuilt (steps 1-2)
+    "allocated_first_steps": "allocated, first steps (DDP rebuild)",
+}
+
+
 def _memory(summary: dict) -> Table | None:
     mem = summary.get("memory_gib")
     if not mem:
@@ -252,12 +259,16 @@ def _memory(summary: dict) -> Table | None:
         "activations": "#CC79A7",
     }
     keys = [k for k in MEMORY_KEYS if k in mem]
-    keys += [k for k in mem if k not in (*MEMORY_KEYS, "total", "capacity", "allocated")]
+    keys += [k for k in mem if k not in (*MEMORY_KEYS, "total", "capacity", "allocated",
+                                         "allocated_first_steps")]
+    first, alloc = mem.get("allocated_first_steps"), mem.get("allocated")
+    if _finite(first) and _finite(alloc) and first - alloc >= 0.05:
+        keys.append("allocated_first_steps")  # only where the first steps hold more
     for key in keys:
         v = mem[key]
         share = v / cap if _finite(cap) and cap and _finite(v) else 0.0
         t.add_row(
-            key,
+            MEMORY_LABELS.get(key, key),
             f"{v:.1f}" if _finite(v) else "n/a",
             f"{share:.0%}",
             bar(share, colours.get(key, "#666666")),
