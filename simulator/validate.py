@@ -75,7 +75,7 @@ from simulator.config.suite import (
 )
 from simulator.errors import ConfigError
 from simulator.hardware.catalog import load_gpu
-from simulator.network.alignment import measured_stores, narrow_time
+from simulator.network.alignment import a2a_stores, measured_stores, narrow_time
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology
 from simulator.run import resolve_loaded, simulate
@@ -253,17 +253,27 @@ def run_workload_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
     return SuiteResult(suite.name, results, checks)
 
 
-def timed_collective_s(coll, op: str, groups, nbytes: float, timing: str) -> float:
+def timed_collective_s(coll, op: str, groups, nbytes: float, timing: str,
+                       splits: str = "uniform") -> float:
     """What a measurement timed by ``timing`` shows of one collective: the GPU's time
     (``device``), the longer of it and the host's interval between back-to-back calls
     (``events``, the box's gpus.yaml ``host_events_call_s``), or it plus the host overhead of a
     barrier and a synchronisation around the call (``host_sync``). The device time is NCCL's
     with the measuring scripts' buffers: each rank's share cut as ``benchmarks/device/comm.py``
     cuts it, so the parts off a 16-byte boundary run NCCL's narrow copies
-    (:mod:`simulator.network.alignment`)."""
+    (:mod:`simulator.network.alignment`). An all-to-all with ``comm.py``'s uneven ``splits``
+    (``rotated``, ``hot``) is priced part by part (``CollectiveModel.all_to_all_v``)."""
     n = max(len(g) for g in groups)
-    t = narrow_time(coll.cost(op, groups, nbytes), measured_stores(op, n, nbytes),
-                    coll.unaligned_Bps)
+    if op == "all_to_all" and splits != "uniform":
+        from simulator.calibrate.unaligned import split_table  # comm.py's layout of the parts
+
+        table = split_table(splits, n, nbytes)
+        share = [[b / nbytes for b in row] for row in table]
+        t = narrow_time(coll.all_to_all_v(groups, float(nbytes), share), a2a_stores(table),
+                        coll.unaligned_Bps)
+    else:
+        t = narrow_time(coll.cost(op, groups, nbytes), measured_stores(op, n, nbytes),
+                        coll.unaligned_Bps)
     if timing == "host_sync":
         return t + coll.host_sync_overhead_s
     return max(t, coll.events_call_s) if timing == "events" else t
@@ -277,26 +287,30 @@ def run_collective_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
     for r in prep.rows:
         g = r.group
         groups = [list(range(i, i + g)) for i in range(0, n_gpus - g + 1, g)]
-        predicted = timed_collective_s(coll, r.op, groups, r.bytes, suite.timing)
+        predicted = timed_collective_s(coll, r.op, groups, r.bytes, suite.timing, r.splits)
         nbytes = int(r.bytes) if float(r.bytes).is_integer() else r.bytes
-        results.append(CaseResult(suite.name, f"{r.op} g{g} {nbytes}B", "time_s", predicted,
-                                  r.time_s, "", {"op": r.op, "group": g, "bytes": nbytes}))
+        label = f"{r.op}{'' if r.splits == 'uniform' else ' ' + r.splits} g{g} {nbytes}B"
+        results.append(CaseResult(suite.name, label, "time_s", predicted, r.time_s, "",
+                                  {"op": r.op, "group": g, "bytes": nbytes,
+                                   "splits": r.splits}))
         if progress:
             progress()
     checks, bands = [], []
-    ops = set(suite.ops)
     for band in suite.bands:
         lo = band.min_bytes
         hi = band.max_bytes if band.max_bytes is not None else float("inf")
         in_band = [c for c in results if lo <= c.extra["bytes"] <= hi]
         if in_band:
             bands.append((band.name, mape(in_band), bias(in_band), len(in_band)))
-        for op in sorted(ops):
+        kinds = sorted({(c.extra["op"], c.extra["splits"]) for c in results},
+                       key=lambda k: (k[0], k[1] != "uniform", k[1]))
+        for op, sp in kinds:
+            name = op if sp == "uniform" else f"{op} {sp}"
             for g in sorted({c.extra["group"] for c in results}):
-                sel = [c for c in results if c.extra["op"] == op and c.extra["group"] == g
-                       and lo <= c.extra["bytes"] <= hi]
+                sel = [c for c in results if (c.extra["op"], c.extra["splits"]) == (op, sp)
+                       and c.extra["group"] == g and lo <= c.extra["bytes"] <= hi]
                 if sel:
-                    checks.append((f"{op} group {g} {band.name} MAPE", mape(sel),
+                    checks.append((f"{name} group {g} {band.name} MAPE", mape(sel),
                                    band.tolerance_mape))
     return SuiteResult(suite.name, results, checks, bands=bands)
 
@@ -313,7 +327,7 @@ def run_prepared(prep: PreparedSuite, progress=None) -> SuiteResult:
         res.at_freeze = frozen_result(prep.suite)
     elif res.held_out_until and prep.frozen:
         errs = [prep.frozen[k] / r.time_s - 1.0 for r in prep.rows
-                if (k := (r.op, r.group, float(r.bytes))) in prep.frozen]
+                if (k := (r.op, r.group, float(r.bytes), r.splits)) in prep.frozen]
         if errs:
             res.at_freeze = (sum(abs(e) for e in errs) / len(errs), sum(errs) / len(errs),
                              len(errs))

@@ -111,3 +111,42 @@ def test_event_timed_rows_are_the_longer_of_device_time_and_the_host_interval(tm
     assert dev[4096] == pytest.approx(small) and dev[2**28] == pytest.approx(big)
     sync = run_suite(_suite(tmp_path, "host_sync", [dict(r, timing=None) for r in rows[:1]]))
     assert sync.cases[0].predicted == pytest.approx(small + NCCL["host_sync_overhead_us"] * 1e-6)
+
+
+def test_uneven_all_to_all_rows_are_priced_part_by_part(tmp_path):
+    """A suite's all-to-all rows with ``comm.py``'s uneven splits are priced with the bytes
+    each rank sends each peer (``all_to_all_v``), not as a uniform call; ``-`` (comm.py's mark
+    on other operations) reads as uniform; an unknown pattern is a one-line error."""
+    from simulator.errors import ConfigError
+    from simulator.network.alignment import a2a_stores, narrow_time
+
+    m = CollectiveModel(_topo("h100x2-nvswitch"))
+    b = 2.0**28
+    rows = [{"op": "all_to_all", "splits": sp, "group": 2, "bytes": b, "time_s": 1e-3}
+            for sp in ("uniform", "rotated", "hot")]
+    rows.append({"op": "all_gather", "splits": "-", "group": 2, "bytes": b, "time_s": 1e-3})
+    path = _suite(tmp_path, "device", rows)
+    raw = yaml.safe_load(path.read_text())
+    raw.update(ops=["all_to_all", "all_gather"], splits=["uniform", "rotated", "hot"])
+    path.write_text(yaml.safe_dump(raw))
+    got = {c.name: c.predicted for c in run_suite(path).cases}
+    assert sorted(got) == sorted(f"{x} g2 {int(b)}B" for x in (
+        "all_to_all", "all_to_all rotated", "all_to_all hot", "all_gather"))
+    # comm.py's weights, worked out by hand: rotated W = [3, 1] by (j - s) mod 2 (a quarter
+    # to the peer), hot H = [7, 3] (every rank sends 0.7 to rank 0, 0.3 to rank 1)
+    for name, table in (("rotated", [[0.75 * b, 0.25 * b], [0.25 * b, 0.75 * b]]),
+                        ("hot", [[0.7 * b, 0.3 * b], [0.7 * b, 0.3 * b]])):
+        share = [[x / b for x in row] for row in table]
+        want = narrow_time(m.all_to_all_v([[0, 1]], b, share), a2a_stores(table),
+                           m.unaligned_Bps)
+        assert got[f"all_to_all {name} g2 {int(b)}B"] == pytest.approx(want, rel=1e-6)
+    uniform = got[f"all_to_all g2 {int(b)}B"]
+    assert uniform == pytest.approx(m.cost("all_to_all", [[0, 1]], b).time_s, rel=1e-9)
+    # a quarter to the peer is less traffic than a half; hot sends 0.7 into rank 0
+    assert got[f"all_to_all rotated g2 {int(b)}B"] < uniform < got[f"all_to_all hot g2 {int(b)}B"]
+    rows.append({"op": "all_to_all", "splits": "zipf", "group": 2, "bytes": b, "time_s": 1e-3})
+    (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    raw["splits"].append("zipf")
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="unknown all-to-all splits 'zipf'"):
+        run_suite(path)

@@ -131,6 +131,10 @@ class CollectiveSuite(_Suite):
     )
 
 
+#: the all-to-all split patterns of ``benchmarks/device/comm.py`` a collective suite can price
+SPLITS = ("uniform", "rotated", "hot")
+
+
 class FrozenPrediction(Frozen):
     """One row of a predictions file written at a freeze tag (other keys are not read)."""
 
@@ -140,6 +144,8 @@ class FrozenPrediction(Frozen):
     group: PositiveInt
     bytes: PositiveFloat
     predicted_s: PositiveFloat
+    #: an all-to-all's split pattern (``comm.py``'s); '-' (other operations) reads as uniform
+    splits: str = "uniform"
 
 
 class CollectiveRow(Frozen):
@@ -202,8 +208,13 @@ def collective_rows(
         except ValidationError as e:
             err = pydantic_to_config_error(e, CollectiveRow, file=str(data_path), prefix=where)
             raise err from None
+        if row.splits == "-":  # comm.py's mark on operations other than the all-to-all
+            row = row.model_copy(update={"splits": "uniform"})
         if row.op not in suite.ops or row.splits not in suite.splits:
             continue
+        if row.splits not in SPLITS:
+            raise ConfigError(f"unknown all-to-all splits {row.splits!r} (accepted: "
+                              f"{', '.join(SPLITS)})", file=str(data_path), field=f"{where}.splits")
         if row.timed is not None and row.timed != suite.timing:
             continue
         if row.group > n_gpus:
@@ -224,8 +235,8 @@ def collective_rows(
 
 
 def frozen_predictions(suite_path: Path, suite: CollectiveSuite) -> dict[tuple, float]:
-    """{(op, group, bytes): predicted_s} of the suite's ``predictions`` file (empty if none);
-    a malformed file is a ConfigError naming the row."""
+    """{(op, group, bytes, splits): predicted_s} of the suite's ``predictions`` file (empty if
+    none); a malformed file is a ConfigError naming the row."""
     if not suite.predictions:
         return {}
     path = suite_path.parent / suite.predictions
@@ -241,7 +252,8 @@ def frozen_predictions(suite_path: Path, suite: CollectiveSuite) -> dict[tuple, 
         except ValidationError as e:
             raise pydantic_to_config_error(e, FrozenPrediction, file=str(path),
                                            prefix=f"rows.{i}") from None
-        out[(row.op, row.group, float(row.bytes))] = row.predicted_s
+        splits = "uniform" if row.splits == "-" else row.splits
+        out[(row.op, row.group, float(row.bytes), splits)] = row.predicted_s
     return out
 
 

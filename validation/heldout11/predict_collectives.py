@@ -9,8 +9,8 @@ timing (``validate.timed_collective_s``, the rule ``validate`` prices event-time
 for what ``benchmarks/device/call_heldout11.sh B`` measures: a group of 4 and two pairs at once
 at 12 KiB x 4^k (up to 768 MiB) and a group of 3 at 24 KiB x 4^k (every rank's share 16-byte
 aligned). The all-to-all is predicted for the three splits ``comm.py`` runs: uniform, and the
-uneven ``rotated`` and ``hot`` (``CollectiveModel.all_to_all_v`` with the parts' 16-byte
-copies, ``simulator.network.alignment``), the first pre-registered test of uneven all-to-all.
+uneven ``rotated`` and ``hot`` (priced part by part, as ``validate`` prices such rows), the
+first pre-registered test of uneven all-to-all.
 After measuring, ``--box B --score DATA.jsonl`` prints the held-out result.
 """
 
@@ -38,19 +38,6 @@ def out(box: str) -> Path:
     return HERE / f"predictions-collectives-{box}.yaml"
 
 
-def uneven_s(coll, groups, nbytes: int, splits: str) -> float:
-    """An all_to_all_single with ``comm.py``'s uneven splits, timed with CUDA events."""
-    from simulator.calibrate.unaligned import split_table
-    from simulator.network.alignment import a2a_stores, narrow_time
-
-    n = len(groups[0])
-    table = split_table(splits, n, nbytes)
-    share = [[b / nbytes for b in row] for row in table]
-    t = narrow_time(coll.all_to_all_v(groups, float(nbytes), share), a2a_stores(table),
-                    coll.unaligned_Bps)
-    return max(t, coll.events_call_s)
-
-
 def predict(box: str) -> int:
     coll = prereg.collective_model(TOPOLOGY[box])
     from simulator.validate import timed_collective_s  # importable once prereg set the path
@@ -60,10 +47,8 @@ def predict(box: str) -> int:
         for op in OPS:
             for sp in (SPLITS if op == "all_to_all" else ("-",)):
                 for b in sizes:
-                    if sp in ("-", "uniform"):
-                        t = float(timed_collective_s(coll, op, groups, b, "events"))
-                    else:
-                        t = float(uneven_s(coll, groups, b, sp))
+                    t = float(timed_collective_s(coll, op, groups, b, "events",
+                                                 "uniform" if sp == "-" else sp))
                     rows.append({"op": op, "group": g, "set": label, "splits": sp, "bytes": b,
                                  "predicted_s": t})
     return prereg.write(out(box), TOPOLOGY[box], rows)
