@@ -1,15 +1,13 @@
 #!/bin/bash
 # Eleventh pre-registered held-out batch (issue 12 item 3), a 4-GPU box, run by the device tool
 # after the model was frozen (tag heldout-freeze-11) and its predictions committed
-# (heldout-predictions-11). Three calls (a call may run 10 minutes):
-#   call_heldout11.sh A : every CASES11 case of steps_third.py once (label "first", the
-#                         pre-registered measurement).
-#   call_heldout11.sh B : every CASES11 case of steps_alt.py once (label "first"); then NCCL
-#                         collectives, CUDA events: a group of 4 and two pairs at once at
+# (heldout-predictions-11). Two calls (a call may run 10 minutes; each case takes about 25 s):
+#   call_heldout11.sh A : every CASES11 case of steps_third.py and steps_alt.py once (label
+#                         "first", the pre-registered measurement).
+#   call_heldout11.sh B : NCCL collectives, CUDA events: a group of 4 and two pairs at once at
 #                         12 KiB x 4^k (3x the calibrated sizes), a group of 3 at 24 KiB x 4^k
 #                         (every rank's share 16-byte aligned); all-to-all with uniform, rotated
-#                         and hot splits (comm.py).
-#   call_heldout11.sh C : the host-bound cases again (label "repeat").
+#                         and hot splits (comm.py); then the host-bound cases again ("repeat").
 # $OUT set by the device tool; results in $OUT/r.tgz.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 set -o pipefail
@@ -28,12 +26,12 @@ comm() {  # nproc groups min_bytes max_bytes file budget
     --timing events --min-bytes "$3" --max-bytes "$4" --budget-s "$6" 2>&1 | grep -v "Warning: \[PG" | tee -a "$L" | tail -2
 }
 case "${1:-A}" in
-  A) steps steps_third.py first "$THIRD" 380 ;;
-  B) steps steps_alt.py first "$ALT" 280
-     comm 4 2 12288 805306368 comm-g4.jsonl 100
-     comm 3 3 24576 402653184 comm-g3.jsonl 60 ;;
-  C) steps steps_third.py repeat h11t_moe_ep4_H,h11t_moe_ep2_H 100
-     steps steps_alt.py repeat h11_moe_ep4_M,h11_tp4sp_P 100 ;;
+  A) steps steps_third.py first "$THIRD" 230
+     steps steps_alt.py first "$ALT" 200 ;;
+  B) comm 4 2 12288 805306368 comm-g4.jsonl 100
+     comm 3 3 24576 402653184 comm-g3.jsonl 60
+     steps steps_third.py repeat h11t_moe_ep4_H 30
+     steps steps_alt.py repeat h11_moe_ep4_M,h11_tp4sp_P 55 ;;
 esac
 date -u | tee -a "$L"; wc -l "$R"/*.jsonl
 tar -C "$OUT" -czf "$OUT/r.tgz" r && rm -rf "$R"
