@@ -26,8 +26,8 @@ comm() {  # nproc groups min_bytes max_bytes file budget
     --timing events --min-bytes "$3" --max-bytes "$4" --budget-s "$6" 2>&1 | grep -v "Warning: \[PG" | tee -a "$L" | tail -2
 }
 case "${1:-A}" in
-  A) steps steps_third.py first "$THIRD" 230
-     steps steps_alt.py first "$ALT" 200 ;;
+  A) steps steps_third.py first "$THIRD" 250
+     steps steps_alt.py first "$ALT" 220 ;;
   B) comm 4 2 12288 805306368 comm-g4.jsonl 100
      comm 3 3 24576 402653184 comm-g3.jsonl 60
      steps steps_third.py repeat h11t_moe_ep4_H 30
