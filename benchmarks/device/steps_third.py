@@ -180,13 +180,20 @@ BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 
 
+TINY = {"on": False}  # --tiny: see case_config
+
+
 def case_config(name: str, quick: bool) -> dict:
-    """The case's settings with its model shape (shrunk with ``quick``) under ``model``."""
+    """The case's settings with its model shape (shrunk with ``quick``) under ``model``; with
+    ``--tiny`` the same layers, heads and vocabulary at head dim 16, ffn 2x hidden and 128-token
+    sequences on the GPU: a host-bound step, to measure the host's time per launched kernel."""
     c = dict(CASES[name])
     m = dict(SHAPES[c["shape"]])
     if quick:
         keep = {k: m[k] for k in ("experts", "top_k") if k in m}
         m = dict(QUICK, **keep)
+    elif TINY["on"]:
+        m.update(hidden=16 * m["heads"], ffn=32 * m["heads"], seq=128)
     c["model"] = m
     c.setdefault("ac", False)
     return c
@@ -795,6 +802,8 @@ def driver(args) -> int:
             cmd.append("--profile")
         if args.expert_rows:
             cmd.append("--expert-rows")
+        if TINY["on"]:
+            cmd.append("--tiny")
         print(f"=== {name} ({c['world']} ranks, limit {limit:.0f} s)", flush=True)
         t = time.time()
         p = subprocess.Popen(cmd, start_new_session=True)
@@ -825,7 +834,11 @@ def main() -> int:
                     help="write each MoE call's rows per local expert (expert_rows-CASE-rN.json)")
     ap.add_argument("--profile", action="store_true",
                     help="after timing, one more step under torch.profiler (steps.py's record)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="each case at head dim 16, ffn 2x hidden, 128-token sequences (same "
+                         "layers, scheme and vocabulary) on the GPU: a host-bound step")
     args = ap.parse_args()
+    TINY["on"] = args.tiny
     if args.driver:
         return driver(args)
     if not args.case:

@@ -601,7 +601,11 @@ class ParallelismConfig(Frozen):
         "batch_isend_irecv on the group's one NCCL stream, so a rank's transfers run one after "
         "another in posting order (benchmarks/device/steps_alt.py; simulator/parallel/"
         "torch_posts.py). Its single-stage schedules (gpipe, 1f1b) post each receive at its "
-        "consumer: priced as megatron",
+        "consumer: priced as megatron. Its memory, every schedule (simulator/model/"
+        "pipeline_memory.py): a receive buffer per micro-batch, each stage output kept until its "
+        "backward, the last stage's logits kept for the step, and autocast's weight copies made "
+        "once a step (schedule.step() runs every micro-batch inside the script's one autocast "
+        "region), not once a micro-batch",
     )
     pp_scatter_gather: Bool = Field(
         True,

@@ -47,6 +47,7 @@ from simulator.model.moe import (
 )
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
+from simulator.model.pipeline_memory import TorchPipelineMemory, torch_pipeline_memory
 from simulator.model.sync import group_sync_factor
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
 from simulator.network.flows import FlowNetwork
@@ -581,6 +582,19 @@ class _Builder:
             head += m.mtp_depth * (last + mem.head_activation_bytes(m, norm_gain=t.rmsnorm_gain, **mkw) + proj)
         return layer, mem.embedding_activation_bytes(m, **mkw), head, max(0.0, whole - layer)
 
+    def torch_memory(self) -> TorchPipelineMemory | None:
+        """What ``torch.distributed.pipelining`` holds beside the saved activations
+        (``parallelism.pp_runtime: torch``, more than one stage, dense models): None otherwise.
+        MoE and MLA layers keep their per-micro-batch accounting."""
+        t, m = self.t, self.local_model
+        if self.par.pp_runtime != "torch" or self.pp == 1 or m.moe is not None or (
+                m.attention_kind == "mla"):
+            return None
+        return torch_pipeline_memory(
+            m, micro_batch=t.micro_batch, microbatches=self.job.microbatches, tp=self.tp,
+            sequence_parallel=self.sp, kernels=t.kernels, param_dtype=t.param_dtype,
+        )  # fmt: skip
+
     def head_transient(self) -> float:
         """The part of the head's bytes (eager) that is the loss's working set: alive while
         one micro-batch's loss runs, not for every micro-batch the head keeps."""
@@ -855,6 +869,10 @@ class _Builder:
         lp, emb = tf.layer_params(m), tf.embedding_params(m)
         head = tf.head_params(m) + tf.final_norm_params(m)
         act_layer, act_embed, act_head, act_recompute = self.activations()
+        torch_mem = self.torch_memory()
+        if torch_mem is not None:  # its weight casts held once a step, not per micro-batch
+            act_layer -= torch_mem.layer_cast
+            act_head -= torch_mem.head_cast
         grad_prep, grad_finalize = self.grad_work()
         full = self.detail == "full"
         sizes = {d: self.lay.size(d) for d in self.lay.dims}
@@ -865,6 +883,7 @@ class _Builder:
             microbatches=self.job.microbatches,
             schedule_name=par.pp_schedule,
             pp_runtime=par.pp_runtime,
+            torch_memory=torch_mem,
             ep_overlap=moe_sizes.ep_overlap(self.job.work),
             straggler_scope=self.job.work.faults.straggler_scope,
             layers_of=self.layers_of,

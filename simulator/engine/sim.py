@@ -37,7 +37,9 @@ from simulator.engine.host import FSDP_CALLS, HostRates, program_matrix
 from simulator.engine.program import Part, Program, StagePrograms, program_time
 from simulator.engine.sends import CommSpec, PipelineSends
 from simulator.engine.split import SplitBackward, grads_done, unit_of
+from simulator.engine.torch_memory import TorchPipelineMemoryEvents
 from simulator.engine.torch_sends import TorchPipelineSends
+from simulator.model.pipeline_memory import TorchPipelineMemory
 from simulator.parallel.schedules import Work, chunks_per_rank, combined, schedule, virtual_stage
 
 #: Streams of the data-parallel communicators (gradient reductions and ZeRO gathers: dense over
@@ -161,6 +163,9 @@ class StepPlan:
     #: parallelism.pp_runtime: "torch" plays torch.distributed.pipelining's interleaved
     #: runtime's P2P stream (simulator/engine/torch_sends.py)
     pp_runtime: str = "megatron"
+    #: torch.distributed.pipelining's own memory (receive buffers, kept outputs, the weight
+    #: casts autocast holds once a step): simulator.model.pipeline_memory; None: not that runtime
+    torch_memory: TorchPipelineMemory | None = None
     #: eager code: the host that issues the kernels (:mod:`simulator.engine.host`); None:
     #: fused kernels, whose host stays ahead of the GPU
     host: HostRates | None = None
@@ -191,7 +196,8 @@ class StepPlan:
         return self.layer_sizes(layer)
 
 
-class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, SplitBackward, DeepSpeedZero3):
+class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemoryEvents,
+             SplitBackward, DeepSpeedZero3):
     """Run one training step of a :class:`StepPlan`."""
 
     def __init__(self, plan: StepPlan, env: CountingEnvironment | None = None):
@@ -510,6 +516,8 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, SplitBackward, De
                 self.mem.append((env.now, p.pid, lazy[0], "gradients"))
                 lazy[0] = 0.0
 
+        torch_mem = plan.torch_memory is not None and pp > 1
+        torch_casts = self._torch_mem_open(p) if torch_mem else 0.0
         for w in steps:
             if not isinstance(w, Work):  # a combined step (forward, backward)
                 yield from self._pair(p, w, act_delta, start_gathers)
@@ -532,6 +540,8 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, SplitBackward, De
                     yield from self._run_segments(p, segs, "fwd", w.microbatch, fwd_mem)
                 else:
                     yield self._segments_folded(p, segs, "fwd", w.microbatch, fwd_mem)
+                if torch_mem:
+                    self._torch_mem_pass(p, vs, "F")
                 if torch_ends is not None:
                     next(torch_ends).succeed()
                 elif vs < last_vs:
@@ -580,12 +590,16 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, SplitBackward, De
                         expert = sum(self._expert_grad_bytes(s) for s in done)
                         buckets[w.chunk] += sum(self._grad_bytes(s, vs) for s in done) - expert
                         ebuckets[w.chunk] += expert
+                if torch_mem and not weights:
+                    self._torch_mem_pass(p, vs, "B")
                 if torch_ends is not None:
                     next(torch_ends).succeed()
                 elif vs > 0 and not weights:
                     self._send(p, "B", vs, w.microbatch, w.chunk)
                 grads_allocated()
 
+        if torch_mem:
+            self._torch_mem_close(p, torch_casts)
         if plan.zero != 3 and not plan.overlap_grad_reduce:
             # Without overlap Megatron-LM puts a model chunk's whole gradient buffer in one
             # bucket (megatron/core/distributed/distributed_data_parallel.py: bucket_size =

@@ -274,6 +274,14 @@ def dtype_bytes_of(name: str) -> int:
     return dtype_bytes(name, "training.param_dtype")
 
 
+def weight_cast_bytes(model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool,
+                      dtype_bytes: int = 2, param_dtype: str = "bf16") -> float:
+    """Autocast's compute-dtype copies of one layer's GEMM weights on one TP rank (0 unless the
+    parameters are fp32 and the compute dtype narrower)."""
+    L = local_dims(model, micro_batch, tp, sequence_parallel)
+    return _weight_cast_bytes(model, L, dtype_bytes, dtype_bytes_of(param_dtype))
+
+
 def _weight_cast_bytes(model: ModelConfig, L: Local, d: int, P: int) -> float:
     """The compute-dtype copies of a layer's GEMM weights on one TP rank that autocast makes
     from fp32 parameters (0 when the parameters are already in a narrower dtype)."""
