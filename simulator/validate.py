@@ -39,6 +39,8 @@ model cannot measure how well the model predicts what it has not seen::
     role_note: what was chosen on it, or when it was frozen
     held_out_until: TAG  # pre-registered, predicted once at TAG (the cases' predicted_at_freeze),
                          # looked at since: role development; validate reports both results
+    predicted_at: TAG    # role held_out: the tag of its one prediction (not looked at since)
+    summary: a few words # and ``note:`` one short remark: the README's table (validate --markdown)
 
 Results report the mean absolute percentage error (MAPE) and the bias (mean signed error,
 predicted over measured minus one): a model that is consistently fast or slow shows there.
@@ -108,6 +110,12 @@ class SuiteResult:
     #: a once-held-out suite: the tag of its one prediction, and (MAPE, bias, cases) there
     held_out_until: str = ""
     at_freeze: tuple[float, float, int] | None = None
+    #: a pre-registered suite's prediction tag (``held_out_until``, or ``predicted_at`` while
+    #: still held out); the suite file, and its few words and note for the README's table
+    frozen_tag: str = ""
+    path: Path | None = None
+    summary: str = ""
+    note: str = ""
 
     @property
     def mape(self) -> float:
@@ -322,10 +330,12 @@ def run_prepared(prep: PreparedSuite, progress=None) -> SuiteResult:
     else:
         res = run_collective_suite(prep, progress)
     res.role, res.role_note = prep.suite.role, prep.suite.role_note.strip()
-    res.held_out_until = prep.suite.held_out_until
-    if res.held_out_until and isinstance(prep.suite, WorkloadSuite):
+    res.held_out_until, res.frozen_tag = prep.suite.held_out_until, prep.suite.frozen_tag
+    res.path, res.summary, res.note = prep.path, prep.suite.summary, prep.suite.note
+    # the held-out result of a pre-registered suite: its predictions recorded at the freeze
+    if isinstance(prep.suite, WorkloadSuite):
         res.at_freeze = frozen_result(prep.suite)
-    elif res.held_out_until and prep.frozen:
+    elif prep.frozen:
         errs = [prep.frozen[k] / r.time_s - 1.0 for r in prep.rows
                 if (k := (r.op, r.group, float(r.bytes), r.splits)) in prep.frozen]
         if errs:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from simulator.errors import ConfigError
 from simulator.validate import SuiteResult, prepare_suite, run_prepared
+from simulator.validate_markdown import markdown
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,6 +43,9 @@ def register(sub) -> None:
                                              "validation/*/suite.yaml and every other "
                                              "validation/*/*.yaml with a top-level role)")
     p.add_argument("--quiet", action="store_true", help="only the per-suite verdicts")
+    p.add_argument("--markdown", action="store_true",
+                   help="print only the README's fidelity tables (Markdown: fit, development "
+                        "and pre-registered held-out suites, MAPE beside bias) on stdout")
     p.set_defaults(func=main)
 
 
@@ -72,9 +76,12 @@ def render(res: SuiteResult, console: Console, quiet: bool) -> None:
                   f"bias {res.bias:+.1%}")
     if res.at_freeze is not None:
         m, b, n = res.at_freeze
-        console.print(f"    held-out result (predicted once at tag {res.held_out_until}, before "
-                      f"measuring): {n} cases, MAPE {m:.1%}, bias {b:+.1%}; the figures above "
-                      "re-run the current model, a development result")
+        tag = f"at tag {res.frozen_tag}" if res.frozen_tag else "when the model was frozen"
+        rerun = ("a development result" if res.held_out_until else
+                 "the current model's prediction")
+        console.print(f"    held-out result (predicted once {tag}, before measuring): {n} "
+                      f"cases, MAPE {m:.1%}, bias {b:+.1%}; the figures above re-run the "
+                      f"current model, {rerun}")
     for band, m, b, n in res.bands:
         console.print(f"    {band}: {n} cases, MAPE {m:.1%}, bias {b:+.1%}")
     for what, value, limit in res.checks:
@@ -94,8 +101,9 @@ def summary_table(results: list[SuiteResult]) -> Table:
     for r in results:
         used = r.role.replace("_", " ")
         if r.at_freeze is not None:
-            used += f" (held out until {r.held_out_until}: MAPE {r.at_freeze[0]:.1%}, " \
-                    f"bias {r.at_freeze[1]:+.1%})"
+            when = f"held out until {r.held_out_until}" if r.held_out_until else \
+                f"predicted at {r.frozen_tag or 'the freeze'}"
+            used += f" ({when}: MAPE {r.at_freeze[0]:.1%}, bias {r.at_freeze[1]:+.1%})"
         t.add_row(r.name, used, str(len(r.cases)), f"{r.mape:.1%}",
                   f"{r.bias:+.1%}", "[green]pass[/green]" if r.passed else "[red]FAIL[/red]")
     return t
@@ -108,16 +116,21 @@ def main(args) -> int:
     console = Console(width=max(100, Console().width), highlight=False)
     failed, results = [], []
     prepared = [prepare_suite(path) for path in suites]  # bad suites fail before any output
+    if args.markdown:  # stdout is the Markdown alone; verdicts go to stderr
+        console = Console(file=sys.stderr, width=100, highlight=False)
     for path, prep in zip(suites, prepared, strict=True):
         with Progress(TextColumn(f"validating {path.name}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True) as bar:
             task = bar.add_task("", total=prep.size)
             res = run_prepared(prep, progress=lambda task=task: bar.advance(task))
-        render(res, console, args.quiet)
+        render(res, console, args.quiet or args.markdown)
         results.append(res)
         if not res.passed:
             failed.append(res.name)
-    console.print(summary_table(results))
+    if args.markdown:
+        sys.stdout.write(markdown(results, root=REPO))
+    else:
+        console.print(summary_table(results))
     if failed:
         console.print(f"[red]{len(failed)} suite(s) outside tolerance: {', '.join(failed)}[/red]")
         return 1

@@ -38,6 +38,22 @@ class _Suite(Frozen):
         "its role is then development, and its held-out result is the cases' "
         "predicted_at_freeze, not a re-run",
     )
+    predicted_at: str = Field(
+        "",
+        description="a pre-registered suite still held out: the git tag of its one prediction "
+        "(the cases' predicted_at_freeze or the predictions file); held_out_until names it "
+        "once the suite has been looked at",
+    )
+    summary: str = Field(
+        "", max_length=120,
+        description="what the suite is, in a few words (the README's fidelity table)",
+    )
+    note: str = Field(
+        "", max_length=120,
+        description="one short remark for the README's fidelity table: the main miss of the "
+        "held-out result, or what was fitted or looked at; a figure only if it cannot change "
+        "(the held-out result's); the full history is docs/FIDELITY_HISTORY.md",
+    )
     about: str = ""
     assumptions: tuple[str, ...] = ()
     skipped: tuple[Any, ...] = Field(
@@ -51,7 +67,17 @@ class _Suite(Frozen):
                 f"held_out_until={self.held_out_until!r} needs role: development (a suite "
                 "seen after its one prediction is no longer held out)"
             )
+        if self.predicted_at and self.role != "held_out":
+            raise ValueError(
+                f"predicted_at={self.predicted_at!r} needs role: held_out (once looked at, "
+                "the tag goes in held_out_until with role: development)"
+            )
         return self
+
+    @property
+    def frozen_tag(self) -> str:
+        """The tag of a pre-registered suite's one prediction ('' if it has none)."""
+        return self.held_out_until or self.predicted_at
 
 
 class SuiteCase(Frozen):
