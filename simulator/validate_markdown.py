@@ -4,9 +4,9 @@ Three tables, one per way a suite was used (its ``role``, ``held_out_until`` and
 ``predicted_at``): **fit sets**, **development sets** and **pre-registered held-out batches**.
 A row is the suite's file (a link), its ``summary`` (a few words), how it is used, its cases,
 MAPE and bias (mean signed error) side by side, and its ``note`` with a link to its section
-of ``docs/FIDELITY_HISTORY.md``. A held-out batch shows its held-out result as it came out --
-the predictions recorded at its freeze tag scored on the measurements -- beside today's
-re-run of the current model. Nothing here is typed by hand, so the table cannot drift from the
+of ``docs/FIDELITY_HISTORY.md`` where it has one. A held-out batch shows its held-out result
+as it came out -- the predictions recorded at its freeze tag scored on the measurements --
+beside today's re-run of the current model. Nothing here is typed by hand, so the table cannot drift from the
 suites: figures are computed by :mod:`simulator.validate`, words come from the suite files.
 """
 
@@ -68,8 +68,19 @@ def _suite_link(r: SuiteResult, root: Path) -> str:
     return f"[`{shown}`]({rel})"
 
 
-def _note(r: SuiteResult) -> str:
+def history_sections(root: Path) -> set[str]:
+    """The suite names with a ``## name`` section in ``docs/FIDELITY_HISTORY.md``."""
+    path = root / HISTORY
+    if not path.is_file():
+        return set()
+    return {line[3:].strip() for line in path.read_text(encoding="utf-8").splitlines()
+            if line.startswith("## ")}
+
+
+def _note(r: SuiteResult, history: set[str]) -> str:
     words = _cell(r.note)
+    if r.name not in history:  # a new suite: no history yet
+        return words
     link = f"[history]({HISTORY}#{anchor(r.name)})"
     return f"{words} ({link})" if words else link
 
@@ -84,8 +95,10 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
 
 
 def _plain_rows(results: list[SuiteResult], root: Path) -> list[list[str]]:
+    history = history_sections(root)
     return [[_suite_link(r, root), _cell(r.summary) or r.name, r.role.replace("_", " "),
-             str(len(r.cases)), pct(r.mape), signed_pct(r.bias), _note(r)] for r in results]
+             str(len(r.cases)), pct(r.mape), signed_pct(r.bias), _note(r, history)]
+            for r in results]
 
 
 def _tag_key(r: SuiteResult) -> tuple:
@@ -100,6 +113,7 @@ def _tag_key(r: SuiteResult) -> tuple:
 
 
 def _held_rows(results: list[SuiteResult], root: Path) -> list[list[str]]:
+    history = history_sections(root)
     rows = []
     for r in sorted(results, key=_tag_key):
         if r.at_freeze is not None:
@@ -112,7 +126,7 @@ def _held_rows(results: list[SuiteResult], root: Path) -> list[list[str]]:
         tag = f"`{r.frozen_tag}`" if r.frozen_tag else ""
         rows.append([_suite_link(r, root), _cell(r.summary) or r.name, tag, cases,
                      f"**{held_m}**", f"**{held_b}**" if held_b else "", used,
-                     pct(r.mape), signed_pct(r.bias), _note(r)])
+                     pct(r.mape), signed_pct(r.bias), _note(r, history)])
     return rows
 
 

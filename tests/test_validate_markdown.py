@@ -84,12 +84,11 @@ def test_markdown_figures_match_an_independent_calculation(tmp_path):
     ((row,),) = [tables[FIT_HEAD]]
     assert row[0] == f"[`{fit.resolve().as_posix()}`]({fit.resolve().as_posix()})"
     assert row[1:6] == ["two all-reduces", "fit", "2", today_m, today_b]
-    assert row[6].startswith("fitted here ([history](docs/FIDELITY_HISTORY.md#tiny-fit))")
+    assert row[6] == "fitted here"  # no section in docs/FIDELITY_HISTORY.md: no link
     # the held-out result: the predictions file, +10 % and -20 %: MAPE 15 %, bias -5 %
     ((row,),) = [tables[HELD_HEAD]]
     assert row[1:10] == ["the same, pre-registered", "`tag-7`", "2", "**15.0 %**",
-                         "**-5.0 %**", "development", today_m, today_b,
-                         "[history](docs/FIDELITY_HISTORY.md#tiny-held)"]
+                         "**-5.0 %**", "development", today_m, today_b, ""]
 
 
 def _result(name: str, role: str, errors: list[float], **kw) -> SuiteResult:
@@ -141,6 +140,7 @@ def test_every_shipped_suite_appears_once_with_its_role_and_words():
         rel = Path(r.path).relative_to(ROOT).as_posix()
         (head, row), = [(h, row) for h, row in rows if f"]({rel})" in row[0]]
         assert r.summary and r.summary == row[1], rel
+        assert f"(docs/FIDELITY_HISTORY.md#{r.name})" in row[-1], rel  # its history section
         if r.frozen_tag or r.role == "held_out":
             assert head == HELD_HEAD and r.frozen_tag and row[2] == f"`{r.frozen_tag}`", rel
             assert row[6] == ("held out" if r.role == "held_out" else "development"), rel
