@@ -44,11 +44,14 @@ def _ninth():
 def write(box: str, name: str, metric: str, key: str, tol: float, what: str, result: str) -> None:
     data = HERE.parent.parent / "data" / "measured" / f"heldout11-{box}x4"
     nine = _ninth()
-    suite = {"name": name, "role": "held_out", "role_note": NOTE,
+    cases = nine.rows(metric, key, nine.frozen(HERE, 11, box), data, TOPOLOGY[box], box)
+    summary = (f"{len(cases)} steps on 4x {box.upper()} by the third and second scripts"
+               if metric == "step_time_s" else f"peak memory of those {len(cases)} steps")
+    suite = {"name": name, "role": "held_out", "predicted_at": "heldout-predictions-11",
+             "summary": summary, "role_note": NOTE,
              "about": "Eleventh pre-registered held-out batch: steps_third.py on shapes G and H, "
                       "steps_alt.py on shapes P and M, 1, 2 and 4 GPUs (README.md).",
-             "metric": metric, "tolerance_mape": tol,
-             "cases": nine.rows(metric, key, nine.frozen(HERE, 11, box), data, TOPOLOGY[box], box)}
+             "metric": metric, "tolerance_mape": tol, "cases": cases}
     text = HEAD.format(what=what, BOX=box.upper(), result=result, data=data.name)
     text += yaml.safe_dump(suite, sort_keys=False, width=100)
     (HERE / f"{name.split('-')[1]}.yaml").write_text(text)
@@ -56,8 +59,11 @@ def write(box: str, name: str, metric: str, key: str, tol: float, what: str, res
 
 def collectives(box: str, tag: str, what: str, result: str) -> None:
     data = f"heldout11-{box}x4"
+    groups = "groups of 4 and pairs" if tag == "g4" else "a group of 3"
     suite = {"kind": "collectives", "name": f"heldout11-collectives-{tag}-{box}x4",
-             "role": "held_out", "predictions": f"predictions-collectives-{box}x4.yaml",
+             "role": "held_out", "predicted_at": "heldout-predictions-11",
+             "summary": f"4 collectives, {groups}, uneven all-to-alls, 4x {box.upper()}",
+             "predictions": f"predictions-collectives-{box}x4.yaml",
              "role_note": NOTE, "data": f"../../data/measured/{data}/comm-{tag}.jsonl",
              "topology": f"../../topologies/{box}x4-nvswitch.yaml",
              "ops": ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"],
