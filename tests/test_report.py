@@ -656,6 +656,38 @@ def test_timeline_at_scale_16_stages_32_microbatches(tmp_path):
     assert (tmp_path / "big.png").stat().st_size > 20_000
 
 
+def test_compare_plot_keeps_every_label_inside_the_figure(step, tmp_path, monkeypatch):
+    """Each bar's annotation (time, MFU, change against a long first label, does not fit) and
+    each configuration's label lie inside the image, the bar that ends furthest right too."""
+    summary = step[3]
+    fast = copy.deepcopy(summary)
+    for k in fast["breakdown_s"]:
+        fast["breakdown_s"][k] *= 0.8
+    fast["step_time_s"] = sum(fast["breakdown_s"].values())
+    fast["tokens_per_s"] = summary["tokens_per_s"] / 0.8
+    summary = {**summary, "fits": False}  # the widest annotation on the longest bar
+    seen = []
+
+    def check(fig, path):
+        renderer = fig.canvas.get_renderer()
+        w, h = fig.bbox.width, fig.bbox.height
+        texts = [*fig.texts, *(t for ax in fig.axes for t in ax.texts)]
+        texts += [t for ax in fig.axes for t in ax.get_yticklabels()]
+        for t in texts:
+            if t.get_text():
+                box = t.get_window_extent(renderer=renderer)
+                assert box.x0 >= 0 and box.x1 <= w and box.y0 >= 0 and box.y1 <= h, t
+                seen.append(t.get_text())
+        real_save(fig, path)
+
+    real_save = plots.save_png
+    monkeypatch.setattr(plots, "save_png", check)
+    labels = ["dgx-h100-ndr-fattree-with-a-long-name", "H100, 800G NIC"]
+    plots.plot_compare([fast, summary], labels, tmp_path / "cmp.png", title="NIC")
+    assert any(t.startswith("-20.0% tokens/s vs dgx-h100") for t in seen)
+    assert "does not fit in GPU memory" in seen and labels[0] in seen
+
+
 def test_compare_and_sweep_plots(step, tmp_path):
     summary = step[3]
     slow = copy.deepcopy(summary)

@@ -68,6 +68,39 @@ def throughput_change(first: dict, other: dict) -> float:
     return float(first["step_time_s"]) / float(other["step_time_s"]) - 1
 
 
+def _compare_note(rows: Sequence[dict], labels: Sequence[str], totals: Sequence[float],
+                  i: int) -> list[tuple[str, dict]]:
+    """The annotation right of bar ``i``: (text, text keywords) per line -- step time and MFU,
+    the change of tokens/s against the first bar, whether it fits in memory."""
+    if totals[i] <= 0:
+        return [("no result", {"fontsize": 10, "color": "#C00000"})]
+    r = rows[i]
+    note = format_seconds(totals[i])
+    mfu = r.get("mfu")
+    if mfu is not None and np.isfinite(mfu):
+        note += f"  ·  MFU {mfu:.1%}"
+    lines = [(note, {"fontsize": 10, "weight": "bold"})]
+    if i > 0 and totals[0] > 0:
+        change = throughput_change(rows[0], r)
+        colour = "#00734F" if change > 0.005 else ("#B03A00" if change < -0.005 else "#555555")
+        lines.append((f"{change:+.1%} tokens/s vs {_short(labels[0], 20)}",
+                      {"fontsize": 8.5, "color": colour}))
+    if r.get("fits") is False:
+        lines.append(("does not fit in GPU memory",
+                      {"fontsize": 8.5, "color": "#C00000", "weight": "bold"}))
+    return lines
+
+
+def _text_px(fig, text: str, **kw) -> float:
+    """Width in pixels of ``text`` drawn on ``fig`` with keywords ``kw`` (measured by the
+    figure's renderer, then removed)."""
+    t = fig.text(0, 0, text, **kw)
+    try:
+        return float(t.get_window_extent(renderer=fig.canvas.get_renderer()).width)
+    finally:
+        t.remove()
+
+
 @styled
 def plot_compare(
     rows: Sequence[dict], labels: Sequence[str], path: str | os.PathLike, *, title: str
@@ -85,20 +118,28 @@ def plot_compare(
     height_px = int(150 + n * (bar_px + 22))
     width_px = 1400
     fig = new_figure(width_px, height_px)
-    label_chars = max((len(lbl) for lbl in labels), default=5)
-    left = min(0.32, max(0.08, (label_chars * 7.5 + 20) / width_px))
+    totals = [
+        float(r.get("step_time_s") or sum((r.get("breakdown_s") or {}).values())) for r in rows
+    ]
+    notes = [_compare_note(rows, labels, totals, i) for i in range(n)]
+    # the labels and annotations as drawn, measured, so that none is clipped at either edge
+    label_w = max((_text_px(fig, lbl, fontsize=10) for lbl in labels), default=40.0)
+    left = min(0.4, max(0.08, (label_w + 24) / width_px))
     right = 0.985
     top = 1 - 80 / height_px
     bottom = 48 / height_px
     ax = fig.add_axes((left, bottom, right - left, top - bottom))
-    totals = [
-        float(r.get("step_time_s") or sum((r.get("breakdown_s") or {}).values())) for r in rows
-    ]
     t_max = max(totals) if totals and max(totals) > 0 else 1.0
     scale, unit = time_unit(t_max)
     axis_px = (right - left) * width_px
-    note_px = 230  # room right of the longest bar for its annotation
-    x_max = t_max * scale * axis_px / max(axis_px - note_px, 0.3 * axis_px)
+    gap_px = 8  # between a bar's end and its annotation
+    x_max = t_max * scale
+    for r, total, lines in zip(rows, totals, notes, strict=True):
+        end = max(total, sum(max(float(v or 0.0), 0.0)
+                             for v in (r.get("breakdown_s") or {}).values()))
+        note_w = max(_text_px(fig, text, **kw) for text, kw in lines) + gap_px + 6
+        room = max(axis_px - note_w, 0.3 * axis_px)  # the bar's end must leave note_w
+        x_max = max(x_max, end * scale * axis_px / room)
     px = x_max / axis_px
     present = []
     for i, r in enumerate(rows):
@@ -137,31 +178,8 @@ def plot_compare(
                     zorder=3,
                 )
             x += v
-        x_note = x + 8 * px
-        if totals[i] <= 0:
-            ax.text(x_note, i, "no result", va="center", fontsize=10, color="#C00000")
-            continue
-        note = format_seconds(totals[i])
-        mfu = r.get("mfu")
-        if mfu is not None and np.isfinite(mfu):
-            note += f"  ·  MFU {mfu:.1%}"
-        lines = [(note, {"fontsize": 10, "weight": "bold"})]
-        if i > 0 and totals[0] > 0:
-            change = throughput_change(rows[0], rows[i])
-            colour = "#00734F" if change > 0.005 else ("#B03A00" if change < -0.005 else "#555555")
-            lines.append(
-                (
-                    f"{change:+.1%} tokens/s vs {_short(labels[0], 20)}",
-                    {"fontsize": 8.5, "color": colour},
-                )
-            )
-        if r.get("fits") is False:
-            lines.append(
-                (
-                    "does not fit in GPU memory",
-                    {"fontsize": 8.5, "color": "#C00000", "weight": "bold"},
-                )
-            )
+        x_note = x + gap_px * px
+        lines = notes[i]
         offsets = {1: [0.0], 2: [-0.13, 0.17], 3: [-0.22, 0.06, 0.32]}[len(lines)]
         for (text, kw), dy in zip(lines, offsets, strict=True):
             ax.text(x_note, i + dy, text, va="center", zorder=3, clip_on=False, **kw)
