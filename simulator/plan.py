@@ -17,7 +17,8 @@ for N GPUs.
    DualPipeV where their micro-batch rules hold (:func:`dual_schedules`). A pipeline whose stages cannot hold the same number of layers gets the most even
    uneven split, the lighter stages at the ends where the embedding and the LM head sit
    (:func:`uneven_split`: Llama 3 405B's 126 layers over 16 stages are ``[7, 8 x 14, 7]``, as
-   Meta trained it). Everything else (global batch, dtypes, rank order) is the workload's. Divisibility is checked by :func:`simulator.config.checks.resolve`, the same
+   Meta trained it; multi-token prediction modules count as layers of the last stage, so
+   DeepSeek-V3's are ``[3, 4 x 14, 2]``, as its workload splits them). Everything else (global batch, dtypes, rank order) is the workload's. Divisibility is checked by :func:`simulator.config.checks.resolve`, the same
    function ``run`` uses, so a dropped layout has its reason.
 2. **Memory pre-screen** (:meth:`~simulator.plan_estimate.Estimator.memory_bytes`): the
    engine's own accounting of model states and in-flight activations, never above its peak,
@@ -186,17 +187,26 @@ def _runs(values: tuple[int, ...]) -> str:
     return ",".join(out)
 
 
-def uneven_split(layers: int, stages: int) -> tuple[int, ...] | None:
-    """Layers per stage when ``stages`` does not divide ``layers``: every stage gets
-    ``layers // stages`` and the remainder goes one layer each to the middle stages, so the
-    first and last stages (embedding, LM head) are the lighter ones; None when the split is
-    even or a stage would get no layer."""
-    base, extra = divmod(layers, stages)
-    if extra == 0 or base == 0:
+def uneven_split(layers: int, stages: int, last_extra: int = 0) -> tuple[int, ...] | None:
+    """Layers per stage, the most even split with the lighter stages at the ends (embedding,
+    LM head): every stage gets ``(layers + last_extra) // stages`` and the remainder goes one
+    layer each to the middle stages. ``last_extra`` layers' worth of work already sits on the
+    last stage (DeepSeek-V3's multi-token prediction modules, ``model.mtp_depth``: a layer
+    each), so they count in the split and the last stage takes that many fewer: DeepSeek-V3's
+    61 layers and one MTP module over 16 stages are ``[3, 4 x 14, 2]``, Llama 3 405B's 126
+    layers over 16 ``[7, 8 x 14, 7]``. None when the split is even or a stage would get no
+    layer (the last one may hold only its MTP modules)."""
+    units = layers + last_extra
+    base, extra = divmod(units, stages)
+    if base == 0 or (extra == 0 and last_extra == 0):
         return None
     order = sorted(range(stages), key=lambda s: (-min(s, stages - 1 - s), s))
     heavy = set(order[:extra])
-    return tuple(base + (1 if s in heavy else 0) for s in range(stages))
+    split = [base + (1 if s in heavy else 0) for s in range(stages)]
+    split[-1] -= last_extra
+    if split[-1] < 0:  # more MTP modules than a stage's share: split the layers alone
+        return uneven_split(layers, stages)
+    return tuple(split)
 
 
 def candidate_of(work: WorkloadConfig, res: Resolved) -> Candidate:
@@ -260,7 +270,8 @@ def _layouts_of(work: WorkloadConfig, n_gpus: int, tp: int, cp: int) -> Iterator
                 for rc in RECOMPUTE:
                     for sched, v in scheds:
                         # interleaved: an even split only; the others the most even one
-                        split = None if sched == "interleaved" else uneven_split(m.layers, pp * v)
+                        split = None if sched == "interleaved" else \
+                            uneven_split(m.layers, pp * v, m.mtp_depth)
                         for sp in sps:
                             for ep, etp in experts:
                                 yield Candidate(tp, pp, dp, mb, zero, rc, sched, v, sp, cp,

@@ -141,3 +141,41 @@ def test_estimate_of_deepseek_v3_as_shipped():
     assert (s["layout"]["pp"], s["layout"]["pp_schedule"], s["moe"]["ep"]) == (16, "dualpipe", 64)
     assert e.step_time_s == pytest.approx(s["step_time_s"], rel=0.25)
     assert e.memory_gib <= s["memory_gib"]["total"] * (1 + 1e-9)
+
+
+def test_uneven_split_counts_the_mtp_modules_on_the_last_stage():
+    """A multi-token prediction module (model.mtp_depth) is a layer's worth of work on the last
+    stage: the split is the most even one of layers + mtp_depth units, ends lighter, with the
+    last stage holding that many fewer layers. Closed form: units u = L + d over S stages,
+    base = u // S, the u % S heavier stages in the middle; then the last stage minus d."""
+    split = plan_mod.uneven_split
+    # DeepSeek-V3: 61 layers + 1 MTP over 16 stages, as its workload splits them
+    assert split(61, 16, 1) == (3,) + (4,) * 14 + (2,)
+    assert split(61, 16) == (3, 4) + (4,) * 12 + (3, 3)  # MTP ignored: the last stage's 3 + 1
+    assert split(60, 4, 1) == (15, 16, 15, 14)  # even without MTP, not with it
+    assert split(8, 8, 2) is None  # one unit a stage: the last cannot give up two
+    for layers in range(4, 70, 3):
+        for stages in (2, 4, 8, 16):
+            for d in (1, 2):
+                s = split(layers, stages, d)
+                if (layers + d) // stages < d:  # a stage's share is below d: layers alone
+                    assert s == split(layers, stages)
+                    continue
+                units = (*s[:-1], s[-1] + d)
+                assert sum(s) == layers and min(s) >= 0
+                assert max(units) - min(units) <= 1
+                assert units[-1] == min(units)  # the last stage is a light one
+                assert all(u >= max(units[0], units[-1]) for u in units[1:-1])
+
+
+def test_deepseek_v3_dual_candidates_split_for_the_mtp_module():
+    """plan's DualPipe candidates of DeepSeek-V3 on 16 ranks give the last stage (on rank 0,
+    beside the embedding's stage 0) one layer fewer for its MTP module; DualPipeV on 8 ranks x
+    16 stages the same."""
+    work = load_workload(ROOT / "workloads" / "deepseek-v3.yaml").workload
+    seen = set()
+    for c in enumerate_layouts(work, 2048, 8):
+        if c.pp_schedule in ("dualpipe", "dualpipev") and c.pp * c.virtual_stages == 16:
+            assert c.stage_layers == (3,) + (4,) * 14 + (2,), c
+            seen.add(c.pp_schedule)
+    assert seen == {"dualpipe", "dualpipev"}
