@@ -59,6 +59,7 @@ from simulator.model.moe import (
     beside_ep_slowdown,
 )
 from simulator.model.ops import DTYPE_BYTES as BYTES
+from simulator.model.pipeline_memory import TorchPipelineMemory, torch_pipeline_memory
 from simulator.model.sync import group_sync_factor
 from simulator.network.interference import slowdown_fn
 from simulator.network.topology import load_fabrics
@@ -380,6 +381,10 @@ class Estimator:
                 cand.tp if cand.sequence_parallel else 1)
             act_head += m.mtp_depth * (self._last_layer_activation(cand, res, act_layer)
                                        + act_head + proj)  # fmt: skip
+        tm = self._torch_memory(cand, res, m)
+        if tm is not None:  # torch.distributed.pipelining: one set of weight copies a step
+            act_layer -= tm.layer_cast
+            act_head -= tm.head_cast
         worst = 0.0
         skw = dict(zero=cand.zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
                    kernels=t.kernels, weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0],
@@ -397,14 +402,33 @@ class Estimator:
                 b = self._vs_activation(cand, res, vs, act_layer)
                 b += act_embed if vs == 0 else 0.0
                 b += act_head if vs == last else 0.0
+                b += tm.per_microbatch(vs == 0, vs == last) if tm is not None else 0.0
                 chunk.append(b)
             acts = peak_inflight_bytes(sched, s, pp, res.microbatches, v, tuple(chunk),
                                        self._combine(res))  # fmt: skip
+            if tm is not None:  # buffers and copies a step; the last stage's logits (all m
+                # at the peak: the forwards' end for GPipe, the last micro-batch for 1F1B)
+                acts += sum(tm.buffers(vs == 0, vs == last)
+                            + tm.casts(res.stage_layers[vs], vs == last)
+                            + (res.microbatches * tm.logits if vs == last else 0.0)
+                            for vs in stages)  # fmt: skip
             # The backward after that peak re-runs a layer (recompute) first; on the rank of
             # the last stage the LM head's backward frees its activations before that.
             freed = act_head if last in stages else 0.0
             worst = max(worst, states + acts + max(0.0, act_rc - freed))
         return worst
+
+    def _torch_memory(self, cand: Candidate, res: Resolved, local) -> TorchPipelineMemory | None:
+        """``pp_runtime: torch`` with stages, dense: what that runtime holds beside the saved
+        activations, as the engine counts it (:mod:`simulator.model.pipeline_memory`)."""
+        t = self.work.training
+        if self.work.parallelism.pp_runtime != "torch" or res.size("pp") == 1 or (
+                local.moe is not None or local.attention_kind == "mla"):
+            return None
+        return torch_pipeline_memory(
+            local, micro_batch=cand.micro_batch, microbatches=res.microbatches, tp=cand.tp,
+            sequence_parallel=cand.sequence_parallel, kernels=t.kernels, param_dtype=t.param_dtype,
+        )  # fmt: skip
 
     def _combine(self, res: Resolved) -> bool:
         """Whether the candidate runs combined 1F1B (the overlap switch with ep > 1)."""
