@@ -565,10 +565,11 @@ class Estimator:
         rank of pipeline rank ``src`` to its counterpart on ``dst`` (default: stage 0 to 1),
         with the receiver's TP all-gather under scatter/gather."""
         work, tp = self.work, res.size("tp")
+        d = tf.pp_stream_bytes(work.training.kernels, work.training.param_dtype)
         nbytes = tf.pp_activation_bytes(
             mc.cp_local(work.model, cand.cp), micro_batch=cand.micro_batch, tp=tp,
             sequence_parallel=cand.sequence_parallel,
-            scatter_gather=work.parallelism.pp_scatter_gather,
+            scatter_gather=work.parallelism.pp_scatter_gather, dtype_bytes=d,
         )  # fmt: skip
         if (src, dst) == (0, 1):
             send = self._cost("send", "pp", res, nbytes)
@@ -584,7 +585,8 @@ class Estimator:
         if tp > 1 and work.parallelism.pp_scatter_gather and not cand.sequence_parallel:
             # the receiver all-gathers the 1/tp pieces over its TP group (as the engine)
             send += self._cost("all_gather", "tp", res, tf.pp_activation_bytes(
-                work.model, micro_batch=cand.micro_batch, tp=1, sequence_parallel=False))
+                work.model, micro_batch=cand.micro_batch, tp=1, sequence_parallel=False,
+                dtype_bytes=d))
         return send
 
     def estimate(self, cand: Candidate, res: Resolved) -> Estimate:

@@ -110,3 +110,15 @@ def test_plan_prescreen_counts_the_same(schedule):
     plan = _plan(loaded)
     slack = max(max(plan.lazy_grad_mem(p) for p in plan.procs), plan.act_bytes_head_transient)
     assert abs(got - sim) <= slack
+
+
+@pytest.mark.parametrize("param_dtype,width", [("fp32", 4), ("bf16", 2)])
+def test_pipeline_sends_carry_the_residual_stream(param_dtype, width):
+    """A stage sends its output, the residual stream: fp32 in eager code under autocast over
+    fp32 weights (the embedding and the residual additions return fp32), bf16 with bf16
+    weights: ``b s h`` elements of that width each way."""
+    loaded = load_workload(GPIPE, [f"training.param_dtype={param_dtype}"])
+    m = loaded.workload.model
+    ev = simulate(loaded).events
+    sends = ev[ev["stream"] == "pp"]
+    assert len(sends) and (sends["bytes"] == 2 * m.seq_len * m.hidden * width).all()

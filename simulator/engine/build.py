@@ -321,8 +321,9 @@ class _Builder:
                 # Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1): each TP rank
                 # sends 1/tp of the boundary tensor; the receiver all-gathers it over its TP
                 # group before using it (activations forward, gradients backward).
-                whole = tf.pp_activation_bytes(self.local_model, micro_batch=t.micro_batch,
-                                               tp=1, sequence_parallel=False)  # fmt: skip
+                whole = tf.pp_activation_bytes(
+                    self.local_model, micro_batch=t.micro_batch, tp=1, sequence_parallel=False,
+                    dtype_bytes=tf.pp_stream_bytes(t.kernels, t.param_dtype))  # fmt: skip
                 gather = Part("pp all_gather", "comm", comm_cost("tp", "all_gather", whole),
                               op="all_gather", nbytes=whole, dim="tp")  # fmt: skip
                 hit = replace(hit, pp_gather=(gather,))
@@ -745,6 +746,7 @@ class _Builder:
         return tf.pp_activation_bytes(
             self.local_model, micro_batch=t.micro_batch, tp=self.tp, sequence_parallel=self.sp,
             scatter_gather=self.par.pp_scatter_gather,
+            dtype_bytes=tf.pp_stream_bytes(t.kernels, t.param_dtype),
         )
 
     def comm_exec(self, spec: CommSpec, p: Proc):

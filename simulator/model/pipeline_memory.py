@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from simulator.config.schema import ModelConfig
 from simulator.model.memory import weight_cast_bytes
 from simulator.model.ops import local_dims
+from simulator.model.transformer import pp_stream_bytes
 
 
 @dataclass(frozen=True)
@@ -82,15 +83,14 @@ def torch_pipeline_memory(
     param_dtype: str,
     dtype_bytes: int = 2,
 ) -> TorchPipelineMemory:
-    """:class:`TorchPipelineMemory` of a model split into pipeline stages. The residual stream
-    is in the parameter dtype in eager code under autocast (the embedding and every residual
-    addition return fp32 with fp32 parameters) and in the compute dtype otherwise."""
+    """:class:`TorchPipelineMemory` of a model split into pipeline stages; a boundary tensor in
+    the residual stream's dtype (:func:`simulator.model.transformer.pp_stream_bytes`)."""
     L = local_dims(model, micro_batch, tp, sequence_parallel)
     cast = weight_cast_bytes(model, micro_batch=micro_batch, tp=tp,
                              sequence_parallel=sequence_parallel, dtype_bytes=dtype_bytes,
                              param_dtype=param_dtype)  # fmt: skip
     head_cast = float(model.hidden * L.vocab * dtype_bytes) if cast else 0.0
-    stream = 4 if kernels == "eager" and param_dtype == "fp32" else dtype_bytes
+    stream = pp_stream_bytes(kernels, param_dtype)
     return TorchPipelineMemory(
         layer_cast=cast,
         head_cast=head_cast,

@@ -479,6 +479,13 @@ def tp_comm_bytes(model: ModelConfig, *, micro_batch: int, dtype_bytes: int = 2)
     return float(micro_batch * model.seq_len * model.hidden * dtype_bytes)
 
 
+def pp_stream_bytes(kernels: str, param_dtype: str) -> int:
+    """Bytes per element of the tensor a pipeline stage sends: the residual stream, which eager
+    code keeps in the parameter dtype (fp32 under autocast over fp32 weights: the embedding's
+    output and every residual addition are fp32) and fused (Megatron) code in 16 bits."""
+    return DTYPE_BYTES[param_dtype] if kernels == "eager" else 2
+
+
 def pp_activation_bytes(
     model: ModelConfig,
     *,
@@ -491,7 +498,8 @@ def pp_activation_bytes(
     """Bytes one TP rank sends to the next pipeline stage per micro-batch (and the same
     gradient back). With SP the hidden state is already split ``s/tp``; without it each rank
     sends the full ``b*s*h`` unless Megatron's scatter/gather optimisation (Narayanan et al.
-    2021, Section 4.1) splits it ``1/tp`` and the receiver all-gathers over NVLink."""
+    2021, Section 4.1) splits it ``1/tp`` and the receiver all-gathers over NVLink.
+    ``dtype_bytes``: the residual stream's (:func:`pp_stream_bytes`)."""
     full = micro_batch * model.seq_len * model.hidden * dtype_bytes
     return float(full / tp if (sequence_parallel or scatter_gather) else full)
 
