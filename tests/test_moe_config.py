@@ -68,6 +68,8 @@ def test_model_defaults():
          "training.moe_routing", ["training.moe_expert_load", "accepted: balanced"]),
         (moe_work(training={"moe_routing": "random"}, moe={"capacity_factor": 1.0}),
          "training.moe_routing", ["capacity_factor"]),
+        (moe_work(training={"moe_routing": "learned"}, moe={"capacity_factor": 1.0}),
+         "training.moe_routing", ["capacity_factor", "accepted: balanced"]),
         ({**BASE_WORK, "training": {**BASE_WORK["training"], "moe_routing": "random"}},
          "training.moe_routing", ["needs model.moe"]),
         (moe_work(training={"moe_dispatcher": "flex"}), "training.moe_dispatcher",

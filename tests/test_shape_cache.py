@@ -157,6 +157,8 @@ def test_the_steps_alt_workloads_set_its_router():
         with open(path) as f:
             t = yaml.safe_load(f)["training"]
         assert t["moe_route_correlation"] == routes.COLLAPSED_ROUTER, path
+        assert t["moe_routing"] == "learned", path
+        assert t["moe_rank_correlation"] == routes.COLLAPSED_RANKS, path
 
 
 def test_the_slowest_rank_by_enumeration():

@@ -14,6 +14,10 @@ each case's model, micro-batch, micro-batches and GPUs (EP = GPUs).
   micro-batch), the mean over the ranks.
 * :func:`measured_new`: per rank and step, the calls whose ``M`` no earlier call of the rank
   had (one kind of GEMM; every kind of a layer sees the same counts), counted from the rows.
+* :func:`rank_correlation_of`: the same per EP rank (a rank's copies in a call), for
+  ``training.moe_rank_correlation`` (``moe_routing: learned``: the busiest rank of a call,
+  :mod:`simulator.model.route_skew`; :func:`measured_busiest` against
+  :func:`predicted_busiest`).
 * ``refit``: the default is the mean correlation of the stable router's cases
   (``steps_third.py``); ``steps_alt.py``'s router collapses (counts piled at 0 and at every
   token), its own value is what its workloads set (:data:`COLLAPSING`).
@@ -30,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from simulator.calibrate import REPO, jsonl
-from simulator.config.schema import ROUTE_CORRELATION_DEFAULT
+from simulator.config.schema import RANK_CORRELATION_DEFAULT, ROUTE_CORRELATION_DEFAULT
+from simulator.model import route_skew
 from simulator.model.shape_cache import Stream, correlation, new_share
 
 DIAG = REPO / "data" / "measured" / "diagnosis9-h100x4"
@@ -149,11 +154,56 @@ def refit() -> dict[str, tuple[float, float]]:
     f = fit()
     if not f:
         return {}
+    g = fit_rank()
     return {"schema.ROUTE_CORRELATION_DEFAULT": (shipped_round(f[STABLE]),
                                                  ROUTE_CORRELATION_DEFAULT),
             f"{COLLAPSING} workloads' moe_route_correlation": (shipped_round(f[COLLAPSING]),
-                                                                COLLAPSED_ROUTER)}
+                                                                COLLAPSED_ROUTER),
+            "schema.RANK_CORRELATION_DEFAULT": (shipped_round(g[STABLE]),
+                                                RANK_CORRELATION_DEFAULT),
+            f"{COLLAPSING} workloads' moe_rank_correlation": (shipped_round(g[COLLAPSING]),
+                                                               COLLAPSED_RANKS)}
 
 
 #: ``training.moe_route_correlation`` of the ``steps_alt.py`` workloads (its router collapses)
 COLLAPSED_ROUTER = 0.53
+#: ``training.moe_rank_correlation`` of the ``steps_alt.py`` workloads (per EP rank)
+COLLAPSED_RANKS = 0.21
+
+
+def rank_counts(case: Case) -> np.ndarray:
+    """``[call][rank]``: the copies each EP rank's experts received in each logged call
+    (every layer's calls, in order), summed over its local experts."""
+    per = case.rows.sum(axis=3)  # [rank][layer][call]
+    return per.reshape(per.shape[0], -1).T
+
+
+def rank_correlation_of(case: Case) -> float:
+    """The correlation of two copies' EP ranks within a call (``training.
+    moe_rank_correlation``): the method of moments of every rank's count in every call
+    (:func:`simulator.model.shape_cache.correlation`, ``copies`` trials each, mean share
+    ``1/ep``), so both the drift from call to call and a rank's lasting excess count."""
+    counts = rank_counts(case)
+    return correlation(counts.ravel(), int(round(counts.sum(axis=1).mean())))
+
+
+def measured_busiest(case: Case) -> float:
+    """The busiest EP rank's copies over the mean rank's, mean over the logged calls."""
+    counts = rank_counts(case)
+    return float(np.mean(counts.max(axis=1) / counts.mean(axis=1)))
+
+
+def predicted_busiest(case: Case, rho: float) -> float:
+    """The model's busiest rank over the mean (:func:`simulator.model.route_skew.
+    busiest_share` at uniform mean shares) for the case's copies per call and ``rho``."""
+    ranks = case.rows.shape[0]
+    copies = float(rank_counts(case).sum(axis=1).mean())
+    return ranks * route_skew.busiest_share((1.0 / ranks,) * ranks, copies, rho)
+
+
+def fit_rank() -> dict[str, float]:
+    """{script: mean rank correlation of its cases}."""
+    by: dict[str, list[float]] = {}
+    for c in cases():
+        by.setdefault(c.script, []).append(rank_correlation_of(c))
+    return {s: float(np.mean(v)) for s, v in by.items()}

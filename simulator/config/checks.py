@@ -383,6 +383,10 @@ def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
             "parallelism.etp", f"moe.ffn_hidden={moe.ffn_hidden} is not divisible by etp={etp}"
         )
     load = t.moe_expert_load
+    if t.moe_routing == "learned" and moe.capacity_factor is not None:
+        raise fail("training.moe_routing",
+                   "learned routes' busiest rank is not modelled with model.moe.capacity_factor "
+                   "(accepted: balanced, or drop that key)")
     if t.moe_routing == "random" and (load is not None or moe.capacity_factor is not None):
         raise fail("training.moe_routing",
                    "random routes draw every expert alike and are not modelled with "

@@ -60,6 +60,9 @@ MIN_BANDWIDTH_FACTOR = 1e-9  # a degraded link keeps at least this share (0 = fa
 #: training.moe_route_correlation's default: a stable learning router's, measured
 #: (simulator/calibrate/routes.py refits it from data/measured/diagnosis9-h100x4)
 ROUTE_CORRELATION_DEFAULT = 1.7e-4
+#: training.moe_rank_correlation's default: the same stable router's, per EP rank
+#: (simulator/calibrate/routes.py refits it from data/measured/diagnosis9-h100x4)
+RANK_CORRELATION_DEFAULT = 8.4e-5
 MAX_LATENCY_US = 1e6  # one second per hop
 MAX_BUCKET_MB = 1e6
 
@@ -448,14 +451,18 @@ class TrainingConfig(Frozen):
     moe_expert_load: tuple[Float, ...] | None = Field(
         None, description="share of routed tokens per expert (sums to 1); default uniform"
     )
-    moe_routing: Literal["balanced", "random"] = Field(
+    moe_routing: Literal["balanced", "random", "learned"] = Field(
         "balanced",
         description="how a micro-batch's routed copies spread over the experts: balanced "
         "(each expert gets exactly its share, moe_expert_load or uniform: an idealisation) or "
         "random (each token picks its top_k experts uniformly at random, independently of "
         "the others, as Megatron-Core's --moe-router-force-load-balancing does with i.i.d. "
         "normal logits per token; the busiest EP rank, which every rank waits for, then "
-        "carries the expected maximum of the ranks' counts)",
+        "carries the expected maximum of the ranks' counts) or learned (a learned router's "
+        "shares move from call to call: each MoE layer call waits for its busiest EP rank, "
+        "at the expected maximum of Dirichlet-multinomial rank shares around "
+        "moe_expert_load or uniform, spread by moe_rank_correlation; "
+        "simulator/model/route_skew.py)",
     )
     moe_router_fusion: Bool = Field(
         True,
@@ -481,6 +488,14 @@ class TrainingConfig(Frozen):
         "router). With measured_steps it sets how often an eager expert GEMM's row count is "
         "new to the process (simulator/model/shape_cache.py). Default: a stable learning "
         "router as measured (data/measured/diagnosis9-h100x4)",
+    )
+    moe_rank_correlation: Float = Field(
+        RANK_CORRELATION_DEFAULT, ge=0, le=1,
+        description="with moe_routing: learned, how alike a learned router sends the token "
+        "copies of one call to an EP rank (the correlation of two copies' ranks: a rank's "
+        "count has variance n p (1-p) (1 + (n-1) rho)). Default: a stable learning router "
+        "as measured (steps_third.py, data/measured/diagnosis9-h100x4); 0.21 measured for "
+        "steps_alt.py's collapsing router (python -m simulator.calibrate routes)",
     )
     measured_steps: tuple[PositiveInt, PositiveInt] | None = Field(
         None,

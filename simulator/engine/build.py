@@ -816,7 +816,7 @@ class _Builder:
             return None, 0
         t = self.t
         loc = moe_math.moe_local(self.local_model, t.micro_batch, self.tp, 1, self.ep, self.etp,
-                                 t.moe_expert_load)
+                                 moe_math.load_spec(t))
         layers = max(sum(moe_sizes.is_moe_layer(self.m, g)
                          for c in range(self.chunks) for g in self.layers_of(s, c))
                      for s in range(self.pp))

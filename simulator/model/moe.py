@@ -40,7 +40,7 @@ from functools import lru_cache
 import numpy as np
 
 from simulator.config.schema import ModelConfig, TrainingConfig
-from simulator.model import shape_cache
+from simulator.model import route_skew, shape_cache
 from simulator.model.ops import DTYPE_BYTES, FP32, Op, gemm_grads, gemm_op, mem_op
 
 #: int64 indices (token ids, permutations)
@@ -284,11 +284,27 @@ class MoELocal:
 RANDOM = "random"
 
 
-def load_spec(training: TrainingConfig) -> tuple[float, ...] | str | None:
+@dataclass(frozen=True)
+class Learned:
+    """``load`` of :func:`moe_local` for a learned router (``training.moe_routing:
+    learned``): mean shares ``means`` (None: uniform), rank correlation ``rho``
+    (``training.moe_rank_correlation``); ``calls``: the busiest rank of the average of that
+    many independent calls (1: of each call, what the step waits for; a stage's MoE layers:
+    what its memory holds)."""
+
+    means: tuple[float, ...] | None
+    rho: float
+    calls: int = 1
+
+
+def load_spec(training: TrainingConfig, calls: int = 1) -> tuple[float, ...] | str | Learned | None:
     """What :func:`moe_local` takes as ``load`` for a workload: its ``moe_expert_load``,
-    :data:`RANDOM` for random routes, or None (balanced and uniform)."""
+    :data:`RANDOM` for random routes, :class:`Learned` for a learned router's shares (its
+    busiest rank over ``calls`` calls), or None (balanced and uniform)."""
     if training.moe_routing == RANDOM:
         return RANDOM
+    if training.moe_routing == "learned":
+        return Learned(training.moe_expert_load, training.moe_rank_correlation, calls)
     return training.moe_expert_load
 
 
@@ -346,6 +362,27 @@ def _random_shares(model: ModelConfig, ep: int, routed_tokens: float) -> tuple[f
 
 
 @lru_cache(maxsize=256)
+def _learned_shares(model: ModelConfig, ep: int, copies: float, spec: Learned
+                    ) -> tuple[float, ...]:
+    """Shares whose busiest EP rank carries a learned router's expected busiest share of a
+    call's ``copies`` (:func:`simulator.model.route_skew.busiest_share`), that rank being the
+    one of the largest mean; its experts keep their mean proportions, the other ranks share
+    the rest in theirs (only the busiest rank is priced)."""
+    E = model.moe.experts
+    mean = expert_shares(model, spec.means)
+    per = E // ep
+    ranks = [sum(mean[r * per:(r + 1) * per]) for r in range(ep)]
+    if ep < 2:
+        return mean
+    top_r = max(range(ep), key=lambda r: (ranks[r], -r))
+    top = route_skew.busiest_share(tuple(ranks), copies, spec.rho, spec.calls)
+    out = []
+    for r in range(ep):
+        scale = top / ranks[r] if r == top_r else (1.0 - top) / (1.0 - ranks[top_r])
+        out += [s * scale for s in mean[r * per:(r + 1) * per]]
+    return tuple(out)
+
+
 def moe_local(
     model: ModelConfig,
     micro_batch: int,
@@ -353,7 +390,7 @@ def moe_local(
     cp: int,
     ep: int,
     etp: int,
-    load: tuple[float, ...] | str | None = None,
+    load: tuple[float, ...] | str | Learned | None = None,
 ) -> MoELocal:
     """Tokens per rank, the busiest EP rank's expert loads and the dispatch volumes.
 
@@ -363,12 +400,16 @@ def moe_local(
     each computes every copy of its experts on ``ffn/etp`` columns. With uniform load a rank
     sends ``tokens*top_k*(ep-1)/ep`` copies to its peers and receives as many. ``load``
     :data:`RANDOM`: random routes, the busiest rank at its expected maximum over the
-    ``ep*etp*tokens`` routed tokens (:func:`random_busiest_excess`)."""
+    ``ep*etp*tokens`` routed tokens (:func:`random_busiest_excess`); :class:`Learned`: a
+    learned router, the busiest rank at its expected share of a call's copies
+    (:func:`_learned_shares`)."""
     moe = model.moe
     E, k = moe.experts, moe.top_k
     tokens = micro_batch * -(-model.seq_len // (tp * cp))
     if load == RANDOM:
         shares = _random_shares(model, ep, ep * etp * tokens)
+    elif isinstance(load, Learned):
+        shares = _learned_shares(model, ep, ep * etp * tokens * k, load)
     else:
         shares = expert_shares(model, load)
     N = ep * etp * tokens * k
@@ -756,7 +797,9 @@ def moe_activation_bytes(
     and the weights; DeepSeek-V3 caches the SwiGLU input and recomputes its output,
     arXiv:2412.19437, Section 3.3.3), so the un-permutation is a plain sum that keeps nothing.
     Eager code (``grouped=False``) scales the combined copies by the weights after the
-    exchange, and keeps them (``t*top_k x h``) for the weights' gradient.
+    exchange, and keeps them (``t*top_k x h``) for the weights' gradient; its SwiGLU experts
+    are separate modules, so the product also keeps ``silu``'s output (``R x ffn``, as the
+    dense eager layer's ``silu_output``).
 
     ``modules`` (selective recomputation, Megatron-Core's recompute modules): ``moe_act``
     drops fc2's input (the activation's output, recomputed from its input), ``layernorm`` the
@@ -774,6 +817,10 @@ def moe_activation_bytes(
     n += R * h * g + R * fc1_out * g  # dispatched copies (fc1 input), activation input
     n += 0 if "moe_act" in modules else R * f * g  # fc2 input
     n += 0 if grouped else t * k * h * d  # the combined copies the weights multiply
+    if not grouped and model.activation == "swiglu" and "moe_act" not in modules:
+        # eager w2(silu(w1 x) * w3 x): the product saves silu's output beside w3's, silu its
+        # input, w2 the product (benchmarks/device/steps.py FeedForward, steps_third.py SwiGLU)
+        n += R * f * d
     if moe.shared_experts:
         fs = moe.shared_experts * moe.shared_ffn // tp
         fs1 = 2 * fs if model.activation == "swiglu" else fs

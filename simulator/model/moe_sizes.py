@@ -16,6 +16,7 @@ from simulator.model import mla
 from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
 from simulator.model.ops import DTYPE_BYTES as BYTES
+from simulator.model.ops import local_dims
 
 #: Precisions whose recipe caches a GEMM's input for the backward as its quantised copy
 #: (1 byte: Transformer Engine keeps the FP8 input of a Linear for its weight gradient;
@@ -121,8 +122,26 @@ def layer_activation_bytes(
         attn = mla.mla_activation_bytes(local, t.micro_batch, tp, sp, d, recompute=mods,
                                         gemm_in=g, attn_out=attention_output_bytes(t))  # fmt: skip
     if is_moe_layer(local, layer):
+        # a learned router's busiest rank over the micro-batch's MoE layers (their
+        # activations are held together; simulator/model/route_skew.py), not per call
+        calls = max(1, local.layers - local.moe.dense_layers)
         loc = moe_math.moe_local(local, t.micro_batch, tp, 1, ep, etp,
-                                  moe_math.load_spec(t))
+                                  moe_math.load_spec(t, calls))
         mlp = moe_math.moe_activation_bytes(local, loc, tp=tp, d=d, modules=mods, gemm_in=g,
                                             grouped=t.kernels == "fused")  # fmt: skip
+        if tensors.get("weight_casts"):
+            attn += _moe_cast_change(local, loc, t.micro_batch, tp, sp, d)
     return attn + norm2 + mlp
+
+
+def _moe_cast_change(local: ModelConfig, loc, b: int, tp: int, sp: bool, d: int) -> float:
+    """What autocast's weight casts (:func:`simulator.model.memory._weight_cast_bytes`, kept
+    until the layer's backward) change in an MoE layer: the dense MLP's casts are not made,
+    the router's, the rank's local experts' (each one a module whose weights autocast casts
+    once per forward) and the shared experts' are."""
+    L = local_dims(local, b, tp, sp)
+    moe = local.moe
+    dense = local.hidden * L.fc1_out + L.ffn * local.hidden
+    experts = loc.local_experts * moe_math.expert_params(local, loc.ffn)
+    shared = moe.shared_experts * moe_math.expert_params(local, moe.shared_ffn) // tp
+    return float((moe_math.router_params(local) + experts + shared - dense) * d)
