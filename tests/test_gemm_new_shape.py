@@ -14,7 +14,7 @@ from simulator.config.load import load_workload
 from simulator.engine.host import HostRates
 from simulator.engine.program import Part
 from simulator.hardware.catalog import load_gpu
-from simulator.model.moe import moe_local, new_shape_share
+from simulator.model.moe import load_spec, moe_local, new_shape_share
 from simulator.model.shape_cache import slowest_share
 
 US = 1e-6
@@ -45,7 +45,7 @@ def _loc(w):
     """The busiest EP rank's experts of workload ``w``, its MoE layer calls a step and the
     ranks whose tokens an expert takes."""
     t, ep = w.training, w.parallelism.ep
-    loc = moe_local(w.model, t.micro_batch, 1, 1, ep, 1, t.moe_expert_load)
+    loc = moe_local(w.model, t.micro_batch, 1, 1, ep, 1, load_spec(t))
     return loc, w.model.layers * t.global_batch // (t.micro_batch * w.parallelism.dp), ep
 
 
@@ -109,7 +109,7 @@ def test_a_host_bound_benchmark_step_pays_the_expected_new_shapes():
     w = load_workload(MOE).workload
     tiny = w.model.model_copy(update={"hidden": 256, "seq_len": 128})
     t = w.training.model_copy(update={"measured_steps": (4, 9)})
-    loc = moe_local(tiny, t.micro_batch, 1, 1, 2, 1, None)
+    loc = moe_local(tiny, t.micro_batch, 1, 1, 2, 1, load_spec(t))  # its learned router's busiest rank
     share = new_shape_share(tiny, t, loc, 6 * 2, 2)
     fwd, bwd = slowest_share(share, 4, 2), slowest_share(share, 4 * 6, 2)
     assert share < bwd < fwd < 1.0
