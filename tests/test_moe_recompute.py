@@ -48,11 +48,12 @@ def test_moe_act_and_fp8_cache_in_the_moe_block():
 def test_routing_weights_applied_in_the_experts_keep_no_combined_copies():
     # fused kernels weight the copies inside the SwiGLU (Megatron-Core's weighted_bias_swiglu,
     # DeepSeek-V3's cached SwiGLU input): the un-permutation keeps nothing; eager code keeps
-    # the top_k combined copies of every token (bf16) for the weights' gradient
+    # the top_k combined copies of every token (bf16) for the weights' gradient, and, its
+    # SwiGLU being separate modules, silu's output for the product (R copies x ffn, bf16)
     loc = moe.moe_local(M, 1, 1, 1, 64, 1)
     fused = moe.moe_activation_bytes(M, loc, tp=1, d=2)
     eager = moe.moe_activation_bytes(M, loc, tp=1, d=2, grouped=False)
-    assert eager - fused == T * 8 * H * 2
+    assert eager - fused == T * 8 * H * 2 + sum(loc.expert_tokens) * loc.ffn * 2
 
 
 def test_layer_bytes_follow_the_training_settings():
