@@ -17,6 +17,11 @@ Timing (``timing`` field), every op on all ``WORLD_SIZE`` GPUs as one group, bf1
 - ``events``: a CUDA event between back-to-back calls, as ``comm.py`` (and nccl-tests'
   loop) does. Where the host issues a call more slowly than the GPU runs it (small
   messages, Python), this is the host's call interval, not the collective.
+- ``single``: one call at a time on the device: the stream sleeps 2 ms (the host enqueues the
+  call behind it), then an event, the call, an event; median of ``k`` such calls. No call
+  runs before or after it on the GPU, as in a host-synchronised loop, but without the host's
+  launch in the time. ``time_s`` is the slowest rank's, ``per_rank_s`` all (the rank whose
+  sleep ends first also waits for its peers' sleeps to end: the fastest rank is the call).
 - ``device``: the current stream first sleeps (``torch.cuda._sleep``) long enough for the
   host to enqueue all ``k`` calls behind it, so the GPU then runs them back to back as a
   training step does when its host is ahead. Time per call = (event after the last call -
@@ -86,6 +91,7 @@ def main() -> int:
     ap.add_argument("--min-bytes", type=int, default=4096)
     ap.add_argument("--max-bytes", type=int, default=2**30)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--factor", type=int, default=4, help="size step (x factor)")
     ap.add_argument("--budget-s", type=float, default=100)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parse", nargs="*", help="NCCL log files to parse (no measurement)")
@@ -156,6 +162,19 @@ def measure(args) -> int:
         dist.barrier()
         torch.cuda.synchronize()
         ahead = None
+        if timing == "single":
+            ts = []
+            for _ in range(k):
+                torch.cuda._sleep(int(cycles_per_s * 2e-3))
+                ev[0].record()
+                fn()
+                ev[1].record()
+                ahead = (ahead is not False) and not ev[0].query()
+                torch.cuda.synchronize()
+                ts.append(ev[0].elapsed_time(ev[1]) / 1e3)
+                dist.barrier()
+                torch.cuda.synchronize()
+            return statistics.median(ts), ahead
         if timing == "device":  # 300 us of enqueueing per call is ample for Python + NCCL
             torch.cuda._sleep(int(cycles_per_s * (2e-3 + 3e-4 * k)))
         ev[0].record()
@@ -172,7 +191,7 @@ def measure(args) -> int:
     sizes, s = [], args.min_bytes
     while s <= args.max_bytes:
         sizes.append(s)
-        s *= 4
+        s *= args.factor
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, args.file)
     t0 = time.time()
@@ -203,7 +222,8 @@ def measure(args) -> int:
                        "timing": timing, "time_s": float(worst[0]), "best_s": float(worst[1]),
                        "calls_per_repeat": k, "repeats": args.repeats,
                        "host_ahead": (bool(min(float(t[2]) for t in allr))
-                                      if timing == "device" and not quick else None),
+                                      if timing in ("device", "single") and not quick
+                                      else None),
                        "per_rank_s": [float(t[0]) for t in allr], "nccl": nccl, "env": env,
                        "dtype": "bf16"}
                 if rank == 0:
