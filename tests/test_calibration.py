@@ -62,11 +62,16 @@ def test_network_constants_are_a_minimum_of_the_fit():
     prob = network._Problem()
     base = network.shipped()
     l0 = prob.loss(base)
-    steps = {"nvlink_efficiency": 0.005, "launch_total_us": 0.5, "copy_GBps": 50.0}
+    steps = {"nvlink_efficiency": 0.005, "launch_total_us": 0.5, "copy_GBps": 50.0,
+             "ring_fill_fraction": 0.01, "ring_slice_us": 0.05}
     for name, step in steps.items():
         for sign in (-1, 1):
-            moved = dict(base, **{name: base[name] + sign * step})
+            moved = dict(base, **{name: min(network.FREE[name][2], base[name] + sign * step)})
             assert prob.loss(moved) > l0 - 2e-3, (name, sign)
+    # the fit reads the host-synchronised set and the device-bound ring rows (2x H100 device
+    # timing from 4 MiB, the ring run's pairs and groups of 4 from 4 MiB, the 4x H100
+    # calibration files' event rows from 64 MiB)
+    assert (len(prob.rows), len(prob.dev)) == (72, 8 + 27 + 27 + 18 + 9)
 
 
 def test_alltoall_constants_equal_their_refit():

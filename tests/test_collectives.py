@@ -4,6 +4,7 @@ algorithm choice, speed, and the calibration against measured NCCL collectives o
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,17 @@ def h200x4() -> Topology:
 # ---------------------------------------------------------------- closed forms
 
 
+def _simple_extra(S, n, steps, local, B, copy_Bps, link_share=1.0):
+    """NCCL ring / Simple's first-chunk share of a step and its slice handshakes within a node
+    (fabrics.yaml nccl.ring_simple_fill): a rank's S/n a step, ``link_share`` of it on each
+    link of rate B."""
+    f = load_fabrics()["nccl"]["ring_simple_fill"]
+    piece = S / n / f["channels"]
+    step = S / n * link_share / B + local / steps / copy_Bps
+    slices = (steps + 1) * 2 * math.ceil(piece / f["chunk_bytes"])
+    return f["fraction"] * step * min(1.0, f["chunk_bytes"] / piece) + f["slice_us"] * 1e-6 * slices
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_ring_all_reduce_and_all_gather_closed_form_in_a_node(n):
     t = dgx(nodes=1)
@@ -51,14 +63,16 @@ def test_ring_all_reduce_and_all_gather_closed_form_in_a_node(n):
     lat = t.cfg.nvlink_latency_us * 1e-6 + SIMPLE["intra"] * 1e-6
     g = list(range(n))
     ar = m.cost("all_reduce", [g], S, "ring/Simple")
-    # 2(n-1) steps of S/n, plus per-step latency, plus the kernel's local copies (2S)
+    # 2(n-1) steps of S/n, plus per-step latency, plus the kernel's local copies (2S), plus
+    # Simple's first chunk and slice handshakes (test_ring_fill.py checks those apart)
     expect = m.launch_s("all_reduce", g) + 2 * (n - 1) / n * S / B + 2 * (n - 1) * lat
-    expect += 2 * S / m.copy_Bps
+    expect += 2 * S / m.copy_Bps + _simple_extra(S, n, 2 * (n - 1), 2 * S, B, m.copy_Bps)
     assert ar.time_s == pytest.approx(expect, rel=0.01)
     assert ar.n_steps == 2 * (n - 1)
     ag = m.cost("all_gather", [g], S, "ring/Simple")
     expect = m.launch_s("all_gather", g) + (n - 1) / n * S / B + (n - 1) * lat
-    expect += (n + 1) / n * S / m.copy_Bps
+    expect += (n + 1) / n * S / m.copy_Bps + _simple_extra(S, n, n - 1, (n + 1) / n * S, B,
+                                                           m.copy_Bps)
     assert ag.time_s == pytest.approx(expect, rel=0.01)
     # every GPU's NVLink up link carries 2(n-1)/n S for the all-reduce
     assert ar.link_bytes[t.route(0, 1)[0]] == pytest.approx(2 * (n - 1) / n * S)
@@ -74,6 +88,7 @@ def test_mesh_node_uses_several_rings():
     lat = t.cfg.nvlink_latency_us * 1e-6 + SIMPLE["intra"] * 1e-6
     c = m.cost("all_reduce", [range(4)], S, "ring/Simple")
     expect = m.launch_s("all_reduce", range(4)) + 6 * (S / 8 / B + lat) + 2 * S / m.copy_Bps
+    expect += _simple_extra(S, 4, 6, 2 * S, B, m.copy_Bps, link_share=0.5)
     assert c.time_s == pytest.approx(expect, rel=0.01)
 
 

@@ -74,10 +74,32 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter")
 SMALL_WEIGHT, SMALL_BYTES = 0.3, 2**20
 # name: (where in fabrics.yaml, lower bound, upper bound, decimals shipped)
 FREE = {
-    "nvlink_efficiency": (("links", "nvlink", "efficiency"), 0.7, 1.0, 3),
+    # at most the data rate NVIDIA states over the line rate (H100 / H200 NVLink4: 450 GB/s a
+    # direction of 18 x 26.5625 GB/s, 0.941): without that bound the fit runs along a flat ridge
+    # of the efficiency against copy_GBps to the line rate itself
+    "nvlink_efficiency": (("links", "nvlink", "efficiency"), 0.7, 0.941, 3),
     "launch_total_us": (None, 5.0, 120.0, 1),
     "copy_GBps": (("nccl", "copy_GBps"), 500.0, 6000.0, -1),
+    "ring_fill_fraction": (("nccl", "ring_simple_fill", "fraction"), 0.0, 1.0, 3),
+    "ring_slice_us": (("nccl", "ring_simple_fill", "slice_us"), 0.0, 5.0, 2),
 }
+#: device-bound ring collectives (no host in the time), fitted beside the host-synchronised set:
+#: (file, topology, timing, labels read, smallest size, whether a group ran alone). The 2x H100
+#: device-timed all-gathers / reduce-scatters and the 4x H100 ring run of
+#: benchmarks/device/call_ring_simple.sh (NCCL's own choices, ``label`` auto) from 4 MiB, where
+#: NCCL runs ring / Simple (its logs); the 4x H100 calibration files' CUDA-event rows from 64 MiB
+#: (160 us and more a call against the host's 41-124 us interval: the GPU bounds them).
+DEVICE_BOUND = (
+    (DEVICE_DATA, DEVICE_TOPOLOGY, "device", None, 2**22, True),
+    (REPO / "data/measured/ring-simple-h100x4/g2.jsonl", DEVICE_TOPOLOGY, "device", "auto",
+     2**22, True),
+    (REPO / "data/measured/ring-simple-h100x4/g4.jsonl", REPO / "topologies/h100x4-nvswitch.yaml",
+     "device", "auto", 2**22, True),
+    (REPO / "data/calibration/h100x4-nvswitch/collectives.jsonl",
+     REPO / "topologies/h100x4-nvswitch.yaml", "events", None, 2**26, False),
+    (REPO / "data/calibration/h100x4-nvswitch/collectives-pair-alone.jsonl",
+     REPO / "topologies/h100x4-nvswitch.yaml", "events", None, 2**26, True),
+)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -119,25 +141,50 @@ def variant(values: Mapping[str, float], base: Mapping | None = None) -> dict:
 
 
 class _Problem:
+    """The fit's rows and loss: the host-synchronised set (:data:`FIT_DATA`, priced with the
+    whole launch total) and the device-bound ring rows (:data:`DEVICE_BOUND`, priced with the
+    device's launch, ``nccl.launch_us``), each as :class:`CollectiveModel` prices it."""
+
     def __init__(self, data: Path = FIT_DATA):
         cfg = load_topology(TOPOLOGY)
         self.topo = Topology(cfg, load_gpu(cfg.gpu))
         self.rows = _rows(data)
-        self.meas = np.array([r["time_s"] for r in self.rows])
-        self.w = np.where(np.array([r["bytes"] for r in self.rows]) < SMALL_BYTES,
-                          SMALL_WEIGHT, 1.0)
+        self.dev: list[tuple[Topology, dict, list[list[int]]]] = []
+        topos: dict[Path, Topology] = {}
+        for path, tpath, timing, label, lo, alone in DEVICE_BOUND:
+            if tpath not in topos:
+                tcfg = load_topology(tpath)
+                topos[tpath] = Topology(tcfg, load_gpu(tcfg.gpu))
+            t = topos[tpath]
+            for r in _rows(path):
+                if (r.get("timing") == timing and r["bytes"] >= lo
+                        and (label is None or r.get("label") == label)):
+                    g = int(r["group"])
+                    self.dev.append((t, r, [list(range(g))] if alone else _groups(g, t.n_gpus)))
+        meas = [r["time_s"] for r in self.rows] + [r["time_s"] for _, r, _ in self.dev]
+        self.meas = np.array(meas)
+        self.w = np.concatenate([np.where(np.array([r["bytes"] for r in self.rows]) < SMALL_BYTES,
+                                          SMALL_WEIGHT, 1.0), np.ones(len(self.dev))])
 
     def predict(self, values: Mapping[str, float]) -> np.ndarray:
-        m = CollectiveModel(self.topo, variant(values))
-        return np.array([m.cost(r["op"], _groups(int(r["group"]), self.topo.n_gpus),
-                                float(r["bytes"])).time_s for r in self.rows])
+        fab = variant(values)
+        m = CollectiveModel(self.topo, fab)
+        out = [m.cost(r["op"], _groups(int(r["group"]), self.topo.n_gpus),
+                      float(r["bytes"])).time_s for r in self.rows]
+        dev_fab = copy.deepcopy(fab)
+        dev_fab["nccl"]["launch_us"] = float(load_fabrics()["nccl"]["launch_us"])
+        models: dict[int, CollectiveModel] = {}
+        for t, r, groups in self.dev:
+            dm = models.get(id(t)) or models.setdefault(id(t), CollectiveModel(t, dev_fab))
+            out.append(dm.cost(r["op"], groups, float(r["bytes"])).time_s)
+        return np.array(out)
 
     def loss(self, values: Mapping[str, float]) -> float:
         return float(np.sum(self.w * np.log(self.predict(values) / self.meas) ** 2))
 
 
 def fit(start: Mapping[str, float] | None = None, iters: int = 400) -> dict[str, float]:
-    """The three constants minimising the weighted squared log error, from ``start`` (default:
+    """The five constants minimising the weighted squared log error, from ``start`` (default:
     the shipped values), by bounded Nelder-Mead."""
     from simulator.hardware.compute import _nelder_mead_bounded
 

@@ -153,6 +153,13 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         self.a2a_bw_fraction = float(a2a.get("bandwidth_fraction", 1.0))
         #: p2p Simple's pipeline fill: bytes per peer whose time is not overlapped
         self.a2a_fill_bytes = float(a2a.get("simple_fill_bytes", 0.0))
+        ring_fill = fab.get("ring_simple_fill", {})
+        #: NCCL's ring / Simple pipeline fill within one NVLink domain: its channel count, the
+        #: bytes of one chunk per channel and the share of the first chunk's step not overlapped
+        #: (:meth:`~simulator.network.protocols.ProtocolCosts._ring_fill`)
+        self.ring_fill = (int(ring_fill.get("channels", 1)), float(ring_fill.get("chunk_bytes", 0.0)),
+                          float(ring_fill.get("fraction", 0.0)),
+                          float(ring_fill.get("slice_us", 0.0)) * 1e-6)
         ll = a2a.get("ll_max_bytes_per_peer", {})
         #: NCCL's p2p protocol rule: LL up to these bytes per peer, Simple above (never LL128)
         self.p2p_ll_max_bytes = (float(ll.get("nvlink", 0.0)), float(ll.get("net", 0.0)))

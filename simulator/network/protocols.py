@@ -10,9 +10,13 @@
 * **Base latency.** A protocol's fixed cost beyond LL's (NCCL's ``baseLat``: Simple +1.8 us,
   LL128 +7.4 us on a ring), spread over the call's steps (:meth:`ProtocolCosts._fixed`).
 * **p2p fill.** An all-to-all with Simple pays its pipeline's start (:meth:`ProtocolCosts._p2p_fill`).
+* **Ring / Simple.** A ring call with Simple inside one NVLink domain pays its first chunk's
+  unoverlapped share and a handshake per slice (:meth:`ProtocolCosts._ring_fill`).
 """
 
 from __future__ import annotations
+
+import math
 
 from simulator.network.algorithms import Phase
 
@@ -61,9 +65,40 @@ class ProtocolCosts:
         spread evenly over the collective's steps; none for NCCL's p2p all-to-all and sends,
         whose fixed cost is their own (``nccl.all_to_all``)."""
         n = sum(ph.repeat for ph, _ in timed) or 1
+        if alg == "ring":
+            fill = self._ring_fill(pr, timed)
+            return [pr.base_s / n + fill / n] * len(timed)
         if alg != "direct":
             return [0.0 if alg == "p2p" else pr.base_s / n] * len(timed)
         return [self._p2p_fill(ph, f, pr) for ph, f in timed]
+
+    def _ring_fill(self, pr, timed) -> float:
+        """What NCCL's ring / Simple kernel adds to a call within one NVLink domain beyond its
+        steps' transfers and copies (``nccl.ring_simple_fill``; docs/DESIGN_NOTES.md, "Ring /
+        Simple: the first chunk and the slices"):
+
+        * *first chunk*: of the first chunk each channel moves (NCCL's chunk, 2 MiB, over its
+          24 channels), the share ``fraction`` of one ring step is not overlapped, at the step's
+          own rate (links and local copies as priced). A channel's piece of a step smaller
+          than a chunk is its first and only chunk: the fill is then that share of a step;
+        * *slices*: every slice a channel's primitives move ends with a handshake (a system
+          fence, a flag the next rank polls: ``prims_simple.h`` postPeer / waitPeer),
+          ``slice_us`` each; a channel runs (steps + 1) primitives per chunk, two slices each
+          (SlicePerChunk), chunks = its piece / the chunk, rounded up."""
+        channels, chunk, frac, slice_s = self.ring_fill
+        if pr.name != "Simple" or not chunk or self.topology.intra == "pcie":
+            return 0.0
+        ph, f = timed[0]
+        if ph.net_hops or not ph.transfers:
+            return 0.0
+        src = ph.transfers[0][0]  # a rank's bytes per step (over the model's rings) and channel
+        piece = sum(b for a, _, b in ph.transfers if a == src) / channels
+        if piece <= 0:
+            return 0.0
+        step = f * self._wire(ph, pr) + ph.local_bytes / self.copy_Bps
+        ops = sum(p.repeat for p, _ in timed) + 1  # primitives per chunk on one channel
+        slices = ops * 2 * math.ceil(piece / chunk)  # SlicePerChunk = 2
+        return frac * step * min(1.0, chunk / piece) + slice_s * slices
 
     def _p2p_fill(self, ph: Phase, fluid: float, pr) -> float:
         """NCCL's p2p Simple pipeline fill on an all-to-all's direct step within an NVLink
