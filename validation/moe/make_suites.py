@@ -302,8 +302,8 @@ SOURCES = {
     # written then, predicted once at tag heldout-freeze-11 before their errors were looked at)
     "parallel-folding-scale": {
         "summary": "MoE Parallel Folding Tables 4-5, 64-1,024 H100, to 128K tokens (TFLOP/s)",
-        "note": "first run 8.2 %, -1.8 %; 1,024-GPU rows -20 to -24 % (the rule's 1F1B without "
-                "interleaving), fine-grained G8T8 +11 to +16 %",
+        "note": "first run 8.2 %, -1.8 %: 1,024-GPU rows -20 to -24 % (1F1B, no interleaving "
+                "assumed), G8T8 +11 to +16 %",
         "prefix": ("mpf-t4-", "mpf-t5-", "mpf-text-", "mpf-t2-"),
         "metric": "tflops_per_gpu",
         "tolerance": (0.15, 0.35),  # a regression guard, set before the first run
