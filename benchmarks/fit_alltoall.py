@@ -45,10 +45,10 @@ from pathlib import Path
 import yaml
 
 from simulator.calibrate import alltoall as calibrate_alltoall
-from simulator.calibrate.unaligned import HOT, split_table
-from simulator.calibrate.unaligned import ROTATED as ROT
 from simulator.config.schema import TopologyConfig
 from simulator.hardware.catalog import load_gpu
+from simulator.network.alignment import HOT, split_table
+from simulator.network.alignment import ROTATED as ROT
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology
 

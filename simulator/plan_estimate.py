@@ -59,8 +59,8 @@ from simulator.model.moe import (
     beside_ep_slowdown,
 )
 from simulator.model.ops import DTYPE_BYTES as BYTES
-from simulator.model.pipeline_memory import TorchPipelineMemory, torch_pipeline_memory
-from simulator.model.sync import group_sync_factor
+from simulator.model.pipeline_memory import runtime_memory
+from simulator.model.sync import group_sync_factor, sync_group_size
 from simulator.network.interference import slowdown_fn
 from simulator.network.topology import load_fabrics
 from simulator.parallel.layout import Layout
@@ -240,12 +240,6 @@ class Estimator:
                  for vs in rank_stages(sched, stage, pp, res.virtual_stages)]  # fmt: skip
         return sum(a for a, _ in parts), sum(b for _, b in parts)
 
-    def _sync_group(self, res: Resolved) -> int:
-        """GPUs that meet at every layer's collective (the engine's ``_Builder.sync_group``):
-        TP x CP, or an MoE layer's EP x ETP group if larger."""
-        n = res.size("tp") * res.size("cp")
-        return max(n, res.ep * res.etp) if self.work.model.moe is not None else n
-
     def _edp(self, res: Resolved) -> int:
         """Ranks the routed experts' states are sharded over (ZeRO): edp where experts are
         split, else the dense part's ``cp x dp``."""
@@ -381,7 +375,11 @@ class Estimator:
                 cand.tp if cand.sequence_parallel else 1)
             act_head += m.mtp_depth * (self._last_layer_activation(cand, res, act_layer)
                                        + act_head + proj)  # fmt: skip
-        tm = self._torch_memory(cand, res, m)
+        tm = runtime_memory(  # what torch.distributed.pipelining holds, as the engine counts it
+            m, pp_runtime=self.work.parallelism.pp_runtime, pp=pp, micro_batch=cand.micro_batch,
+            microbatches=res.microbatches, tp=cand.tp, sequence_parallel=cand.sequence_parallel,
+            kernels=t.kernels, param_dtype=t.param_dtype,
+        )  # fmt: skip
         if tm is not None:  # torch.distributed.pipelining: one set of weight copies a step
             act_layer -= tm.layer_cast
             act_head -= tm.head_cast
@@ -417,18 +415,6 @@ class Estimator:
             freed = act_head if last in stages else 0.0
             worst = max(worst, states + acts + max(0.0, act_rc - freed))
         return worst
-
-    def _torch_memory(self, cand: Candidate, res: Resolved, local) -> TorchPipelineMemory | None:
-        """``pp_runtime: torch`` with stages, dense: what that runtime holds beside the saved
-        activations, as the engine counts it (:mod:`simulator.model.pipeline_memory`)."""
-        t = self.work.training
-        if self.work.parallelism.pp_runtime != "torch" or res.size("pp") == 1 or (
-                local.moe is not None or local.attention_kind == "mla"):
-            return None
-        return torch_pipeline_memory(
-            local, micro_batch=cand.micro_batch, microbatches=res.microbatches, tp=cand.tp,
-            sequence_parallel=cand.sequence_parallel, kernels=t.kernels, param_dtype=t.param_dtype,
-        )  # fmt: skip
 
     def _combine(self, res: Resolved) -> bool:
         """Whether the candidate runs combined 1F1B (the overlap switch with ep > 1)."""
@@ -627,7 +613,9 @@ class Estimator:
         def beside(t_comp: float) -> float:
             return max(t_comp, z3_gather + s_ag * min(z3_gather, t_comp))
 
-        sync = group_sync_factor(self._sync_group(res), self.machine.gpu.sync_jitter)
+        sync = group_sync_factor(sync_group_size(tp, res.size("cp"), res.ep, res.etp,
+                                                 work.model.moe is not None),
+                                 self.machine.gpu.sync_jitter)  # fmt: skip
         T, F, B, comp, tpc, gx = [], [], [], [], [], []
         for s in range(pp):
             f = b = c_ = g_ = 0.0

@@ -77,7 +77,7 @@ from simulator.config.suite import (
 )
 from simulator.errors import ConfigError
 from simulator.hardware.catalog import load_gpu
-from simulator.network.alignment import a2a_stores, measured_stores, narrow_time
+from simulator.network.alignment import a2a_stores, measured_stores, narrow_time, split_table
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology
 from simulator.run import resolve_loaded, simulate
@@ -273,9 +273,7 @@ def timed_collective_s(coll, op: str, groups, nbytes: float, timing: str,
     (``rotated``, ``hot``) is priced part by part (``CollectiveModel.all_to_all_v``)."""
     n = max(len(g) for g in groups)
     if op == "all_to_all" and splits != "uniform":
-        from simulator.calibrate.unaligned import split_table  # comm.py's layout of the parts
-
-        table = split_table(splits, n, nbytes)
+        table = split_table(splits, n, nbytes)  # comm.py's layout of the parts
         share = [[b / nbytes for b in row] for row in table]
         t = narrow_time(coll.all_to_all_v(groups, float(nbytes), share), a2a_stores(table),
                         coll.unaligned_Bps)

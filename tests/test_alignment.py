@@ -16,6 +16,7 @@ from simulator.network.alignment import (
     measured_stores,
     narrow_time,
     ring_stores,
+    split_table,
 )
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology
@@ -103,6 +104,6 @@ def test_unaligned_rate_is_fitted_on_the_fit_sets_misaligned_rows_only():
         [(4, "rotated")] * 3 + [(4, "hot")] * 3 + [(2, "hot")] * 3
     )
     # the 3:1 split of a pair keeps every offset on the boundary: comm.py's aligned uneven rows
-    assert a2a_stores(unaligned.split_table("rotated", 2, 2**26))[0] == 0
+    assert a2a_stores(split_table("rotated", 2, 2**26))[0] == 0
     refit, shipped = unaligned.refit()["unaligned_copy_GBps"]
     assert refit == shipped

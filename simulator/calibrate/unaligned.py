@@ -20,7 +20,7 @@ import numpy as np
 from simulator.calibrate import REPO, jsonl
 from simulator.config.load import load_topology
 from simulator.hardware.catalog import load_gpu
-from simulator.network.alignment import a2a_stores, narrow_time
+from simulator.network.alignment import a2a_stores, narrow_time, split_table
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology, load_fabrics
 
@@ -28,32 +28,6 @@ FIT_DATA = REPO / "data/calibration/h100x4-nvswitch/alltoall.jsonl"
 TOPOLOGY = REPO / "topologies/h100x4-nvswitch.yaml"
 MIN_BYTES = 64 * 2**20
 GRID_GBPS = np.arange(100.0, 1000.01, 1.0)
-#: the uneven splits of ``benchmarks/device/comm.py`` (ROTATED_W, HOT_H)
-ROTATED = {2: [3, 1], 3: [3, 2, 1], 4: [4, 3, 2, 1]}
-HOT = {2: [7, 3], 3: [6, 2, 2], 4: [55, 15, 15, 15]}
-
-
-def split_table(kind: str, n: int, nbytes: float, dtype_bytes: int = 2) -> list[list[float]]:
-    """Bytes group rank ``s`` sends to rank ``j`` as ``comm.py`` cuts them (``splits_for``):
-    ``el`` elements (``nbytes // dtype``, less ``el % n``) in proportion to the weights of rank
-    ``s`` (``rotated``: W[(j - s) mod n]; ``hot``: H[j]; ``uniform``: equal), floored, the
-    remainder to the first."""
-    el = max(int(nbytes) // dtype_bytes, n)
-    el -= el % n
-    if kind == "uniform":
-        w = [[1] * n for _ in range(n)]
-    elif kind == "rotated":
-        w = [[ROTATED[n][(j - s) % n] for j in range(n)] for s in range(n)]
-    else:
-        w = [list(HOT[n]) for _ in range(n)]
-    out = []
-    for s in range(n):
-        sizes = [el * x // sum(w[s]) for x in w[s]]
-        sizes[0] += el - sum(sizes)
-        out.append([float(x * dtype_bytes) for x in sizes])
-    return out
-
-
 def _groups(n: int) -> list[list[int]]:
     return [[0, 1, 2, 3]] if n == 4 else [[0, 1], [2, 3]]
 

@@ -47,8 +47,8 @@ from simulator.model.moe import (
 )
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
-from simulator.model.pipeline_memory import TorchPipelineMemory, torch_pipeline_memory
-from simulator.model.sync import group_sync_factor
+from simulator.model.pipeline_memory import TorchPipelineMemory, runtime_memory
+from simulator.model.sync import group_sync_factor, sync_group_size
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
 from simulator.network.flows import FlowNetwork
 from simulator.network.interference import slowdown_fn
@@ -351,10 +351,10 @@ class _Builder:
         return moe_layer.layer_settings(self.t, self.ep, self.etp)
 
     def sync_group(self) -> int:
-        """GPUs that meet at every layer's collective on the critical path: the tensor x
-        context parallel group, or an MoE layer's expert-parallel group if larger."""
-        n = self.tp * self.lay.size("cp")
-        return max(n, self.ep * self.etp) if self.m.moe is not None else n
+        """GPUs that meet at every layer's collective on the critical path
+        (:func:`simulator.model.sync.sync_group_size`)."""
+        return sync_group_size(self.tp, self.lay.size("cp"), self.ep, self.etp,
+                               self.m.moe is not None)
 
     def _make_procs(self) -> None:
         lay, inner = self.lay, self.job.inner_dims
@@ -584,15 +584,12 @@ class _Builder:
         return layer, mem.embedding_activation_bytes(m, **mkw), head, max(0.0, whole - layer)
 
     def torch_memory(self) -> TorchPipelineMemory | None:
-        """What ``torch.distributed.pipelining`` holds beside the saved activations
-        (``parallelism.pp_runtime: torch``, more than one stage, dense models): None otherwise.
-        MoE and MLA layers keep their per-micro-batch accounting."""
-        t, m = self.t, self.local_model
-        if self.par.pp_runtime != "torch" or self.pp == 1 or m.moe is not None or (
-                m.attention_kind == "mla"):
-            return None
-        return torch_pipeline_memory(
-            m, micro_batch=t.micro_batch, microbatches=self.job.microbatches, tp=self.tp,
+        """What ``torch.distributed.pipelining`` holds beside the saved activations, where it
+        applies (:func:`simulator.model.pipeline_memory.runtime_memory`)."""
+        t = self.t
+        return runtime_memory(
+            self.local_model, pp_runtime=self.par.pp_runtime, pp=self.pp,
+            micro_batch=t.micro_batch, microbatches=self.job.microbatches, tp=self.tp,
             sequence_parallel=self.sp, kernels=t.kernels, param_dtype=t.param_dtype,
         )  # fmt: skip
 

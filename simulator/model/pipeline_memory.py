@@ -98,3 +98,25 @@ def torch_pipeline_memory(
         logits=float(L.tokens * L.vocab * dtype_bytes),
         microbatches=microbatches,
     )
+
+
+def runtime_memory(
+    model: ModelConfig,
+    *,
+    pp_runtime: str,
+    pp: int,
+    micro_batch: int,
+    microbatches: int,
+    tp: int,
+    sequence_parallel: bool,
+    kernels: str,
+    param_dtype: str,
+) -> TorchPipelineMemory | None:
+    """:func:`torch_pipeline_memory` where that runtime's memory applies: ``pp_runtime: torch``
+    with more than one stage, a dense model (MoE and MLA layers keep their per-micro-batch
+    accounting); None otherwise. The engine and ``plan``'s estimate both ask here."""
+    if pp_runtime != "torch" or pp == 1 or model.moe is not None or model.attention_kind == "mla":
+        return None
+    return torch_pipeline_memory(model, micro_batch=micro_batch, microbatches=microbatches, tp=tp,
+                                 sequence_parallel=sequence_parallel, kernels=kernels,
+                                 param_dtype=param_dtype)  # fmt: skip

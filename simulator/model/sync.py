@@ -19,10 +19,17 @@ from __future__ import annotations
 
 from simulator.model.moe import expected_max_normal  # one quadrature for every E[max] of normals
 
-__all__ = ["expected_max_normal", "group_sync_factor"]
+__all__ = ["expected_max_normal", "group_sync_factor", "sync_group_size"]
 
 
 def group_sync_factor(n: int, jitter: float) -> float:
     """How much longer a group of ``n`` GPUs that meets at every layer computes than one GPU:
     ``1 + jitter x e_n``."""
     return 1.0 + jitter * expected_max_normal(n)
+
+
+def sync_group_size(tp: int, cp: int, ep: int, etp: int, moe: bool) -> int:
+    """GPUs that meet at every layer's collective on the critical path: the tensor x context
+    parallel group, or an MoE layer's expert-parallel group (``ep x etp``) if larger."""
+    n = tp * cp
+    return max(n, ep * etp) if moe else n

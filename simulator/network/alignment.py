@@ -116,6 +116,32 @@ def comm_share_elems(nbytes: float, n: int, dtype_bytes: int = 2) -> int:
     return (el - el % n) // n
 
 
+#: the uneven all-to-all splits of ``benchmarks/device/comm.py`` (its ROTATED_W, HOT_H)
+ROTATED = {2: [3, 1], 3: [3, 2, 1], 4: [4, 3, 2, 1]}
+HOT = {2: [7, 3], 3: [6, 2, 2], 4: [55, 15, 15, 15]}
+
+
+def split_table(kind: str, n: int, nbytes: float, dtype_bytes: int = 2) -> list[list[float]]:
+    """Bytes group rank ``s`` sends to rank ``j`` as ``comm.py`` cuts them (``splits_for``):
+    ``el`` elements (``nbytes // dtype``, less ``el % n``) in proportion to the weights of rank
+    ``s`` (``rotated``: W[(j - s) mod n]; ``hot``: H[j]; ``uniform``: equal), floored, the
+    remainder to the first."""
+    el = max(int(nbytes) // dtype_bytes, n)
+    el -= el % n
+    if kind == "uniform":
+        w = [[1] * n for _ in range(n)]
+    elif kind == "rotated":
+        w = [[ROTATED[n][(j - s) % n] for j in range(n)] for s in range(n)]
+    else:
+        w = [list(HOT[n]) for _ in range(n)]
+    out = []
+    for s in range(n):
+        sizes = [el * x // sum(w[s]) for x in w[s]]
+        sizes[0] += el - sum(sizes)
+        out.append([float(x * dtype_bytes) for x in sizes])
+    return out
+
+
 def measured_stores(op: str, n: int, nbytes: float, dtype_bytes: int = 2) -> tuple[float, float]:
     """(narrow, wide) of a uniform ``op`` over ``n`` ranks of ``nbytes`` as the measuring
     scripts lay it out (:func:`comm_share_elems`); (0, 0) where nothing is cut per rank."""
