@@ -194,6 +194,25 @@ CASES11 = {
     "h11_moe_ep4_M": dict(shape="M", world=4, scheme="moe", mb=8, n_mb=2),
 }
 CASES.update(CASES11)
+# The twelfth batch: new shapes, written 2026-11-27 09:06 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 24 GPT-2 blocks of width 2560 (20 heads of 128), GPT-2's padded vocabulary, 2K sequences.
+    "N": dict(layers=24, hidden=2560, heads=20, vocab=50304, seq=2048),
+    # MoE: 6 blocks of width 2048 (16 heads of 128), 16 GELU experts of 2048, top-2, 1K sequences.
+    "L": dict(layers=6, hidden=2048, heads=16, vocab=32768, seq=1024, experts=16, top_k=2,
+              expert_ffn=2048),
+})
+CASES12 = {
+    "h12_tp2sp_N": dict(shape="N", world=2, scheme="tp", sp=True, mb=2, n_mb=2),
+    "h12_ddp4_N_straggler": dict(shape="N", world=4, scheme="ddp", mb=2, n_mb=2, straggler=1.15),
+    "h12_fsdp4_N_ac": dict(shape="N", world=4, scheme="fsdp", mb=4, n_mb=1, ac=True),
+    "h12_tp4sp_N": dict(shape="N", world=4, scheme="tp", sp=True, mb=2, n_mb=1),
+    "h12_pp4_1f1b_N": dict(shape="N", world=4, scheme="pp", schedule="1f1b", mb=1, n_mb=8),
+    "h12_pp4_int2_N": dict(shape="N", world=4, scheme="pp", schedule="interleaved", v=2, mb=1,
+                           n_mb=8),
+    "h12_moe_ep4_L": dict(shape="L", world=4, scheme="moe", mb=8, n_mb=2),
+}
+CASES.update(CASES12)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

@@ -175,7 +175,27 @@ CASES11 = {
     "h11t_pp4_1f1b_G": dict(shape="G", world=4, scheme="pp", mb=1, n_mb=8),
     "h11t_moe_ep4_H": dict(shape="H", world=4, scheme="moe", mb=4, n_mb=2),
 }
-CASES = dict(CASES8, **CASES9, **CASES10, **CASES11)
+# The twelfth batch: new shapes, written 2026-11-27 09:06 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 16 blocks of width 3072, 24 query heads / 8 KV heads of 128, SwiGLU 8192, a 32000-token
+    # vocabulary, 2K sequences (about 1.8 B parameters).
+    "J": dict(layers=16, hidden=3072, heads=24, kv_heads=8, ffn=8192, vocab=32000, seq=2048),
+    # MoE: 8 blocks of width 2048, 16 query / 4 KV heads of 128, 32 SwiGLU experts of 1024,
+    # top-4, a 32000-token vocabulary, 1K sequences.
+    "K": dict(layers=8, hidden=2048, heads=16, kv_heads=4, ffn=1024, vocab=32000, seq=1024,
+              experts=32, top_k=4),
+})
+CASES12 = {
+    "h12t_single_J": dict(shape="J", world=1, scheme="single", mb=2, n_mb=2),
+    "h12t_ddp2_J": dict(shape="J", world=2, scheme="ddp", mb=2, n_mb=2),
+    "h12t_fsdp2_J_ac": dict(shape="J", world=2, scheme="fsdp", mb=4, n_mb=1, ac=True),
+    "h12t_moe_ep2_K": dict(shape="K", world=2, scheme="moe", mb=4, n_mb=2),
+    "h12t_fsdp4_J": dict(shape="J", world=4, scheme="fsdp", mb=4, n_mb=1),
+    "h12t_tp4_J": dict(shape="J", world=4, scheme="tp", mb=4, n_mb=1),
+    "h12t_pp4_1f1b_J": dict(shape="J", world=4, scheme="pp", mb=1, n_mb=8),
+    "h12t_moe_ep4_K": dict(shape="K", world=4, scheme="moe", mb=4, n_mb=2),
+}
+CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

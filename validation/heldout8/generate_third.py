@@ -21,7 +21,7 @@ def _tables(var: str = "CASES8") -> tuple[dict, dict]:
 
 
 SHAPES, CASES8 = _tables()
-ORDINAL = {8: "eighth", 9: "ninth", 10: "tenth", 11: "eleventh"}
+ORDINAL = {8: "eighth", 9: "ninth", 10: "tenth", 11: "eleventh", 12: "twelfth"}
 COMMON_NOT = "gradient clipping at 1.0 every step, RoPE as unfused cat/mul/add"
 # described by keys since the eighth batch's memory result (its memory suite a development set
 # since): no master copy, Meta-style RMSNorm, K/V repeated
@@ -76,6 +76,7 @@ def body(name: str, c: dict, batch: int = 8, shapes: dict = SHAPES) -> str:
     ]
     does = DOES[sch].replace("8 SwiGLU experts top-2",
                              f"{m.get('experts')} SwiGLU experts top-{m.get('top_k')}")
+    does = does.replace("the top-2 logits", f"the top-{m.get('top_k')} logits")
     lines += ["# " + x for x in _wrap(does)]
     lines += ["# " + x for x in _wrap(COMMON_DOES)]
     lines += ["# Not described by the simulator's keys (not_modelled):"]
