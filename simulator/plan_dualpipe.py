@@ -49,6 +49,7 @@ from simulator.engine.split import split_segments
 from simulator.hardware.precision import weight_bytes
 from simulator.model.moe import beside_ep_slowdown
 from simulator.model.ops import DTYPE_BYTES
+from simulator.model.sync import group_sync_factor, sync_group_size
 from simulator.parallel.schedules import (
     Work,
     chunks_per_rank,
@@ -122,9 +123,11 @@ class ChunkTimes:
     leading dense layers, other layers, and whether it holds the embedding or the head)."""
 
     def __init__(self, progs: StagePrograms, stage_layers, last_vs: int, interference: float,
-                 ep_interference: float):  # fmt: skip
+                 ep_interference: float, slowdown: float = 1.0):  # fmt: skip
+        """``slowdown``: the factor on every kernel's time (the engine's per-GPU slowdown: the
+        group's expected slowest GPU, :func:`simulator.model.sync.group_sync_factor`)."""
         self.progs, self.stage_layers, self.last_vs = progs, stage_layers, last_vs
-        self.i, self.ie = interference, ep_interference
+        self.i, self.ie, self.slowdown = interference, ep_interference, slowdown
         self._kind: dict[int, tuple] = {}
         self._segs: dict[tuple, tuple[list, list]] = {}
         self._alone: dict[tuple, Pass] = {}
@@ -157,7 +160,7 @@ class ChunkTimes:
             total = comp = 0.0
             exposed: dict[str, float] = {}
             for _, _, prog in segs:
-                t, c, x = program_time(prog, 1.0, self.i)
+                t, c, x = program_time(prog, self.slowdown, self.i)
                 total, comp = total + t, comp + c
                 for dim, s in x:
                     exposed[dim] = exposed.get(dim, 0.0) + s
@@ -172,7 +175,8 @@ class ChunkTimes:
         if hit is None:
             f, _ = self.segments(vs_f)
             _, b = self.segments(vs_b)
-            r = pair_schedule(chain_items(f, 1.0, self.i), chain_items(b, 1.0, self.i), self.ie)
+            k = self.slowdown
+            r = pair_schedule(chain_items(f, k, self.i), chain_items(b, k, self.i), self.ie)
             hit = self._pairs[key] = Pass(r.total, r.comp, r.exposed,
                                           (r.fwd_segs[-1][1], r.bwd_segs[-1][1]))
         return hit
@@ -292,14 +296,19 @@ def estimate_dual(est, cand, res, out):
     progs = est.programs(cand, res)
     send = {(a, b): est._send_s(cand, res, a, b)
             for r in range(pp - 1) for a, b in ((r, r + 1), (r + 1, r))}  # fmt: skip
+    # every kernel at the expected slowest GPU of the group that meets at each layer, as the
+    # engine runs it (simulator/model/sync.py)
+    sync = group_sync_factor(sync_group_size(res.size("tp"), res.size("cp"), res.ep, res.etp,
+                                             est.work.model.moe is not None),
+                             est.machine.gpu.sync_jitter)  # fmt: skip
     # (ZeRO and the training knobs change neither the passes nor the walk: cached)
-    key = (id(progs), res.stage_layers, sched, pp, m, v, tuple(sorted(send.items())))
+    key = (id(progs), res.stage_layers, sched, pp, m, v, tuple(sorted(send.items())), sync)
     wk = est._walks.get(key)
     if wk is None:
         i = est.interference
         ie = i if est.work.model.moe is None else beside_ep_slowdown(
             i, t.moe_dispatcher, est.machine.gpu.sm_count)  # fmt: skip
-        times = ChunkTimes(progs, res.stage_layers, pp * v - 1, i, ie)
+        times = ChunkTimes(progs, res.stage_layers, pp * v - 1, i, ie, sync)
         wk = est._walks[key] = walk(sched, pp, m, v, times, send)
     pb, gb = weight_bytes(t, DTYPE_BYTES[t.param_dtype])[1], DTYPE_BYTES[t.grad_reduce_dtype]
     h, z, nch = holders(sched), cand.zero >= 1, chunks_per_rank(sched, v)

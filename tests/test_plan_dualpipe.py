@@ -179,3 +179,33 @@ def test_deepseek_v3_dual_candidates_split_for_the_mtp_module():
             assert c.stage_layers == (3,) + (4,) * 14 + (2,), c
             seen.add(c.pp_schedule)
     assert seen == {"dualpipe", "dualpipev"}
+
+
+def test_dual_estimate_computes_at_the_groups_expected_slowest_gpu(tmp_path):
+    """DualPipe's walk, like the engine and the 1F1B estimate, runs every kernel at the
+    expected slowest GPU of the group that meets at each layer (simulator/model/sync.py; here
+    the EP group of 4): with the NCCL interference set to 0 (so a kernel's time beside a
+    collective is its own), every pass's and pair's kernel seconds, and so the rank's compute,
+    grow by exactly ``1 + jitter e_4`` over the same estimate without the spread."""
+    import dataclasses
+
+    from simulator.model.sync import expected_max_normal
+
+    loaded = moe_case(tmp_path)
+    machine = make_machine(loaded)
+    jitter = machine.gpu.sync_jitter
+    assert jitter > 0  # the catalog's H100 carries the measured spread
+    cand = Candidate(tp=1, pp=2, dp=4, micro_batch=1, zero=1, recompute="none",
+                     pp_schedule="dualpipev", virtual_stages=2, sequence_parallel=False, ep=4,
+                     etp=1)  # fmt: skip
+    still = dataclasses.replace(machine, gpu=dataclasses.replace(machine.gpu, sync_jitter=0.0))
+    factor = 1.0 + jitter * expected_max_normal(4)  # 1 + 0.0168 x 1.03
+    out = []
+    for m in (still, machine):
+        est = Estimator(loaded.workload, loaded.topology, m)
+        est.interference = 0.0
+        out.append(est.estimate(cand, est.resolve(cand)[1]))
+    a, b = out
+    assert a.fits and b.fits
+    assert b.breakdown_s["compute"] == pytest.approx(factor * a.breakdown_s["compute"], rel=1e-9)
+    assert b.step_time_s > a.step_time_s + 0.5 * (factor - 1.0) * a.breakdown_s["compute"]
