@@ -10,6 +10,7 @@ import pytest
 from simulator.calibrate import (
     alltoall,
     compute,
+    deepep,
     host,
     interference,
     launch,
@@ -21,7 +22,7 @@ from simulator.calibrate import (
 from simulator.hardware.catalog import default_kernel_params
 
 
-@pytest.mark.parametrize("mod", [interference, launch, memory, routes, sync], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("mod", [deepep, interference, launch, memory, routes, sync], ids=lambda m: m.__name__)
 def test_closed_form_sets_equal_their_refit(mod):
     for name, (refit, shipped) in mod.refit().items():
         assert refit == pytest.approx(shipped, abs=1e-12), name

@@ -12,7 +12,7 @@ import pytest
 
 from simulator.config.load import load_workload
 from simulator.config.schema import MoEConfig
-from simulator.engine.dispatch import routed_cost
+from simulator.engine.dispatch import DEEPEP_RATE, routed_cost
 from simulator.model import moe_routing as mr
 from simulator.run import make_machine, simulate
 from tests.conftest import ROOT, small_topology, write_case
@@ -99,7 +99,7 @@ def test_collective_loads_the_nics_with_the_crossings():
     topo = machine.topology
     group = list(range(64))
     S = 4096 * 7168.0  # one byte per element, one vector per token
-    cost = routed_cost(machine.collectives, MOE, [group], S)
+    cost = routed_cost(machine.collectives, MOE, [group], S, rate=1.0)
     kinds: dict[str, float] = {}
     for lid, b in cost.link_bytes.items():
         kinds[topo.link_kinds[lid]] = kinds.get(topo.link_kinds[lid], 0.0) + b
@@ -112,6 +112,9 @@ def test_collective_loads_the_nics_with_the_crossings():
     wire = kinds["nic"] / (2 * 64 * per_rank)
     assert plain_nic / (2 * 64 * 7 * S) == pytest.approx(wire, rel=1e-9)
     assert cost.time_s < plain.time_s * 0.55
+    # DeepEP's kernels at DEEPEP_RATE of the links' rate: its wire bytes over that rate
+    slow = routed_cost(machine.collectives, MOE, [group], S)
+    assert sum(slow.link_vals) == pytest.approx(sum(cost.link_vals) / DEEPEP_RATE, rel=1e-9)
 
 
 SMALL = {

@@ -1,7 +1,7 @@
 """Reproducible calibration: every fitted constant set of the catalog, refitted from the
 measurement files in the repository, printed beside the value the catalog ships.
 
-    python -m simulator.calibrate [network|alltoall|unaligned|launch|interference|memory|compute|host|routes|sync|all]
+    python -m simulator.calibrate [network|alltoall|unaligned|launch|interference|memory|compute|host|routes|sync|deepep|all]
 
 | set | module | data | catalog |
 |---|---|---|---|
@@ -15,6 +15,7 @@ measurement files in the repository, printed beside the value the catalog ships.
 | the host's time per kernel and per collective call of eager model code, per MoE routing kernel, per FSDP2 collective call with its hook and per parameter tensor in it, per unit of a DTensor TP plan, per kernel Megatron-Core's MoE layer launches | :mod:`.host` | ``data/measured/tiny-h100x4/steps.jsonl`` (host-bound steps) and the simulator's op counts of the same configurations; ``data/measured/host-ops-h100x4/``; ``data/measured/fsdp-units-h100x2/``; ``data/measured/dtensor-host-h100x2/`` (DTensor TP per unit); ``data/measured/megatron-moe-host-h100x2/`` (Megatron-Core's MoE layer) | ``gpus.yaml`` ``host_op_s``, ``host_collective_s``, ``host_sync_s``, ``host_moe_op_s``, ``host_fsdp_call_s``, ``host_fsdp_tensor_s``, ``host_fused_op_s``, ``host_fused_collective_s`` |
 | a learned router's token correlation (how often an eager expert GEMM's row count is new): the default (a stable router) and the collapsing router of ``steps_alt.py`` | :mod:`.routes` | ``data/measured/diagnosis9-h100x4/`` (``expert_rows-*.json``: every MoE call's rows per local expert) | ``simulator/config/schema.py`` ``ROUTE_CORRELATION_DEFAULT``; ``steps_alt.py`` workloads' ``moe_route_correlation`` |
 | the spread of GPUs' sustained speed that a group meeting at every layer pays (expected maximum of normals) | :mod:`.sync` | ``data/measured/sustained-h100x4/sustained-gpu*.jsonl`` (4x H100 at once, 65 ms windows) | ``gpus.yaml`` ``sync_jitter`` |
+| the share of the modelled link rate DeepEP's normal dispatch and combine kernels reach | :mod:`.deepep` | ``data/published/deepep-v1-h800/normal.jsonl`` (DeepEP's README figures, H800) | ``simulator/engine/dispatch.py`` ``DEEPEP_RATE`` |
 
 Each module has ``refit() -> dict[name, (refitted, shipped)]``; ``tests/test_calibration.py``
 checks that every shipped constant equals its refit within the rounding stated there. No

@@ -7,7 +7,7 @@ import argparse
 import importlib
 
 SETS = ("network", "alltoall", "unaligned", "launch", "interference", "memory", "compute", "host",
-        "routes", "sync")
+        "routes", "sync", "deepep")
 
 
 def main(argv=None) -> int:

@@ -9,6 +9,15 @@ collective model prices that split as one uneven all-to-all step
 (:meth:`~simulator.network.collectives.CollectiveModel.all_to_all_v`). A fluid step of both
 hops at once is DeepEP's pipelined forwarding at its bandwidth limit (its kernels forward
 chunks over NVLink while later chunks still arrive over the network).
+
+DeepEP's kernels reach :data:`DEEPEP_RATE` of the rate that step prices: on H800 with CX7
+400 Gb/s NICs its README's normal kernels (V1, ``docs/legacy.md``: DeepSeek-V3's 4,096 tokens
+of 7,168, top-8 of 256 experts in 4 of 8 groups, FP8 dispatch and BF16 combine; intranode EP 8
+and internode EP 16, 32, 64) take 1.06-1.11x the time this step gives for the same tokens on
+``topologies/hgx-h800.yaml``, and 1.9x at EP 16 (whose figure its V2 nearly doubles on the same
+hardware); the median of the eight (``python -m simulator.calibrate deepep``,
+``data/published/deepep-v1-h800/``) is applied as a rate on the bytes (a kernel moving bytes at
+that share of the links' rate).
 """
 
 from __future__ import annotations
@@ -21,7 +30,12 @@ from simulator.model.moe_routing import node_aware_split
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
 from simulator.network.topology import Topology
 
-__all__ = ["DEEPEP", "routed_cost", "routed_split", "routed_steps"]
+__all__ = ["DEEPEP", "DEEPEP_RATE", "routed_cost", "routed_split", "routed_steps"]
+
+#: Share of the modelled link rate DeepEP's normal dispatch and combine kernels reach: the
+#: median over its README's eight H800 figures of (this module's time at rate 1) / (the
+#: README's time), refitted by ``python -m simulator.calibrate deepep`` (module docstring).
+DEEPEP_RATE = 0.9121
 
 
 def routed_split(moe: MoEConfig, topo: Topology, group: Sequence[int]):
@@ -31,13 +45,16 @@ def routed_split(moe: MoEConfig, topo: Topology, group: Sequence[int]):
 
 
 def routed_cost(coll: CollectiveModel, moe: MoEConfig, groups: Sequence[Sequence[int]],
-                nbytes: float) -> CollectiveCost:  # fmt: skip
+                nbytes: float, rate: float = DEEPEP_RATE) -> CollectiveCost:  # fmt: skip
     """The node-aware exchanges of ``groups`` at once (every group placed alike), ``nbytes``
-    per rank (its tokens, one vector each)."""
-    return coll.all_to_all_v(groups, nbytes, routed_split(moe, coll.topology, groups[0]))
+    per rank (its tokens, one vector each), DeepEP's kernels at ``rate`` of the links'
+    modelled rate."""
+    split = routed_split(moe, coll.topology, groups[0])
+    return coll.all_to_all_v(groups, nbytes / rate, split)
 
 
 def routed_steps(coll: CollectiveModel, moe: MoEConfig, groups: Sequence[Sequence[int]],
-                 nbytes: float) -> list[Step]:  # fmt: skip
+                 nbytes: float, rate: float = DEEPEP_RATE) -> list[Step]:  # fmt: skip
     """:func:`routed_cost` as flow sets for the dynamic network."""
-    return coll.all_to_all_v_steps(groups, nbytes, routed_split(moe, coll.topology, groups[0]))
+    split = routed_split(moe, coll.topology, groups[0])
+    return coll.all_to_all_v_steps(groups, nbytes / rate, split)
