@@ -106,9 +106,15 @@ def _op_time(
         # A batched GEMM (unfused attention: one product per head) fills the GPU like one
         # GEMM with the batch folded into m.
         m = op.m * max(op.batch, 1)
-        # a GEMM adding into a buffer in place (ComputeModel.gemm_s's acc_bytes)
-        t = (cm.gemm_s(m, op.k, op.n, gemm_dtype, op.acc_bytes) if op.acc_bytes
-             else cm.gemm_s(m, op.k, op.n, gemm_dtype))
+        if op.serial > 1:
+            # GEMMs one after another (a grouped GEMM's per-expert kernels), each with its gap
+            per = max(1, round(m / op.serial))
+            t = op.serial * cm.gemm_s(per, op.k, op.n, gemm_dtype, op.acc_bytes) \
+                + (op.serial - 1) * cm.gpu.kernel_launch_s
+        else:
+            # a GEMM adding into a buffer in place (ComputeModel.gemm_s's acc_bytes)
+            t = (cm.gemm_s(m, op.k, op.n, gemm_dtype, op.acc_bytes) if op.acc_bytes
+                 else cm.gemm_s(m, op.k, op.n, gemm_dtype))
         if rec is not None and not op.batch:
             # Transformer Engine's low-precision GEMMs take quantised operands: the
             # activation-side operands are quantised from bf16 first (a memory-bound kernel,

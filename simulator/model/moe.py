@@ -141,8 +141,13 @@ GROUPED_TILE_M = 128
 #: issues one cuBLAS GEMM per expert, round-robin over ``nvte_get_num_compute_streams()`` = 4
 #: compute streams, unless ``NVTE_USE_CUTLASS_GROUPED_GEMM`` selects the CUTLASS grouped kernel
 #: (Hopper, BF16/FP16 only; off by default) (TransformerEngine ``common/gemm/cublaslt_gemm.cu``,
-#: ``common/util/multi_stream.cpp``, 2026-08). So experts run four at a time: each round of four
-#: GEMMs fills the GPU like one GEMM of their rows together.
+#: ``common/util/multi_stream.cpp``, 2026-08). Measured on H100 (``data/measured/
+#: grouped-gemm-h100``: per-expert ``torch.mm`` round-robin over 4 streams, CUDA-graph replay,
+#: at the published MoE rows' expert shapes): a round's forward and dgrad GEMMs take what the
+#: same GEMMs take one after another (4 streams / 1 stream 0.9-1.1 at 256-4,096 rows an
+#: expert), not what one GEMM of their rows together takes (1.1-1.5x that at <= 1,024 rows);
+#: the wgrads, each writing its own ``[k, n]``, take what one GEMM of theirs stacked in m
+#: takes (0.93-1.10).
 TE_GEMM_STREAMS = 4
 
 
@@ -484,9 +489,10 @@ def padded_rows(mean: float, spread: float = 0.0, tile: int = GROUPED_TILE_M) ->
 def _grouped_gemm(name: str, loc: MoELocal, k: int, n: int, d: int) -> list[Op]:
     """The busiest rank's experts as Transformer Engine's grouped GEMM ``[tokens_e, k] @ [k,
     n]``: one cuBLAS GEMM per expert, :data:`TE_GEMM_STREAMS` at a time, so one op per round of
-    that many experts, priced as one GEMM of their rows. FLOPs and bytes of the real tokens;
-    each expert's rows padded to the tile (an expert with 10 tokens costs a 128-row tile).
-    With at most :data:`TE_GEMM_STREAMS` local experts this is one op."""
+    that many experts, priced as their GEMMs one after another (``Op.serial``: each of the
+    round's mean padded rows; measured, :data:`TE_GEMM_STREAMS`). FLOPs and bytes of the real
+    tokens; each expert's rows padded to the tile (an expert with 10 tokens costs a 128-row
+    tile). With at most :data:`TE_GEMM_STREAMS` local experts this is one op."""
     ops = []
     tok = loc.expert_tokens
     for r0 in range(0, len(tok), TE_GEMM_STREAMS):
@@ -495,7 +501,7 @@ def _grouped_gemm(name: str, loc: MoELocal, k: int, n: int, d: int) -> list[Op]:
         padded = sum(padded_rows(m, loc.expert_spread) for m in part)
         ops.append(Op(
             name, "gemm", "moe", m=max(1, int(padded)), k=k, n=n, flops=2.0 * real * k * n,
-            bytes=float((real * k + len(part) * k * n + real * n) * d),
+            bytes=float((real * k + len(part) * k * n + real * n) * d), serial=len(part),
         ))  # fmt: skip
     return ops
 
@@ -749,8 +755,8 @@ def moe_backward_ops(
             # dgrad and wgrad; a grouped GEMM keeps its real tokens' FLOPs
             grads = [
                 Op(g.name, g.kind, g.block, m=g.m, k=g.k, n=g.n, flops=op.flops,
-                   bytes=g.bytes, backward=True)
-                for g in gemm_grads(op, d)
+                   bytes=g.bytes, backward=True, serial=op.serial if i == 0 else 0)
+                for i, g in enumerate(gemm_grads(op, d))
             ]  # fmt: skip
             if op.name in wgrads:  # this round's per-expert wgrads (rounds seen last first)
                 grads[1] = wgrads[op.name].pop()

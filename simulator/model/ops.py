@@ -42,7 +42,8 @@ class Op:
     and ``<fwd>_wgrad`` (gradient of the right operand, the weight). ``acc_bytes`` (GEMMs):
     bytes per element of a buffer the GEMM adds its output into, read and written in place
     (a wgrad fused with gradient accumulation into an fp32 ``main_grad``: 4); 0 writes a
-    fresh output in the compute dtype.
+    fresh output in the compute dtype. ``serial`` (GEMMs): > 1, the op is that many GEMMs of
+    ``m / serial`` rows each, run one after another (a grouped GEMM's per-expert kernels).
     """
 
     name: str
@@ -65,6 +66,7 @@ class Op:
     collective: str = ""  # comm: all_reduce | all_gather | reduce_scatter | send_recv
     overlap: bool = False  # comm: runs beside the next kernel
     acc_bytes: int = 0  # gemm: accumulates into a buffer of this many bytes an element
+    serial: int = 0  # gemm: > 1, that many GEMMs of m / serial rows one after another
 
 
 @dataclass(frozen=True)
