@@ -17,6 +17,7 @@ class StubGpu:
     host_op_s: float = 0.0  # no host time: the closed forms count GPU work only
     host_collective_s: float = 0.0
     sync_jitter: float = 0.0  # identical GPUs: a group computes at each one's speed
+    host_jitter: float = 0.0  # identical hosts: a group issues at each one's rate
 
     def peak_flops(self, dtype):
         return RATE

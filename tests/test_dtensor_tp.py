@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 from simulator.config.load import load_workload
+from simulator.hardware.catalog import load_gpu
 from simulator.model import comm
+from simulator.model.sync import host_group_factor
 from simulator.run import simulate
 from tests.conftest import ROOT
 
@@ -27,6 +29,11 @@ def _gpu(rates: dict) -> str:
     return f"topology.gpu={{base: H100-SXM-80GB, host_dtensor: {{{units}}}}}"
 
 
+def _paced(gpus: int) -> float:
+    """The host's time at the pace of the slowest of ``gpus`` hosts (``host_jitter``)."""
+    return host_group_factor(gpus, load_gpu("H100-SXM-80GB").host_jitter)
+
+
 def _step(case, impl: str, rates: dict = RATES, extra: tuple[str, ...] = ()) -> dict:
     sets = [*TINY, *extra, f"parallelism.tp_impl={impl}", _gpu(rates)]
     return simulate(load_workload(case, sets)).summary
@@ -36,9 +43,10 @@ def test_dtensor_units_show_as_host_time_without_sp():
     """TP 2 without SP, one micro-batch: per layer two ColwiseParallel Linears (qkv, fc1:
     2 x (1 + 2) ms) and two RowwiseParallel ones (out_proj, fc2: 2 x (3 + 4) ms) = 20 ms, 20
     layers 400 ms; the LM head column-parallel 3 ms and the loss 11 ms; the embedding
-    row-parallel 7 ms: 421 ms more host time, all of it exposed (the GPU idles)."""
+    row-parallel 7 ms: 421 ms more host time, all of it exposed (the GPU idles), at the pace
+    of the slower of the two hosts."""
     base, dt = _step(TP2, "megatron"), _step(TP2, "dtensor")
-    want = 20 * (2 * 3e-3 + 2 * 7e-3) + 3e-3 + 11e-3 + 7e-3
+    want = (20 * (2 * 3e-3 + 2 * 7e-3) + 3e-3 + 11e-3 + 7e-3) * _paced(2)
     assert dt["step_time_s"] - base["step_time_s"] == pytest.approx(want, rel=0.01)
     shown = dt["breakdown_s"]["host"] - base["breakdown_s"]["host"]
     assert shown == pytest.approx(want, rel=0.02)
@@ -48,11 +56,12 @@ def test_dtensor_units_with_sp_per_micro_batch():
     """TP 2 + SP, two micro-batches of 4: per layer two SP fronts (norm, all-gather,
     column-parallel Linear: 2 x 1.5 ms) and two reduce-scattering row-parallel Linears
     (2 x 1.1 ms) = 5.2 ms, 16 layers 83.2 ms; head 1.5 + 11 ms, embedding 1.1 ms: 96.8 ms a
-    micro-batch, 193.6 ms a step. The SP collectives differ too (fp32 gathers, no re-gather),
-    so the difference is taken against DTensor with every rate at zero."""
+    micro-batch, 193.6 ms a step, at the slower host's pace. The SP collectives differ too
+    (fp32 gathers, no re-gather), so the difference is taken against DTensor with every rate
+    at zero."""
     zero = {u: (0.0, 0.0) for u in RATES}
     base, dt = _step(TP2SP, "dtensor", zero), _step(TP2SP, "dtensor")
-    want = 2 * (16 * (2 * 1.5e-3 + 2 * 1.1e-3) + 1.5e-3 + 11e-3 + 1.1e-3)
+    want = 2 * (16 * (2 * 1.5e-3 + 2 * 1.1e-3) + 1.5e-3 + 11e-3 + 1.1e-3) * _paced(2)
     assert dt["step_time_s"] - base["step_time_s"] == pytest.approx(want, rel=0.01)
 
 

@@ -25,7 +25,7 @@ WIDE = ("model.layers=4", "model.hidden=8192", "model.ffn_hidden=28672", "model.
 
 def _step(overrides: tuple[str, ...], call_s: float, tensor_s: float = 0.0) -> dict:
     gpu = (f"topology.gpu={{base: H100-SXM-80GB, host_fsdp_call_s: {call_s!r}, "
-           f"host_fsdp_tensor_s: {tensor_s!r}}}")
+           f"host_fsdp_tensor_s: {tensor_s!r}, host_jitter: 0.0}}")  # one host's pace
     return simulate(load_workload(CASE, [*overrides, gpu])).summary
 
 

@@ -114,8 +114,8 @@ def test_each_moe_forward_waits_for_its_counts(tmp_path, capsys):
     GPU exactly ``host_sync_s`` after the count exchange: 3 layers x 1 micro-batch per replica
     (global batch 8 over dp 8) x the difference."""
     ahead = {"host_fused_op_s": 0.0, "host_fused_collective_s": 0.0}
-    base = {"base": "H100-SXM-80GB", "host_sync_s": 0.0, **ahead}
-    slow = {"base": "H100-SXM-80GB", "host_sync_s": 1e-3, **ahead}
+    base = {"base": "H100-SXM-80GB", "host_jitter": 0.0, "host_sync_s": 0.0, **ahead}
+    slow = {"base": "H100-SXM-80GB", "host_jitter": 0.0, "host_sync_s": 1e-3, **ahead}
     a = _step(tmp_path, capsys, MOE, base, dp=8, ep=4)
     b = _step(tmp_path, capsys, MOE, slow, dp=8, ep=4)
     assert b - a == pytest.approx(3 * 1 * 1e-3, rel=1e-6)
@@ -123,8 +123,9 @@ def test_each_moe_forward_waits_for_its_counts(tmp_path, capsys):
 
 def test_dense_fused_programs_have_no_host_clock(tmp_path, capsys):
     dense = {k: v for k, v in MOE.items() if k != "moe"}
-    base = {"base": "H100-SXM-80GB", "host_sync_s": 0.0}
-    slow = {"base": "H100-SXM-80GB", "host_sync_s": 1e-3, "host_fused_op_s": 1e-3}
+    base = {"base": "H100-SXM-80GB", "host_jitter": 0.0, "host_sync_s": 0.0}
+    slow = {"base": "H100-SXM-80GB", "host_jitter": 0.0, "host_sync_s": 1e-3,
+            "host_fused_op_s": 1e-3}
     assert _step(tmp_path, capsys, dense, slow, dp=8) == _step(tmp_path, capsys, dense, base, dp=8)
 
 
@@ -138,7 +139,8 @@ def test_host_bound_fused_moe_layer_takes_its_parts_times_the_rates(tmp_path, ca
     GPU work (microseconds) hides behind the host: each MoE layer's forward lasts its kernels x
     1 ms + its collectives x 2 ms + the count synchronisation, its backward the same without
     the synchronisation (op counts from the layer's own op list)."""
-    rates = {"base": "H100-SXM-80GB", "host_sync_s": sync_s, "host_fused_op_s": 1e-3,
+    rates = {"base": "H100-SXM-80GB", "host_jitter": 0.0, "host_sync_s": sync_s,
+             "host_fused_op_s": 1e-3,
              "host_fused_collective_s": 2e-3}  # fmt: skip
     work = {"name": "toy", "model": TOY,
             "training": {"global_batch": 2, "micro_batch": 1, "precision": "bf16"},
@@ -167,7 +169,8 @@ def test_shipped_fused_host_rates_leave_dense_fused_steps_unchanged(tmp_path, ca
     """The calibrated fused host rates apply to MoE models only: a dense fused model's step
     with the shipped gpus.yaml equals its step with every host rate at zero."""
     dense = {k: v for k, v in MOE.items() if k != "moe"}
-    zero = {"base": "H100-SXM-80GB", "host_sync_s": 0.0, "host_fused_op_s": 0.0,
+    zero = {"base": "H100-SXM-80GB", "host_jitter": 0.0, "host_sync_s": 0.0,
+            "host_fused_op_s": 0.0,
             "host_fused_collective_s": 0.0}  # fmt: skip
     shipped = {"base": "H100-SXM-80GB"}
     assert _step(tmp_path, capsys, dense, shipped, dp=8) == _step(tmp_path, capsys, dense, zero, dp=8)

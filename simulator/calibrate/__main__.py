@@ -7,7 +7,7 @@ import argparse
 import importlib
 
 SETS = ("network", "alltoall", "unaligned", "launch", "interference", "memory", "compute", "host",
-        "routes", "sync", "deepep")
+        "routes", "sync", "deepep", "host_spread")
 
 
 def main(argv=None) -> int:

@@ -69,10 +69,11 @@ import tempfile
 import numpy as np
 import pandas as pd
 
-from simulator.calibrate import REPO, jsonl
+from simulator.calibrate import REPO, host_spread, jsonl
 from simulator.engine.host import FSDP_CALLS
 from simulator.hardware.catalog import DTENSOR_UNITS, default_kernel_params
 from simulator.model.moe import routing_op
+from simulator.model.sync import host_group_factor, host_group_size
 
 DATA = (REPO / "data/measured/tiny-h100x4/steps.jsonl", REPO / "data/measured/tiny3-h100x4/steps.jsonl")
 FSDP_UNITS = REPO / "data/measured/fsdp-units-h100x2/fsdp_units.jsonl"
@@ -146,8 +147,16 @@ def moe_counts(workload: str, out_dir: str, extra: tuple[str, ...] = ()
 
 
 def measured() -> dict[str, float]:
-    """{case: measured step time} of the tiny steps."""
-    return {r["case"]: r["step_time_s"] for f in DATA for r in jsonl(f)}
+    """{case: one host's step time} of the tiny steps: the measured step (the slowest rank's)
+    over the factor its ranks' slowest host costs (:func:`paced`), so that the rates fitted on
+    it are one process's, which the engine scales to each job's own group."""
+    return {r["case"]: r["step_time_s"] / paced(r["gpus"]) for f in DATA for r in jsonl(f)}
+
+
+def paced(gpus: int) -> float:
+    """How much longer a host-bound step of ``gpus`` ranks took than one process's time
+    (:func:`simulator.model.sync.host_group_factor`, the refitted ``host_jitter``)."""
+    return host_group_factor(host_group_size(gpus), host_spread.fit())
 
 
 def micro() -> tuple[float, float]:
@@ -238,6 +247,8 @@ def fit_fsdp(op_s: float) -> tuple[float, float, list[tuple[int, int, float]]]:
     rates: the change per added tensor within each run (0.271 and 0.292 ms a step) is above
     the fitted three calls' worth."""
     short, hidden = fsdp_rows()
+    # the unit micro-benchmark's steps ran on 2 GPUs, paced by the slower host (:func:`paced`)
+    short = [(u, t, e / paced(2)) for u, t, e in short]
     sel = short
     rates = (0.0, 0.0)
     for _ in range(len(short)):

@@ -48,7 +48,12 @@ from simulator.model.moe import (
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.ops import Op
 from simulator.model.pipeline_memory import TorchPipelineMemory, runtime_memory
-from simulator.model.sync import group_sync_factor, sync_group_size
+from simulator.model.sync import (
+    group_sync_factor,
+    host_group_factor,
+    host_group_size,
+    sync_group_size,
+)
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
 from simulator.network.flows import FlowNetwork
 from simulator.network.interference import slowdown_fn
@@ -771,6 +776,19 @@ class _Builder:
     #   pre-divides it (2 x 4 bytes).
 
     def host_rates(self) -> HostRates | None:
+        """The host's rates (:meth:`one_host_rates`) at the pace of the job's slowest host
+        (:func:`simulator.model.sync.host_group_factor` over
+        :func:`~simulator.model.sync.host_group_size`: every rank's process)."""
+        rates = self.one_host_rates()
+        if rates is None:
+            return None
+        n_gpus = 1
+        for d in self.lay.dims:
+            n_gpus *= self.lay.size(d)
+        return rates.scaled(host_group_factor(host_group_size(n_gpus),
+                                              self.job.machine.gpu.host_jitter))
+
+    def one_host_rates(self) -> HostRates | None:
         """Eager code: the host's time per kernel, per collective call and per MoE count
         synchronisation (gpus.yaml). Fused (Megatron-Core) kernels: only an MoE model's, whose
         every MoE layer forward waits on its host for the token counts

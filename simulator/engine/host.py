@@ -64,6 +64,17 @@ class HostRates:
     #: one (:func:`simulator.model.moe.new_shape_share`, gpus.yaml host_gemm_new_shape_*)
     expert_gemm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
+    def scaled(self, factor: float) -> HostRates:
+        """Every host time ``factor`` times as long (a group paced by its slowest host,
+        :func:`simulator.model.sync.host_group_factor`)."""
+        if factor == 1.0:
+            return self
+        return HostRates(self.op_s * factor, self.collective_s * factor, self.sync_s * factor,
+                         self.moe_op_s * factor, self.fsdp_call_s * factor,
+                         self.fsdp_tensor_s * factor,
+                         MappingProxyType({k: v * factor for k, v in self.extra.items()}),
+                         tuple(x * factor for x in self.expert_gemm_s))
+
     def part_s(self, part) -> float:
         """Host time to issue one part of a program."""
         if part.kind == "comm":

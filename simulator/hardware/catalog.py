@@ -154,6 +154,10 @@ class GPUSpec:
     #: spread of a GPU's sustained speed under its power cap, as the scale of the expected
     #: maximum of normals a group meeting at every layer pays (:mod:`simulator.model.sync`)
     sync_jitter: float = 0.0
+    #: spread of one process's host speed on eager code between the processes of a box, as the
+    #: scale of the expected maximum of normals a host-bound step of ``n`` ranks pays
+    #: (:func:`simulator.model.sync.host_group_factor`)
+    host_jitter: float = 0.0
     #: host time per kernel and per collective call of fused (Megatron-Core / Transformer
     #: Engine) code; only an MoE model's fused programs use them (Megatron-Core's own rate
     #: per kernel launched, measured; a lower bound for Transformer Engine: see gpus.yaml)
@@ -448,7 +452,7 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
                 "host_fsdp_call_s", "host_fsdp_tensor_s", "host_fused_op_s",
                 "host_fused_collective_s", "host_gemm_new_shape_fwd_s",
                 "host_gemm_new_shape_dgrad_s", "host_gemm_new_shape_wgrad_s",
-                "host_events_call_s", "sync_jitter"):
+                "host_events_call_s", "sync_jitter", "host_jitter"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
     values["host_dtensor"] = _dtensor_rates(entry, defaults, file=file, field=field)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from simulator.model.moe import expected_max_normal  # one quadrature for every E[max] of normals
 
-__all__ = ["expected_max_normal", "group_sync_factor", "sync_group_size"]
+__all__ = ["expected_max_normal", "group_sync_factor", "host_group_factor", "host_group_size",
+           "sync_group_size"]
 
 
 def group_sync_factor(n: int, jitter: float) -> float:
@@ -33,3 +34,37 @@ def sync_group_size(tp: int, cp: int, ep: int, etp: int, moe: bool) -> int:
     parallel group, or an MoE layer's expert-parallel group (``ep x etp``) if larger."""
     n = tp * cp
     return max(n, ep * etp) if moe else n
+
+
+# ---- the hosts: a host-bound group is paced by its slowest process
+#
+# Eager PyTorch issues a step from Python on every rank at once, one process per GPU, and the
+# processes do not run equally fast: the same host-bound kernel stream, timed on 4 processes
+# of one box at once, runs a few per cent faster or slower from process to process and from
+# launch to launch (``data/measured/host-spread-h100x4``). Nothing in a step makes a host wait
+# for another (NCCL launches are asynchronous), but every rank's GPU waits in each collective
+# for the last rank to issue it, and a step ends with a collective every rank takes part in
+# (the gradient reduction, or the tensor / expert / pipeline traffic itself), so where the host
+# sets the pace a step takes as long as its slowest host: the expected maximum of ``n`` host
+# rates, not the mean a micro-benchmark of one process gives. Model: each process's time for
+# the same host work is ``mean x (1 + s Z)``, ``Z`` standard normal, independent between
+# processes and persistent over a step, so a group of ``n`` issues at ``1 + s e_n`` times the
+# mean rate (``s``: gpus.yaml ``host_jitter``, ``python -m simulator.calibrate host_spread``).
+
+
+def host_group_factor(n: int, jitter: float) -> float:
+    """How much longer a host-bound step of ``n`` processes that meet in it takes than one
+    process's: ``1 + jitter x e_n`` (1 for one process)."""
+    return 1.0 + jitter * expected_max_normal(n)
+
+
+def host_group_size(gpus: int) -> int:
+    """Processes whose hosts pace a host-bound step: every rank of the job (one process per
+    GPU). Every part of a step is issued by every rank, and the ranks meet at least once per
+    step on a collective every one of them takes part in or waits on (tensor / context / expert
+    parallel collectives every layer; the data-parallel gradient reduction, whose last bucket
+    no rank's GPU can finish before the slowest host has issued it; a pipeline's sends, which
+    chain every stage into the last one's backward), so the slowest host's lag reaches every
+    GPU by the end of the step: a host ``Z`` that is persistent over the step costs the same
+    whether the ranks meet every layer or once."""
+    return max(1, gpus)
