@@ -77,7 +77,7 @@ from simulator.config.suite import (
 )
 from simulator.errors import ConfigError
 from simulator.hardware.catalog import load_gpu
-from simulator.network.alignment import a2a_stores, measured_stores, narrow_time, split_table
+from simulator.network.alignment import measured_stores, narrow_time, split_table
 from simulator.network.collectives import CollectiveModel
 from simulator.network.topology import Topology
 from simulator.run import resolve_loaded, simulate
@@ -262,27 +262,32 @@ def run_workload_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
 
 
 def timed_collective_s(coll, op: str, groups, nbytes: float, timing: str,
-                       splits: str = "uniform") -> float:
+                       splits: str = "uniform", table=None) -> float:
     """What a measurement timed by ``timing`` shows of one collective: the GPU's time
     (``device``), the longer of it and the host's interval between back-to-back calls
-    (``events``, the box's gpus.yaml ``host_events_call_s``), or it plus the host overhead of a
-    barrier and a synchronisation around the call (``host_sync``). The device time is NCCL's
-    with the measuring scripts' buffers: each rank's share cut as ``benchmarks/device/comm.py``
-    cuts it, so the parts off a 16-byte boundary run NCCL's narrow copies
-    (:mod:`simulator.network.alignment`). An all-to-all with ``comm.py``'s uneven ``splits``
-    (``rotated``, ``hot``) is priced part by part (``CollectiveModel.all_to_all_v``)."""
+    (``events``: the box's gpus.yaml ``host_events_call_s``, for an all-to-all its
+    ``host_events_a2a``), or it plus the host overhead of a barrier and a synchronisation
+    around the call (``host_sync``). The device time is NCCL's with the measuring scripts'
+    buffers: each rank's share cut as ``benchmarks/device/comm.py`` cuts it, so the parts off a
+    16-byte boundary run NCCL's narrow copies (:mod:`simulator.network.alignment`). An
+    all-to-all with ``comm.py``'s uneven ``splits`` (``rotated``, ``hot``) or a row's own
+    ``table`` of bytes (``splits: table``) is priced part by part, its parts laid out in rank
+    order (``CollectiveModel.all_to_all_table``)."""
     n = max(len(g) for g in groups)
     if op == "all_to_all" and splits != "uniform":
-        table = split_table(splits, n, nbytes)  # comm.py's layout of the parts
-        share = [[b / nbytes for b in row] for row in table]
-        t = narrow_time(coll.all_to_all_v(groups, float(nbytes), share), a2a_stores(table),
-                        coll.unaligned_Bps)
+        if splits == "table":
+            table = [[float(b) for b in row] for row in table]
+        else:
+            table = split_table(splits, n, nbytes)  # comm.py's layout of the parts
+        t = coll.all_to_all_table(groups, table).time_s
     else:
         t = narrow_time(coll.cost(op, groups, nbytes), measured_stores(op, n, nbytes),
                         coll.unaligned_Bps)
     if timing == "host_sync":
         return t + coll.host_sync_overhead_s
-    return max(t, coll.events_call_s) if timing == "events" else t
+    if timing == "events":
+        return max(t, coll.events_interval_s(op, n, splits))
+    return t
 
 
 def run_collective_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
@@ -293,9 +298,11 @@ def run_collective_suite(prep: PreparedSuite, progress=None) -> SuiteResult:
     for r in prep.rows:
         g = r.group
         groups = [list(range(i, i + g)) for i in range(0, n_gpus - g + 1, g)]
-        predicted = timed_collective_s(coll, r.op, groups, r.bytes, suite.timing, r.splits)
+        predicted = timed_collective_s(coll, r.op, groups, r.bytes, suite.timing, r.splits,
+                                       r.table_bytes)
         nbytes = int(r.bytes) if float(r.bytes).is_integer() else r.bytes
-        label = f"{r.op}{'' if r.splits == 'uniform' else ' ' + r.splits} g{g} {nbytes}B"
+        kind = r.pattern or r.splits
+        label = f"{r.op}{'' if r.splits == 'uniform' else ' ' + kind} g{g} {nbytes}B"
         results.append(CaseResult(suite.name, label, "time_s", predicted, r.time_s, "",
                                   {"op": r.op, "group": g, "bytes": nbytes,
                                    "splits": r.splits}))

@@ -115,10 +115,11 @@ def test_event_timed_rows_are_the_longer_of_device_time_and_the_host_interval(tm
 
 def test_uneven_all_to_all_rows_are_priced_part_by_part(tmp_path):
     """A suite's all-to-all rows with ``comm.py``'s uneven splits are priced with the bytes
-    each rank sends each peer (``all_to_all_v``), not as a uniform call; ``-`` (comm.py's mark
+    each rank sends each peer (the links' ``all_to_all_v`` or NCCL's p2p channels, whichever
+    is longer, parts laid out in rank order), not as a uniform call; ``-`` (comm.py's mark
     on other operations) reads as uniform; an unknown pattern is a one-line error."""
     from simulator.errors import ConfigError
-    from simulator.network.alignment import a2a_stores, narrow_time
+    from simulator.network.p2p import narrow_parts, warp_time
 
     m = CollectiveModel(_topo("h100x2-nvswitch"))
     b = 2.0**28
@@ -137,8 +138,9 @@ def test_uneven_all_to_all_rows_are_priced_part_by_part(tmp_path):
     for name, table in (("rotated", [[0.75 * b, 0.25 * b], [0.25 * b, 0.75 * b]]),
                         ("hot", [[0.7 * b, 0.3 * b], [0.7 * b, 0.3 * b]])):
         share = [[x / b for x in row] for row in table]
-        want = narrow_time(m.all_to_all_v([[0, 1]], b, share), a2a_stores(table),
-                           m.unaligned_Bps)
+        links = m.all_to_all_v([[0, 1]], b, share)
+        warp = warp_time(table, m.p2p_layout, m.p2p_rates, narrow_parts(table))
+        want = max(links.time_s, links.launch_s + warp)
         assert got[f"all_to_all {name} g2 {int(b)}B"] == pytest.approx(want, rel=1e-6)
     uniform = got[f"all_to_all g2 {int(b)}B"]
     assert uniform == pytest.approx(m.cost("all_to_all", [[0, 1]], b).time_s, rel=1e-9)

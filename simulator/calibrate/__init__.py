@@ -1,11 +1,12 @@
 """Reproducible calibration: every fitted constant set of the catalog, refitted from the
 measurement files in the repository, printed beside the value the catalog ships.
 
-    python -m simulator.calibrate [network|alltoall|unaligned|launch|interference|memory|compute|host|routes|sync|deepep|host_spread|all]
+    python -m simulator.calibrate [network|alltoall|p2p|unaligned|launch|interference|memory|compute|host|routes|sync|deepep|host_spread|all]
 
 | set | module | data | catalog |
 |---|---|---|---|
-| network: NVLink efficiency, launch, copy rate, intra-node ring step; the launch split; each box's host call interval of event-timed loops | :mod:`.network` | ``data/calibration/h200x4-nvswitch/collectives.jsonl`` (fit), ``data/measured/h100x2-nccl-device/tuning.jsonl`` (launch); call interval: ``data/calibration/h100x4-nvswitch/`` (4x H100), ``data/measured/h200x4/collectives.jsonl`` and ``h200x4-alltoall/alltoall.jsonl`` (4x H200) | ``simulator/network/fabrics.yaml``; ``gpus.yaml`` ``host_events_call_s`` |
+| network: NVLink efficiency, launch, copy rate, intra-node ring step; the launch split; each box's host call interval of event-timed loops | :mod:`.network` | ``data/calibration/h200x4-nvswitch/collectives.jsonl`` (fit), ``data/measured/h100x2-nccl-device/tuning.jsonl`` (launch); call interval: ``data/calibration/h100x4-nvswitch/`` (4x H100), ``data/measured/h200x4/collectives.jsonl`` and ``h200x4-alltoall/alltoall.jsonl`` (4x H200) | ``simulator/network/fabrics.yaml``; ``gpus.yaml`` ``host_events_call_s``, ``host_events_peer_s`` (all-to-all's extra per peer: ``data/measured/a2a-probe-h100x4``) |
+| NCCL's p2p warps: a piece's copy rate by its warps, 16-byte and narrow (send, receive) | :mod:`.p2p` | ``data/measured/a2a-probe-h100x4/a2a_probe.jsonl`` (uneven tables >= 32 MiB), ``data/calibration/h100x4-nvswitch/alltoall.jsonl`` (uneven rows >= 32 MiB) | ``fabrics.yaml`` ``nccl.all_to_all.p2p`` |
 | NCCL's narrow copies (parts off a 16-byte boundary) | :mod:`.unaligned` | ``data/calibration/h100x4-nvswitch/alltoall.jsonl`` (misaligned uneven rows >= 64 MiB) | ``fabrics.yaml`` ``nccl.unaligned_copy_GBps`` |
 | all-to-all: extra fixed cost per call, share of the NVLink rate (fitted on device-bound rows only) | :mod:`.alltoall` | ``data/calibration/h100x4-nvswitch/alltoall.jsonl`` (uniform rows >= 16 MiB) | ``simulator/network/fabrics.yaml`` ``nccl.all_to_all`` |
 | kernel launch gap, copy bandwidth | :mod:`.launch` | ``simulator/hardware/data/*/sync_vs_events.jsonl``, ``gemm.jsonl`` | ``gpus.yaml`` ``kernel_launch_s``, ``hbm_efficiency`` |

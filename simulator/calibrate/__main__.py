@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-SETS = ("network", "alltoall", "unaligned", "launch", "interference", "memory", "compute", "host",
-        "routes", "sync", "deepep", "host_spread")
+SETS = ("network", "alltoall", "p2p", "unaligned", "launch", "interference", "memory", "compute",
+        "host", "routes", "sync", "deepep", "host_spread")
 
 
 def main(argv=None) -> int:

@@ -232,8 +232,52 @@ def host_bound_rows(gpu: str = "defaults") -> list[dict]:
 
 def events_call_us(gpu: str = "defaults") -> float:
     """The host's interval between back-to-back calls of an events-timed loop on ``gpu``'s
-    box: the median of :func:`host_bound_rows`, rounded to 0.1 us."""
-    return round(statistics.median(r["time_s"] for r in host_bound_rows(gpu)) * 1e6, 1)
+    box: the median of :func:`host_bound_rows`, each less what its kind adds beyond an
+    all-reduce (:func:`events_peer_us`: an all-to-all's), rounded to 0.1 us."""
+    peer = events_peer_us()
+    return round(statistics.median(
+        r["time_s"] * 1e6 - (peer["all_to_all"] * (r["group"] - 1) if r["op"] == "all_to_all"
+                             else 0.0)
+        for r in host_bound_rows(gpu)), 1)
+
+
+#: the host phase of the all-to-all probe (``benchmarks/device/a2a_probe.py``): per call kind
+#: and group, the same process's loops of 64 KiB calls, interleaved
+PEER_DATA = REPO / "data/measured/a2a-probe-h100x4/a2a_probe.jsonl"
+#: the probe's call kinds of each all-to-all kind (``all_to_all_single`` without split lists;
+#: with them: equal, uneven, some parts zero)
+PEER_KINDS = {"all_to_all": ("a2a_plain",),
+              "all_to_all_splits": ("a2a_equal_lists", "a2a_uneven", "a2a_sparse")}
+
+
+def events_peer_us() -> dict[str, float]:
+    """What an all-to-all call adds to an events-timed loop's interval per peer of its group
+    (``n - 1``) beyond an all-reduce, all-gather or reduce-scatter of the same group in the
+    same process: per block of the probe's host phase (a launch, a repetition, a group: one
+    row of each call kind, run one after another), the kind's ``events_s`` (the slowest rank's
+    median interval, what ``comm.py`` reports) less the median of the block's three
+    collectives', over ``n - 1``; the median over blocks and the kind's call kinds, rounded to
+    0.01 us (gpus.yaml ``host_events_peer_s``)."""
+    blocks: dict[tuple, dict[str, dict]] = {}
+    for r in (json.loads(x) for x in PEER_DATA.read_text().splitlines() if x.strip()):
+        if r.get("phase") == "host":
+            key = (r["world"], r["label"], r["rep"], r["group_label"])
+            blocks.setdefault(key, {})[r["case"]] = r
+    out = {}
+    for kind, cases in PEER_KINDS.items():
+        vals = []
+        for b in blocks.values():
+            base = statistics.median(b[c]["events_s"] for c in OPS)
+            n = b[OPS[0]]["group"]
+            vals += [(b[c]["events_s"] - base) / (n - 1) * 1e6 for c in cases if c in b]
+        out[kind] = round(statistics.median(vals), 2)
+    return out
+
+
+def shipped_events_peer_us() -> dict[str, float]:
+    """gpus.yaml's ``host_events_peer_s`` (defaults) in us."""
+    cat = yaml.safe_load(CATALOG_FILE.read_text())
+    return {k: round(float(v) * 1e6, 2) for k, v in cat["defaults"]["host_events_peer_s"].items()}
 
 
 def shipped_events_call_us() -> dict[str, float]:
@@ -263,4 +307,7 @@ def refit() -> dict[str, tuple[float, float]]:
     out["launch_us"] = (split["launch_us"], float(fab["nccl"]["launch_us"]))
     for g, v in shipped_events_call_us().items():  # gpus.yaml host_events_call_s
         out[f"events_call_us[{g}]"] = (split[f"events_call_us[{g}]"], v)
+    peer, now = events_peer_us(), shipped_events_peer_us()
+    for k, v in now.items():  # gpus.yaml host_events_peer_s
+        out[f"events_peer_us[{k}]"] = (peer[k], v)
     return out

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from simulator.config.load import pydantic_to_config_error, read_yaml
-from simulator.config.schema import Float, Frozen, PositiveFloat, PositiveInt
+from simulator.config.schema import Float, Frozen, NonNegativeInt, PositiveFloat, PositiveInt
 from simulator.config.yaml_safe import read_bounded
 from simulator.errors import ConfigError
 
@@ -157,8 +157,10 @@ class CollectiveSuite(_Suite):
     )
 
 
-#: the all-to-all split patterns of ``benchmarks/device/comm.py`` a collective suite can price
-SPLITS = ("uniform", "rotated", "hot")
+#: the all-to-all split patterns of ``benchmarks/device/comm.py`` a collective suite can price,
+#: and ``table``: a row that gives its own bytes from every group rank to every other
+#: (``table_bytes``, ``benchmarks/device/a2a_probe.py``)
+SPLITS = ("uniform", "rotated", "hot", "table")
 
 
 class FrozenPrediction(Frozen):
@@ -186,6 +188,9 @@ class CollectiveRow(Frozen):
     time_s: PositiveFloat
     timing: str | None = Field(None, description="how the row was timed, if it says "
                                "(``cuda_events`` is ``events``); else the suite's timing")
+    #: ``splits: table``: bytes group rank s sends to rank j, and the pattern's name
+    table_bytes: tuple[tuple[NonNegativeInt, ...], ...] | None = None
+    pattern: str = ""
 
     @property
     def timed(self) -> str | None:
@@ -243,6 +248,13 @@ def collective_rows(
                               f"{', '.join(SPLITS)})", file=str(data_path), field=f"{where}.splits")
         if row.timed is not None and row.timed != suite.timing:
             continue
+        if row.splits == "table" and (
+            row.table_bytes is None or len(row.table_bytes) != row.group
+            or any(len(r) != row.group for r in row.table_bytes)
+        ):
+            raise ConfigError(f"splits 'table' needs table_bytes, {row.group} rows of "
+                              f"{row.group} byte counts", file=str(data_path),
+                              field=f"{where}.table_bytes")
         if row.group > n_gpus:
             raise ConfigError(
                 f"a group of {row.group} GPUs, but the topology {suite.topology!r} has "

@@ -47,6 +47,9 @@ DTYPES = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4", "tf32")
 #: cross-entropy
 DTENSOR_UNITS = ("colwise", "rowwise", "rowwise_rs", "sp_colwise", "loss_parallel")
 
+#: the all-to-all call kinds of ``host_events_peer_s``: without and with split lists
+EVENTS_PEER_KINDS = ("all_to_all", "all_to_all_splits")
+
 @dataclass(frozen=True)
 class GemmParams:
     """Calibrated parameters of the GEMM kernel-time model (see compute.py for the formula).
@@ -175,6 +178,11 @@ class GPUSpec:
     #: than it shows (``validate``'s ``timing: events``; never paid in training, whose host
     #: clock is the step model's). Per box kind: the host is part of the machine (gpus.yaml)
     host_events_call_s: float = 0.0
+    #: what an all-to-all call adds to that interval per peer of its group beyond the other
+    #: collectives', ``{all_to_all: s, all_to_all_splits: s}`` (without and with split lists;
+    #: gpus.yaml ``host_events_peer_s``)
+    host_events_peer_s: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({}))
     #: host time PyTorch DTensor tensor parallelism adds to one unit of its plan beyond the
     #: same work on plain tensors, ``{unit: (forward_s, backward_s)}`` for the units of
     #: :data:`DTENSOR_UNITS` (``parallelism.tp_impl: dtensor``; gpus.yaml ``host_dtensor``)
@@ -456,6 +464,13 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)
     values["host_dtensor"] = _dtensor_rates(entry, defaults, file=file, field=field)
+    peer = entry.get("host_events_peer_s", defaults.get("host_events_peer_s", {}))
+    if not isinstance(peer, Mapping) or set(peer) - set(EVENTS_PEER_KINDS):
+        raise ConfigError(f"a mapping of {', '.join(EVENTS_PEER_KINDS)} to seconds, got "
+                          f"{peer!r}", file=file, field=f"{field}.host_events_peer_s")
+    values["host_events_peer_s"] = MappingProxyType({
+        str(k): _positive(v, file=file, field=f"{field}.host_events_peer_s.{k}", zero_ok=True)
+        for k, v in peer.items()})
     for key in ("nvlink_line_GBps", "nic_Gbps", "pcie_GBps"):
         if entry.get(key) is not None:
             values[key] = _positive(entry[key], file=file, field=f"{field}.{key}")

@@ -57,6 +57,13 @@ from simulator.errors import ConfigError
 from simulator.network.algorithms import AlgorithmPhases, Phase, phase_at
 from simulator.network.flows import FlowSet, fluid_completion, fluid_completion_arrays
 from simulator.network.innetwork import IN_NETWORK, InNetworkPhases, in_network_constants
+from simulator.network.p2p import (
+    WARP_RATE_KEYS,
+    P2pLayout,
+    WarpRates,
+    narrow_parts,
+    warp_time,
+)
 from simulator.network.protocols import BUSBW, ProtocolCosts
 from simulator.network.topology import Topology, load_fabrics
 
@@ -160,6 +167,12 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         self.ring_fill = (int(ring_fill.get("channels", 1)), float(ring_fill.get("chunk_bytes", 0.0)),
                           float(ring_fill.get("fraction", 0.0)),
                           float(ring_fill.get("slice_us", 0.0)) * 1e-6)
+        p2p = a2a.get("p2p")
+        #: NCCL's p2p channels within one NVLink domain and a warp's copy rate, 16-byte and
+        #: narrow (:mod:`simulator.network.p2p`; fabrics.yaml ``nccl.all_to_all.p2p``)
+        self.p2p_layout = (P2pLayout(int(p2p["channels"]), int(p2p["channels_per_peer"]),
+                                     int(p2p["chunk_bytes"])) if p2p else None)
+        self.p2p_rates = (WarpRates(*(float(p2p[k]) for k in WARP_RATE_KEYS)) if p2p else None)
         ll = a2a.get("ll_max_bytes_per_peer", {})
         #: NCCL's p2p protocol rule: LL up to these bytes per peer, Simple above (never LL128)
         self.p2p_ll_max_bytes = (float(ll.get("nvlink", 0.0)), float(ll.get("net", 0.0)))
@@ -169,6 +182,8 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         #: (what an event-timed measurement of a call shorter than it shows; not in training):
         #: the box's own (gpus.yaml ``host_events_call_s``)
         self.events_call_s = float(topology.gpu.host_events_call_s)
+        #: what an all-to-all adds to it per peer of its group (gpus.yaml host_events_peer_s)
+        self.events_peer_s = dict(topology.gpu.host_events_peer_s)
         self.copy_Bps = float(fab["copy_GBps"]) * 1e9
         #: a rank's store rate through NCCL's narrow packs (copies off a 16-byte boundary;
         #: :func:`simulator.network.alignment.narrow_time`)
@@ -201,6 +216,16 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         self._places: np.ndarray | None = None  # tray_places as an array (group shapes)
 
     # ------------------------------------------------------------------ public API
+
+    def events_interval_s(self, op: str, n: int, splits: str = "uniform") -> float:
+        """The host's interval between back-to-back calls of ``op`` over groups of ``n`` in an
+        event-timed Python loop (what such a measurement shows of a shorter call; never paid
+        in training): the box's interval, an all-to-all's extra per peer added (with split
+        lists where ``splits`` is not ``uniform``)."""
+        if op != "all_to_all":
+            return self.events_call_s
+        kind = "all_to_all" if splits == "uniform" else "all_to_all_splits"
+        return self.events_call_s + self.events_peer_s.get(kind, 0.0) * max(n - 1, 0)
 
     def algorithm(self, op: str, group: Sequence[int], nbytes: float) -> str:
         """The ``"algorithm/protocol"`` NCCL would pick: the lowest predicted time."""
@@ -351,6 +376,30 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         )
         self._cost_cache[key] = hit
         return hit
+
+    def all_to_all_table(
+        self, groups: Sequence[Sequence[int]], table: Sequence[Sequence[float]],
+        laid_out: bool = True,
+    ) -> CollectiveCost:
+        """NCCL's ``all_to_all_single`` with split sizes on ``groups`` at once: group rank ``s``
+        sends ``table[s][j]`` bytes to rank ``j``. The links' time is
+        :meth:`all_to_all_v`'s; NCCL's p2p channels add a second bound, the slowest piece of
+        work at its warps' rate (:func:`simulator.network.p2p.warp_time`, within one NVLink
+        domain), and the call takes the longer. ``laid_out``: the parts sit in rank order in
+        both buffers, so a part whose offset is off 16 bytes runs NCCL's narrow copies (the
+        measuring scripts' buffers); False for a caller whose parts are whole tokens."""
+        nbytes = max(sum(row) for row in table)
+        if nbytes <= 0:
+            return CollectiveCost(0.0, "none", 0, 0.0)
+        share = [[b / nbytes for b in row] for row in table]
+        base = self.all_to_all_v(groups, float(nbytes), share)
+        if self.p2p_layout is None or not all(self._one_domain(g) for g in groups):
+            return base
+        flags = narrow_parts(table) if laid_out else None
+        warp = warp_time(table, self.p2p_layout, self.p2p_rates, flags)
+        if base.launch_s + warp <= base.time_s:
+            return base
+        return replace(base, time_s=base.launch_s + warp)
 
     def _a2a_v_plan(self, groups, nbytes: float, rows):
         """The one direct phase of :meth:`all_to_all_v` (PXN applied), its fluid time and
