@@ -28,7 +28,8 @@ comm() {  # nproc groups min_bytes max_bytes file budget
 case "${1:-A}" in
   A) steps steps_third.py first "$THIRD" 250
      steps steps_alt.py first "$ALT" 220 ;;
-  B) comm 4 2 20480 1342177280 comm-g4.jsonl 130
+  B) steps steps_third.py first h12t_moe_ep4_K 45  # A's budget ran out before it (10:14 UTC)
+     comm 4 2 20480 1342177280 comm-g4.jsonl 130
      comm 3 3 30720 503316480 comm-g3.jsonl 70
      steps steps_third.py repeat h12t_moe_ep4_K,h12t_moe_ep2_K 60
      steps steps_alt.py repeat h12_moe_ep4_L,h12_tp4sp_N,h12_tp2sp_N 85 ;;
