@@ -83,6 +83,35 @@ def test_the_all_to_all_fill_is_its_own_time_up_to_the_fill_bytes(nbytes):
     assert t_on - t_off == pytest.approx(min(sent, fill) / rate, rel=1e-6)
 
 
+@pytest.mark.parametrize("nbytes", [2.0**20 * 3, 2.0**26, 2.0**30])
+def test_a_receiver_hot_all_to_all_pays_the_fill_once_at_its_busiest_port(nbytes):
+    """comm.py's ``hot`` split in a group of 4 on the H100 box: every rank sends 55 % of S to
+    rank 0 and 15 % to each other, so rank 0 receives 3 x 0.55 S = 1.65 S while no rank
+    sends more than 0.85 S. The fill is the first ``simple_fill_bytes`` of the busiest
+    port's traffic at that port's rate (NVLink x its efficiency), min(1.65 S, F) / rate:
+    F / rate from S = 6 MiB on (F = 8.75 MiB), as a uniform exchange's -- not 1.65 / 0.85 of
+    it, which a fill in units of the busiest sender's bytes gave. Below, the hot receiver's
+    whole receive time again."""
+    topo = _topo("h100x4-nvswitch")
+    on, off = CollectiveModel(topo), CollectiveModel(topo)
+    off.a2a_fill_bytes = 0.0
+    hot = [0.55, 0.15, 0.15, 0.15]
+    g = [[0, 1, 2, 3]]
+    rate = topo.nvlink_Bps * load_fabrics()["links"]["nvlink"]["efficiency"]
+    fill = on.a2a_fill_bytes
+    got = on.all_to_all_v(g, nbytes, hot).time_s - off.all_to_all_v(g, nbytes, hot).time_s
+    assert got == pytest.approx(min(1.65 * nbytes, fill) / rate, rel=1e-6)
+    # the same fill as the uniform exchange's once both ports carry more than F
+    uni = on.all_to_all_v(g, nbytes, [0.25] * 4).time_s - off.all_to_all_v(
+        g, nbytes, [0.25] * 4).time_s
+    assert uni == pytest.approx(min(0.75 * nbytes, fill) / rate, rel=1e-6)
+    # a sender-hot one by the same rule: rank 0 sends S / 4 to every rank, the others S / 16,
+    # so the busiest port is rank 0's send, 3 x S / 4 = 0.75 S (it receives 3 x S / 16)
+    send4 = [[0.25] * 4] + [[1 / 16] * 4] * 3
+    t = on.all_to_all_v(g, nbytes, send4).time_s - off.all_to_all_v(g, nbytes, send4).time_s
+    assert t == pytest.approx(min(0.75 * nbytes, fill) / rate, rel=1e-6)
+
+
 def _suite(tmp_path: Path, timing: str, rows: list[dict]) -> Path:
     (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     suite = {"kind": "collectives", "name": "t", "role": "development", "timing": timing,

@@ -19,8 +19,9 @@ such rows as max(device time, the host's interval), gpus.yaml ``host_events_call
 Fit: least squares on log(predicted / measured) over those rows, three constants free:
 ``launch_extra_us`` (the call's fixed device cost beyond the other collectives'
 ``launch_us``), ``bandwidth_fraction`` (the share of the NVLink rate the exchange reaches) and
-``simple_fill_bytes`` (p2p Simple's pipeline fill: a rank's sends up to this many bytes are
-not overlapped with the receivers' copy-out, :meth:`CollectiveModel._p2p_fill`). The device
+``simple_fill_bytes`` (p2p Simple's pipeline fill: up to this many bytes of the busiest rank's
+traffic are not overlapped with the receivers' copy-out, :meth:`CollectiveModel._p2p_fill`;
+the uniform rows send what they receive, so sender and receiver give the same fill). The device
 rows show the fill directly: 9.1 us at 4 KiB, 16.5 us at 1 MiB (LL), then 25 / 57 / 148 /
 506 us at 4 / 16 / 64 / 256 MiB, i.e. about 20-28 us above the fluid time from 16 MiB on, a
 ramp that ends near 8 MiB a rank (16 channels x NCCL's 512 KiB p2p chunk,

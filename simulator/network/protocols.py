@@ -9,7 +9,8 @@
   is that estimate.
 * **Base latency.** A protocol's fixed cost beyond LL's (NCCL's ``baseLat``: Simple +1.8 us,
   LL128 +7.4 us on a ring), spread over the call's steps (:meth:`ProtocolCosts._fixed`).
-* **p2p fill.** An all-to-all with Simple pays its pipeline's start (:meth:`ProtocolCosts._p2p_fill`).
+* **p2p fill.** An all-to-all with Simple pays its pipeline's start, a few chunks per channel at
+  the busiest rank's rate (:meth:`ProtocolCosts._p2p_fill`).
 * **Ring / Simple.** A ring call with Simple inside one NVLink domain pays its first chunk's
   unoverlapped share and a handshake per slice (:meth:`ProtocolCosts._ring_fill`).
 """
@@ -104,15 +105,22 @@ class ProtocolCosts:
         """NCCL's p2p Simple pipeline fill on an all-to-all's direct step within an NVLink
         domain: each channel's part moves through the receiver's FIFO in chunks
         (``p2pChunkSize``, 512 KiB on NVLink) that the receiving kernel copies out after they
-        land, so the start of the pipeline is not overlapped: a rank's sends up to
-        ``a2a_fill_bytes`` take their transfer time (``fluid``, at the links' rate) again,
-        larger ones that many bytes' worth (``nccl.all_to_all.simple_fill_bytes``, fitted by
-        ``calibrate alltoall``). LL has no such pipeline; over the network the NIC's DMA
-        overlaps it."""
+        land, so the start of the pipeline is not overlapped: up to ``a2a_fill_bytes``
+        (``nccl.all_to_all.simple_fill_bytes``, fitted by ``calibrate alltoall``) of the
+        busiest rank's traffic -- its sends or its receives, whichever is larger -- take
+        their transfer time again, at the rate ``fluid`` prices that rank's bytes. So the
+        fill is the same few chunks per channel however uneven the split: a receiver-hot
+        exchange, whose busiest receiver takes 1.5-2x the bytes any rank sends, pays the
+        first chunks once at its port's rate, not scaled by that ratio (which a fill in
+        units of the busiest sender's bytes did, until 2026-11-27 noon). A uniform exchange,
+        whose ranks send what they receive, is unchanged. LL has no such pipeline; over the
+        network the NIC's DMA overlaps it."""
         if pr.name != "Simple" or ph.net_hops or not ph.transfers or not self.a2a_fill_bytes:
             return 0.0
         sent: dict[int, float] = {}
-        for a, _, b in ph.transfers:
-            sent[a] = sent.get(a, 0.0) + b
-        out = max(sent.values())
-        return fluid * min(1.0, self.a2a_fill_bytes / out) if out > 0 else 0.0
+        recv: dict[int, float] = {}
+        for a, b, nb in ph.transfers:
+            sent[a] = sent.get(a, 0.0) + nb
+            recv[b] = recv.get(b, 0.0) + nb
+        busiest = max(max(sent.values()), max(recv.values()))
+        return fluid * min(1.0, self.a2a_fill_bytes / busiest) if busiest > 0 else 0.0
