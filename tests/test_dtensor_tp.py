@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from simulator.calibrate import jsonl
 from simulator.config.load import load_workload
+from simulator.engine.host import dtensor_opt_s, dtensor_param_tensors
 from simulator.hardware.catalog import load_gpu
 from simulator.model import comm
 from simulator.model.sync import host_group_factor
@@ -24,9 +26,13 @@ RATES = {"colwise": (1e-3, 2e-3), "rowwise": (3e-3, 4e-3), "rowwise_rs": (5e-4, 
          "sp_colwise": (7e-4, 8e-4), "loss_parallel": (5e-3, 6e-3)}
 
 
-def _gpu(rates: dict) -> str:
+def _gpu(rates: dict, opt: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> str:
+    """An H100 with these DTensor unit rates and optimizer rates (per step, per tensor with
+    SP, per tensor without)."""
     units = ", ".join(f"{u}: {{fwd_s: {f!r}, bwd_s: {b!r}}}" for u, (f, b) in rates.items())
-    return f"topology.gpu={{base: H100-SXM-80GB, host_dtensor: {{{units}}}}}"
+    return (f"topology.gpu={{base: H100-SXM-80GB, host_dtensor: {{{units}}}, "
+            f"host_dtensor_opt_step_s: {opt[0]!r}, host_dtensor_opt_tensor_s: {opt[1]!r}, "
+            f"host_dtensor_opt_tensor_nosp_s: {opt[2]!r}}}")
 
 
 def _paced(gpus: int) -> float:
@@ -34,8 +40,9 @@ def _paced(gpus: int) -> float:
     return host_group_factor(gpus, load_gpu("H100-SXM-80GB").host_jitter)
 
 
-def _step(case, impl: str, rates: dict = RATES, extra: tuple[str, ...] = ()) -> dict:
-    sets = [*TINY, *extra, f"parallelism.tp_impl={impl}", _gpu(rates)]
+def _step(case, impl: str, rates: dict = RATES, extra: tuple[str, ...] = (),
+          opt: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> dict:
+    sets = [*TINY, *extra, f"parallelism.tp_impl={impl}", _gpu(rates, opt)]
     return simulate(load_workload(case, sets)).summary
 
 
@@ -63,6 +70,33 @@ def test_dtensor_units_with_sp_per_micro_batch():
     base, dt = _step(TP2SP, "dtensor", zero), _step(TP2SP, "dtensor")
     want = 2 * (16 * (2 * 1.5e-3 + 2 * 1.1e-3) + 1.5e-3 + 11e-3 + 1.1e-3) * _paced(2)
     assert dt["step_time_s"] - base["step_time_s"] == pytest.approx(want, rel=0.01)
+
+
+def test_dtensor_param_tensors_match_the_measured_model():
+    """The DTensor parameters ``dtensor_step_host.py`` counted on steps_alt.py's TP + SP
+    GPT-2 (LayerNorm, untied): 28 at 2 layers, 292 at 24 (data/measured/
+    dtensor-step-host-h200x4); without SP the norms stay plain: 8 a layer and the two ends."""
+    rows = [r for r in jsonl(ROOT / "data/measured/dtensor-step-host-h200x4/"
+                             "dtensor_step_host_w4.jsonl") if "rank" in r]
+    for layers in (2, 24):
+        got = {r["dtensor_params"] for r in rows if r["layers"] == layers}
+        assert got == {dtensor_param_tensors(layers, True, 2, False)}
+    assert dtensor_param_tensors(20, False, 2, False) == 162
+    assert dtensor_param_tensors(20, True, 1, True) == 20 * 10 + 1 + 1
+
+
+def test_dtensor_optimizer_host_once_a_step():
+    """TP 2 + SP, two micro-batches, 16 layers: 16 x 12 + 2 + 2 = 198 DTensor parameter
+    tensors; the optimizer step adds 5 ms + 198 x 0.1 ms = 24.8 ms of host time once a step
+    (not per micro-batch), at the slower host's pace; without SP (TP 2, 20 layers) 20 x 8 + 2
+    = 162 tensors at the rate without SP, 5 ms + 162 x 0.02 ms = 8.24 ms."""
+    opt = (5e-3, 1e-4, 2e-5)
+    zero = {u: (0.0, 0.0) for u in RATES}
+    for case, tensors, rate, want_s in ((TP2SP, 198, 1e-4, 24.8e-3), (TP2, 162, 2e-5, 8.24e-3)):
+        base, dt = _step(case, "dtensor", zero), _step(case, "dtensor", zero, opt=opt)
+        assert dtensor_opt_s(opt[0], rate, tensors) == pytest.approx(want_s)
+        got = dt["step_time_s"] - base["step_time_s"]
+        assert got == pytest.approx(want_s * _paced(2), rel=0.01)
 
 
 def test_megatron_is_unchanged_by_dtensor_rates():

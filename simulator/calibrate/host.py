@@ -48,6 +48,15 @@ Two kinds of measurement on 4x H100, and one on 2x H100, each with its README:
   of ``steps.py``. ``host_dtensor`` is, for each unit of
   :data:`simulator.hardware.catalog.DTENSOR_UNITS`, the mean over the ranks of the unit's
   forward and backward time less its plain equivalent's (:func:`fit_dtensor`; none below zero).
+* ``data/measured/dtensor-step-host-h200x4/``: the host time DTensor adds to the optimizer
+  step (``benchmarks/device/dtensor_step_host.py`` on 2 and 4 of 4x H200: ``steps_alt.py``'s
+  DTensor TP + SP step at 2 and 24 layers, AdamW (foreach) on the DTensor parameters less the
+  same AdamW on plain tensors of the same local shapes). ``host_dtensor_opt_step_s`` and
+  ``host_dtensor_opt_tensor_s`` (per DTensor parameter tensor) are fitted by least squares on
+  relative error over the rank means (:func:`fit_dtensor_opt`), with SP (the plan every
+  case of that benchmark runs). ``host_dtensor_opt_tensor_nosp_s``, the rate without SP, from
+  the ``block`` rows of ``dtensor_host.py`` (2 and 6 layers, with and without SP) in that
+  folder and in ``dtensor-host-h100x2`` (:func:`fit_dtensor_opt_nosp`).
 * ``data/measured/megatron-moe-host-h100x2/``: Megatron-Core 0.19.2's MoE layer on its host
   (``benchmarks/device/megatron_moe_host.py`` on 2x H100, EP 2, hidden 256: the GPU idles),
   with the kernels each pass launches counted by the profiler. ``host_fused_op_s`` (and
@@ -81,6 +90,10 @@ FSDP_TENSORS = REPO / "data/measured/fsdp-units-h100x2/fsdp_units_tensors.jsonl"
 FSDP_LAYERS = 64  # fsdp_units.py: Linear(4096, 4096) layers, split evenly into the units
 OPS = sorted((REPO / "data/measured/host-ops-h100x4").glob("host_ops_k*.jsonl"))
 DTENSOR = REPO / "data/measured/dtensor-host-h100x2/dtensor_host.jsonl"
+DTENSOR_STEP = tuple(REPO / f"data/measured/dtensor-step-host-h200x4/dtensor_step_host_w{n}.jsonl"
+                     for n in (2, 4))
+DTENSOR_BLOCK = tuple(REPO / f"data/measured/dtensor-step-host-h200x4/dtensor_host_w{n}.jsonl"
+                      for n in (2, 4))
 NEW_SHAPE = REPO / "data/measured/gemm-shape-host-h100x2/gemm_shape_host.jsonl"
 MCORE = REPO / "data/measured/megatron-moe-host-h100x2/megatron_moe_host.jsonl"
 #: collective calls in one chain element of each wrapper of host_ops.py
@@ -278,6 +291,56 @@ def fit_dtensor() -> dict[str, tuple[float, float]]:
     return out
 
 
+def dtensor_opt_points() -> list[tuple[int, str, int, int, float]]:
+    """(ranks, width, layers, DTensor parameter tensors, seconds) of ``dtensor_step_host.py``:
+    per configuration the mean over ranks of the run medians of ``opt_s - plain_opt_s`` (the
+    host time DTensor adds to the AdamW step; ``zero_grad`` is timed apart and is under 1.5 ms
+    either way); [] before the measurement exists."""
+    out = []
+    for path in DTENSOR_STEP:
+        if not path.exists():
+            continue
+        rows = [r for r in jsonl(path) if "rank" in r]
+        for key in sorted({(r["world"], r["width"], r["layers"]) for r in rows}):
+            sel = [r for r in rows if (r["world"], r["width"], r["layers"]) == key]
+            ranks = sorted({r["rank"] for r in sel})
+            med = [float(np.median([r["opt_s"] - r["plain_opt_s"] for r in sel
+                                    if r["rank"] == q])) for q in ranks]
+            out.append((*key, sel[0]["dtensor_params"], float(np.mean(med))))
+    return out
+
+
+def fit_dtensor_opt() -> tuple[float, float]:
+    """(host_dtensor_opt_step_s, host_dtensor_opt_tensor_s): least squares on relative error
+    of ``seconds = step_s + tensors x tensor_s`` over :func:`dtensor_opt_points` (both
+    degrees, both widths, both depths); (0, 0) before the measurement exists."""
+    pts = dtensor_opt_points()
+    if not pts:
+        return 0.0, 0.0
+    a = np.array([[1.0 / s, n / s] for *_, n, s in pts])
+    step_s, tensor_s = np.linalg.lstsq(a, np.ones(len(pts)), rcond=None)[0]
+    return float(step_s), float(tensor_s)
+
+
+def fit_dtensor_opt_nosp() -> float:
+    """``host_dtensor_opt_tensor_nosp_s``: the host time DTensor adds to the optimizer step per
+    DTensor parameter tensor without SP (8 a layer), from ``dtensor_host.py``'s ``block`` rows
+    (tiny GPT-2 at 2 and 6 layers): per rank the optimizer step's growth from 2 to 6 layers
+    under the TP plan without SP less the single-GPU block's, over 4 x 8 tensors; the mean
+    over the ranks of every launch (the 2x H100 file and the 2- and 4-rank launches of
+    ``dtensor-step-host-h200x4``), none below zero; 0 before the measurement exists."""
+    vals = []
+    for path in (DTENSOR, *DTENSOR_BLOCK):
+        if not path.exists():
+            continue
+        rows = [r for r in jsonl(path) if r.get("kind") == "block"]
+        single = {r["rank"]: r["opt_6l_s"] - r["opt_2l_s"] for r in rows
+                  if r["scheme"] == "single"}
+        vals += [(r["opt_6l_s"] - r["opt_2l_s"] - single[r["rank"]]) / (4 * 8) for r in rows
+                 if r["scheme"] == "tp" and not r["sp"]]
+    return max(0.0, float(np.mean(vals))) if vals else 0.0
+
+
 def fit_new_shape() -> dict[str, float]:
     """{fwd, dgrad, wgrad}: the host time a GEMM of a shape the process has not launched adds
     to the call (``gemm_shape_host.py``: fresh row count less the same call at a fixed one),
@@ -345,6 +408,13 @@ def refit() -> dict[str, tuple[float, float]]:
                                                shipped.get(u, {}).get(f"{w}_s", nan))
           for u in sorted(set(fitted) | set(shipped))
           for w, v in zip(("fwd", "bwd"), fitted.get(u, (nan, nan)), strict=True)}
+    o_step, o_tensor = fit_dtensor_opt()
+    dt["defaults.host_dtensor_opt_step_s"] = (round(o_step * 1e6) / 1e6,
+                                              d["host_dtensor_opt_step_s"])
+    dt["defaults.host_dtensor_opt_tensor_s"] = (round(o_tensor * 1e7) / 1e7,
+                                                d["host_dtensor_opt_tensor_s"])
+    dt["defaults.host_dtensor_opt_tensor_nosp_s"] = (
+        round(fit_dtensor_opt_nosp() * 1e7) / 1e7, d["host_dtensor_opt_tensor_nosp_s"])
     shape = {f"defaults.host_gemm_new_shape_{k}_s": (round(v * 1e7) / 1e7,
                                                       d[f"host_gemm_new_shape_{k}_s"])
              for k, v in fit_new_shape().items()}

@@ -28,7 +28,7 @@ from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.contention import contention_modes
 from simulator.engine.deepspeed_zero import deepspeed_plan
 from simulator.engine.dispatch import DEEPEP, routed_cost, routed_steps
-from simulator.engine.host import HostRates, dtensor_extra
+from simulator.engine.host import HostRates, dtensor_extra, dtensor_opt_s, dtensor_param_tensors
 from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_programs
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.errors import ConfigError
@@ -810,7 +810,16 @@ class _Builder:
             if not gpu.host_dtensor:
                 raise ConfigError(f"{gpu.name} has no host_dtensor rates in gpus.yaml (DTensor's "
                                   "host time per unit, not measured)", field="parallelism.tp_impl")
-            extra = dtensor_extra(gpu.host_dtensor, self.sp)
+            layers = max(sum(1 for c in range(self.chunks) for _ in self.layers_of(s, c))
+                         for s in range(self.pp))
+            tensors = dtensor_param_tensors(layers, self.sp,
+                                            1 if self.m.norm_kind == "rmsnorm" else 2,
+                                            self.m.tied_embeddings)
+            extra = dtensor_extra(gpu.host_dtensor, self.sp,
+                                  dtensor_opt_s(gpu.host_dtensor_opt_step_s,
+                                                gpu.host_dtensor_opt_tensor_s if self.sp
+                                                else gpu.host_dtensor_opt_tensor_nosp_s,
+                                                tensors))
         loc, layers = self.moe_layers_on_rank()
         share = new_shape_share(self.m, self.t, loc, layers * self.job.microbatches,
                                 self.ep * self.etp)

@@ -93,7 +93,30 @@ class HostRates:
         return self.op_s + self.extra.get(part.name, 0.0)
 
 
-def dtensor_extra(rates: Mapping[str, tuple[float, float]], sp: bool) -> dict[str, float]:
+def dtensor_param_tensors(layers: int, sp: bool, norm_tensors: int, tied: bool) -> int:
+    """DTensor parameter tensors of a rank under ``steps_alt.py``'s plan (TorchTitan's) for
+    ``layers`` GPT-2 blocks: per block the four parallel Linears' weights and biases (the
+    measured script's; the simulator has no bias key), with SP the two ``SequenceParallel``
+    norms' parameters (``norm_tensors`` each: 2 for LayerNorm, 1 for RMSNorm); then the token
+    embedding and the LM head (one tensor if tied) and, with SP, the final norm. Learned
+    positions stay plain. Both ends are counted whatever the pipeline stage (every DTensor
+    case measured runs without a pipeline)."""
+    per_layer = 8 + (2 * norm_tensors if sp else 0)
+    return layers * per_layer + (1 if tied else 2) + (norm_tensors if sp else 0)
+
+
+def dtensor_opt_s(step_s: float, tensor_s: float, tensors: int) -> float:
+    """The host time DTensor adds to one optimizer step (``torch.optim.AdamW(foreach=True)``
+    and ``zero_grad``) over ``tensors`` DTensor parameters: gpus.yaml
+    ``host_dtensor_opt_step_s + tensors x host_dtensor_opt_tensor_s``. Each foreach op of the
+    step runs DTensor's dispatch on every DTensor of its lists (unwrap, sharding check,
+    wrap), so the cost grows with the tensors, not their size, and is paid once a step,
+    not per micro-batch."""
+    return step_s + tensor_s * tensors
+
+
+def dtensor_extra(rates: Mapping[str, tuple[float, float]], sp: bool,
+                  opt_s: float = 0.0) -> dict[str, float]:
     """The host time PyTorch DTensor tensor parallelism adds, by the name of the part it is
     charged to, from gpus.yaml ``host_dtensor`` (``{unit: (forward_s, backward_s)}``, each
     unit's DTensor time less the same work on plain tensors, its collectives included).
@@ -109,11 +132,13 @@ def dtensor_extra(rates: Mapping[str, tuple[float, float]], sp: bool) -> dict[st
     reduce-scatters its output (``rowwise_rs``). The LM head is column-parallel (with SP its
     final norm too), the token embedding row-parallel, the loss ``loss_parallel``'s.
     Each unit's forward time is charged to its GEMM, its backward time to the GEMM's input
-    gradient (``_dgrad``); the loss to its first kernel each way."""
+    gradient (``_dgrad``); the loss to its first kernel each way; ``opt_s`` (the optimizer
+    step's, :func:`dtensor_opt_s`) to the optimizer's ``adam`` part."""
     col = rates["sp_colwise" if sp else "colwise"]
     row = rates["rowwise_rs" if sp else "rowwise"]
     loss = rates["loss_parallel"]
-    out = {"ce_max": loss[0], "ce_scatter": loss[1], "embed": row[0], "embed_scatter": row[1]}
+    out = {"ce_max": loss[0], "ce_scatter": loss[1], "embed": row[0], "embed_scatter": row[1],
+           "adam": opt_s}
     for name, (f, b) in (("qkv", col), ("fc1", col), ("lm_head", col), ("out_proj", row),
                          ("fc2", row)):
         out[name], out[f"{name}_dgrad"] = f, b
