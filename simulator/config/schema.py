@@ -594,7 +594,8 @@ class ParallelismConfig(Frozen):
         "benchmarks/device/steps.py). dtensor: PyTorch's torch.distributed.tensor.parallel "
         "(ColwiseParallel, RowwiseParallel, SequenceParallel with PrepareModuleInput, "
         "loss_parallel; benchmarks/device/steps_alt.py), eager code only: the host's extra time "
-        "of each DTensor unit (gpus.yaml host_dtensor), and with SP the fp32 all-gather of a "
+        "of each DTensor unit (gpus.yaml host_dtensor) and of the optimizer step per DTensor "
+        "parameter (host_dtensor_opt_*), and with SP the fp32 all-gather of a "
         "norm's output kept for the backward instead of re-gathered",
     )
     tp_loss: Literal["vocab_parallel", "gathered"] = Field(
