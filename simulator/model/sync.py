@@ -54,8 +54,9 @@ def sync_group_size(tp: int, cp: int, ep: int, etp: int, moe: bool) -> int:
 
 def host_group_factor(n: int, jitter: float) -> float:
     """How much longer a host-bound step of ``n`` processes that meet in it takes than one
-    process's: ``1 + jitter x e_n`` (1 for one process)."""
-    return 1.0 + jitter * expected_max_normal(n)
+    process's: ``1 + jitter x e_n`` (1 for one process), the GPUs' formula with the hosts'
+    spread."""
+    return group_sync_factor(n, jitter)
 
 
 def host_group_size(gpus: int) -> int:
