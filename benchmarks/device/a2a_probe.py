@@ -68,7 +68,7 @@ PATTERNS = {
         "mixed": _delta([2, 4, 1, 3]), "recv2": _recv([2, 1, 1, 1]),
         "recv44": _recv([1, 1, 4, 4]), "send4": _send([4, 1, 1, 1]),
         "sparse": _delta([1, 3, 0, 0]), "mixed_u": _delta([2, 4, 1, 3]),
-        "recv2_u": _recv([2, 1, 1, 1])},
+        "recv2_u": _recv([2, 1, 1, 1]), "rot4321": _delta([4, 3, 2, 1])},
     3: {"uniform": _delta([1, 1, 1]), "mixed": _delta([1, 3, 2]), "recv2": _recv([2, 1, 1]),
         "self4": _delta([4, 1, 1]), "mixed_u": _delta([1, 3, 2])},
     2: {"uniform": _delta([1, 1]), "cross3": _delta([1, 3]), "self5": _delta([5, 1]),
@@ -296,6 +296,8 @@ class Probe:
             if label.endswith("solo"):
                 continue
             for pattern in PATTERNS[g]:
+                if a.patterns and pattern not in a.patterns.split(","):
+                    continue
                 for nbytes in sizes:
                     stop.fill_(1.0 if time.time() - t0 > a.budget_s else 0.0)
                     dist.all_reduce(stop, op=dist.ReduceOp.MAX)
@@ -333,6 +335,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--device-calls", type=int, default=40)
     ap.add_argument("--sizes", default="2,8,32,128,512")
+    ap.add_argument("--patterns", default="", help="comma-separated PATTERNS names (default: all)")
     ap.add_argument("--budget-s", type=float, default=60)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
