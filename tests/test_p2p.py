@@ -51,7 +51,7 @@ def test_channel_counts_follow_nccl_rules():
 def test_uniform_exchange_two_rounds_a_channel():
     """1 GiB a rank in a group of 4: 256 MiB a peer in 16 parts of 16 MiB; rounds 0-3 start at
     channels 0, 16, 8, 24, so every channel holds two rounds, 10 warps each: 4 receive, 5 send
-    (a rank's own part: 10 copy). The slowest piece: 16 MiB on 4 warps."""
+    (a rank's own part: a copy on the 4 + 5). The slowest piece: 16 MiB on 4 warps."""
     t = warp_time(_delta([1, 1, 1, 1], 256 * MiB), H100, UNIT)
     assert t == pytest.approx(16 * MiB / 4e9, rel=1e-12)
 
@@ -60,7 +60,7 @@ def test_uneven_exchange_three_rounds_share_channels():
     """Weights 4:3:2:1 by (j - s) of 80 MiB units: round 0 (own part, 320 MiB) on 32 channels,
     round 1 (240 MiB) 16 parts of 15 MiB on channels 16-31, round 2 (160 MiB) 16 of 10 MiB on
     8-23, round 3 (80 MiB) 8 of 10 MiB on 24-31. Channels 16-31 hold three rounds: 6 warps
-    each, 2 receiving: 15 MiB on 2 warps is the slowest piece."""
+    each, 2 receiving and 3 sending: 15 MiB on 2 warps is the slowest piece."""
     t = warp_time(_delta([4, 3, 2, 1], 80 * MiB), H100, UNIT)
     assert t == pytest.approx(15 * MiB / 2e9, rel=1e-12)
     # the same bytes spread evenly are faster though each rank moves as much
@@ -68,12 +68,13 @@ def test_uneven_exchange_three_rounds_share_channels():
     assert even < t
 
 
-def test_a_side_alone_on_a_channel_keeps_every_warp():
+def test_a_side_alone_on_a_channel_keeps_its_works_warps():
     """A pair where rank 0 sends 32 MiB to rank 1 and nothing back: 16 parts (kmin for 2) of
-    2 MiB; rank 0's round 1 sends alone (10 warps: its own part shares the channel... none
-    here), rank 1's round 1 receives alone: 20 warps each, 2 MiB / 20 warps."""
+    2 MiB; rank 0's round 1 sends alone, rank 1's round 1 receives alone, one work a channel:
+    20 warps split 9 + 10 (sendrecv.h: (w-1)/2 receive, one more send), and the lone side runs
+    on their sum, 19 (the twentieth idles): 2 MiB / 19 warps."""
     table = [[0.0, 32.0 * MiB], [0.0, 0.0]]
-    assert warp_time(table, H100, UNIT) == pytest.approx(2 * MiB / 20e9, rel=1e-12)
+    assert warp_time(table, H100, UNIT) == pytest.approx(2 * MiB / 19e9, rel=1e-12)
 
 
 def test_parts_off_sixteen_bytes_run_at_the_narrow_rates():
@@ -89,10 +90,11 @@ def test_parts_off_sixteen_bytes_run_at_the_narrow_rates():
     assert flags[1][1] == (True, False) and flags[0][1] == (False, False)
     # one round a channel (rounds 0 and 1 on channels 0-15 and 16-31, 20 warps each): rank 1's
     # own copy (16 MiB: 16 parts of 1 MiB) is narrow (an offset off on either side), at the
-    # slower narrow side (0.25 GB/s a warp) on 20 warps; the aligned pieces of 1 MiB (rank
-    # 0 -> 1) and of 16 MiB + 2 in 16 parts (1 -> 0, 1,052,672 B: rounded up to 4 KiB) at 1 GB/s
+    # slower narrow side (0.25 GB/s a warp) on 19 warps (a copy runs on the 9 + 10 of its 20);
+    # the aligned pieces of 1 MiB (rank 0 -> 1) and of 16 MiB + 2 in 16 parts (1 -> 0,
+    # 1,052,672 B: rounded up to 4 KiB) at 1 GB/s
     t = warp_time(big, H100, UNIT, flags)
-    assert t == pytest.approx(MiB / (20 * 0.25e9), rel=1e-12)
+    assert t == pytest.approx(MiB / (19 * 0.25e9), rel=1e-12)
 
 
 def _h100x4() -> CollectiveModel:
@@ -128,3 +130,11 @@ def test_host_peer_extra_equals_its_refit():
 def test_warp_rates_equal_their_refit():
     for name, (refit, shipped) in p2p.refit().items():
         assert refit == shipped, name
+
+
+def test_warp_fit_reads_both_probes():
+    """The refit reads the second probe's 60 rows (32 MiB-1 GiB, rotated and hot splits) beside
+    the first probe's 60 rows >= 32 MiB and the calibration file's 12 uneven rows."""
+    rows = p2p.rows()
+    assert sum(r.get("pattern") == "rot4321" for r, _ in rows) == 12
+    assert len(rows) == 60 + 60 + 12

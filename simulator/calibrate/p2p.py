@@ -5,7 +5,10 @@
 Data: ``data/measured/a2a-probe-h100x4/a2a_probe.jsonl`` (4x H100 NVSwitch, NCCL 2.28.9,
 ``benchmarks/device/a2a_probe.py``), every ``large`` row >= 32 MiB a rank (60 rows: a group of 4,
 two pairs at once and a group of 3; uniform, eight aligned uneven patterns and three whose
-parts start off 16 bytes; CUDA events between back-to-back calls), and the uneven rows >= 32
+parts start off 16 bytes; CUDA events between back-to-back calls), the second probe's rows
+(``data/measured/a2a-probe2-h100x4/a2a_probe.jsonl``, 60 rows, 32 MiB-1 GiB in a group of 4,
+two launches: uniform, receiver-hot, sender-hot and the rotated 4:3:2:1 split aligned, whose
+parts double their channels above 16 MiB so that 2-4 rounds share a channel), and the uneven rows >= 32
 MiB of the fit set ``data/calibration/h100x4-nvswitch/alltoall.jsonl`` (``comm.py``'s rotated and
 hot splits, 12 rows: their parts are off 16 bytes on one side or the other, which the
 probe's, off on both, cannot tell apart). No held-out or development suite's data
@@ -20,8 +23,9 @@ Six constants free, least squares on log(predicted / measured), Nelder-Mead from
 start, shipped at three significant figures. The pieces depend only on the table, so they
 are laid out once.
 
-What it says: a 16-byte piece moves about 2.8 GB/s x warps^0.9 (9 receiving warps of one
-channel: 20 GB/s; 2 warps, where three rounds share a channel: 5.2 GB/s); a narrow send
+What it says: a 16-byte piece moves about 3.4 GB/s x warps^0.83 (9 receiving warps of one
+channel: 21 GB/s; 2 warps, where three rounds share a channel: 6.0 GB/s; before the second
+probe, 2.8 x warps^0.9, 5.2 GB/s at 2 warps); a narrow send
 1.6 x warps^0.65 (9 warps: 6.8 GB/s), a narrow receive 1.6 x warps^0.79 (9 warps: 9.3 GB/s).
 The uniform rows are the links' (their pieces are even and well warped), so the uniform fit
 (``calibrate alltoall``) is untouched.
@@ -41,6 +45,7 @@ from simulator.network.p2p import WARP_RATE_KEYS, narrow_parts, pieces
 from simulator.network.topology import Topology, load_fabrics
 
 FIT_DATA = REPO / "data/measured/a2a-probe-h100x4/a2a_probe.jsonl"
+FIT_DATA2 = REPO / "data/measured/a2a-probe2-h100x4/a2a_probe.jsonl"
 SPLIT_DATA = REPO / "data/calibration/h100x4-nvswitch/alltoall.jsonl"
 TOPOLOGY = REPO / "topologies/h100x4-nvswitch.yaml"
 MIN_BYTES = 32 * 2**20
@@ -55,7 +60,8 @@ def groups_of(g: int) -> list[list[int]]:
 
 def rows() -> list[tuple[dict, list[list[float]]]]:
     """(row, its table of bytes) of every fit row."""
-    out = [(r, [[float(b) for b in row] for row in r["table_bytes"]]) for r in jsonl(FIT_DATA)
+    out = [(r, [[float(b) for b in row] for row in r["table_bytes"]])
+           for path in (FIT_DATA, FIT_DATA2) for r in jsonl(path)
            if r.get("phase") == "large" and r["bytes"] >= MIN_BYTES]
     out += [(r, split_table(r["splits"], r["group"], r["bytes"])) for r in jsonl(SPLIT_DATA)
             if r.get("op") == "all_to_all" and r.get("splits") in ("rotated", "hot")

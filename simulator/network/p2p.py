@@ -16,10 +16,12 @@ included, parts of zero elements left out). Facts from NCCL's source (2.28), non
   Parts are ``ceil(b / k)`` rounded up to 4 KiB (``device.h`` ``ncclP2pPartBounds``).
 * **Warps** (``src/device/sendrecv.h``): a channel is one thread block of ``NCCL_MAX_NTHREADS``
   (640: 20 warps) that runs every round placed on it (up to 8 in one batch) at once, each
-  with ``floor(20 / works)`` warps, fixed for the whole call. A work that both sends and
-  receives on the channel gives ``w/2`` warps to each for ``w <= 4``, else ``(w-1)/2`` to the
-  receive and the rest to the send; a send or receive alone on the channel keeps all ``w``; a
-  rank's own part is one copy by all ``w``.
+  with ``w = floor(20 / works)`` warps, fixed for the whole call (a warp whose work is done
+  idles). ``w`` is split into ``w/2`` receiving and ``w/2`` sending warps for ``w <= 4``, else
+  ``(w-1)/2`` and ``(w-1)/2 + 1``, and the work keeps only their sum (19 of 20, 9 of 10, 5 of
+  6, 2 of 3): a work that both sends and receives on the channel uses the two halves, a send
+  or receive alone on the channel all of the sum, and a rank's own part is one copy by all of
+  the sum.
 
 So an uneven split makes some pieces big *and* few-warped: a rank that receives 40 % of a
 gigabyte from one peer in a channel that three rounds share receives it with 2 warps. The
@@ -162,13 +164,14 @@ def pieces(
         """(receiving, sending) warps of rank r's round d on channel c."""
         batch = [e for e in range(n) if e // BATCH == d // BATCH and works[r][e][0]
                  and (c - base[e]) % C < works[r][e][0]]
-        w = min(32, WARPS // len(batch))
+        recv, send = _split(WARPS // len(batch))
         _, ks, kr = works[r][d]
         part = (c - base[d]) % C
         has_s, has_r = part < ks, part < kr
         if d == 0 or not (has_s and has_r):
+            w = recv + send  # a lone side or a copy: the work's warps after the split
             return (w if has_r else 0), (w if has_s else 0)
-        return _split(w)
+        return recv, send
 
     out = []
     for s in range(n):
