@@ -19,14 +19,14 @@ on ``e_n`` (the expected maximum of ``n`` standard normals), as :mod:`.sync` doe
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
+from functools import lru_cache
 
 import numpy as np
 
 from simulator.calibrate import REPO, jsonl
+from simulator.calibrate.sync import fit_scale, group_penalties
 from simulator.hardware.catalog import default_kernel_params
-from simulator.model.sync import expected_max_normal
 
 DATA = REPO / "data/measured/host-spread-h100x4"
 #: launches of the default setting (no --pin, torchrun's OMP_NUM_THREADS=1) with 2 or 4 ranks
@@ -59,23 +59,16 @@ def windows(t: np.ndarray, window: int = WINDOW) -> np.ndarray:
 
 def penalties(window: int = WINDOW, launches=DEFAULT_LAUNCHES) -> list[tuple[int, float]]:
     """(group size, mean over windows of max / mean - 1) for every pair and the group of 4
-    of each launch."""
-    out = []
-    for launch in launches:
-        t = windows(issue_times(launch), window)
-        for n in (2, 4):
-            for grp in itertools.combinations(range(t.shape[0]), n):
-                sub = t[list(grp)]
-                out.append((n, float(np.mean(sub.max(0) / sub.mean(0) - 1.0))))
-    return out
+    of each launch (:func:`simulator.calibrate.sync.group_penalties`)."""
+    return [p for launch in launches
+            for p in group_penalties(windows(issue_times(launch), window))]
 
 
+@lru_cache(maxsize=4)
 def fit(window: int = WINDOW) -> float:
-    """The scale ``s``: least squares through the origin of the penalties on ``e_n``."""
-    pts = penalties(window)
-    e = np.array([expected_max_normal(n) for n, _ in pts])
-    y = np.array([p for _, p in pts])
-    return float(np.dot(e, y) / np.dot(e, e))
+    """The scale ``s``: least squares through the origin of the penalties on ``e_n``, as for
+    the GPUs (:func:`simulator.calibrate.sync.fit_scale`)."""
+    return fit_scale(penalties(window))
 
 
 def refit() -> dict[str, tuple[float, float]]:

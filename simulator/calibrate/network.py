@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from simulator.calibrate import REPO
+from simulator.calibrate import REPO, jsonl
 from simulator.config.load import load_topology
 from simulator.hardware.catalog import CATALOG_FILE, load_gpu
 from simulator.network.collectives import CollectiveModel
@@ -259,7 +259,7 @@ def events_peer_us() -> dict[str, float]:
     collectives', over ``n - 1``; the median over blocks and the kind's call kinds, rounded to
     0.01 us (gpus.yaml ``host_events_peer_s``)."""
     blocks: dict[tuple, dict[str, dict]] = {}
-    for r in (json.loads(x) for x in PEER_DATA.read_text().splitlines() if x.strip()):
+    for r in jsonl(PEER_DATA):
         if r.get("phase") == "host":
             key = (r["world"], r["label"], r["rep"], r["group_label"])
             blocks.setdefault(key, {})[r["case"]] = r

@@ -35,25 +35,32 @@ def window_times(phase: str) -> np.ndarray:
     return np.array([w[SKIP_WINDOWS:n] for w in per_gpu])
 
 
-def penalties() -> list[tuple[int, float]]:
-    """(group size, mean over windows of max / mean - 1) for every pair and the group of 4,
-    in each phase."""
+def group_penalties(t: np.ndarray) -> list[tuple[int, float]]:
+    """(group size, mean over windows of max / mean - 1) for every pair and, with 4 members,
+    the four, of ``t`` [member, window] (each member's time for the same work per window)."""
     out = []
-    for phase in PHASES:
-        t = window_times(phase)
-        for n in (2, 4):
-            for grp in itertools.combinations(range(t.shape[0]), n):
-                sub = t[list(grp)]
-                out.append((n, float(np.mean(sub.max(0) / sub.mean(0) - 1.0))))
+    for n in (2, 4):
+        for grp in itertools.combinations(range(t.shape[0]), n):
+            sub = t[list(grp)]
+            out.append((n, float(np.mean(sub.max(0) / sub.mean(0) - 1.0))))
     return out
 
 
-def fit() -> float:
+def fit_scale(pts: list[tuple[int, float]]) -> float:
     """The scale ``s``: least squares through the origin of the penalties on ``e_n``."""
-    pts = penalties()
     e = np.array([expected_max_normal(n) for n, _ in pts])
     y = np.array([p for _, p in pts])
     return float(np.dot(e, y) / np.dot(e, e))
+
+
+def penalties() -> list[tuple[int, float]]:
+    """:func:`group_penalties` of every phase."""
+    return [p for phase in PHASES for p in group_penalties(window_times(phase))]
+
+
+def fit() -> float:
+    """The scale ``s`` of :func:`penalties`."""
+    return fit_scale(penalties())
 
 
 def refit() -> dict[str, tuple[float, float]]:

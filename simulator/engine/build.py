@@ -706,10 +706,7 @@ class _Builder:
         pricing (README states it)."""
         self.comm_mode: dict[int, str] = {}
         self.net_sends: dict = {}
-        n_gpus = 1
-        for d in self.lay.dims:
-            n_gpus *= self.lay.size(d)
-        if self.detail == "full" or n_gpus > CONTENTION_MAX_GPUS:
+        if self.detail == "full" or self.lay.n_gpus > CONTENTION_MAX_GPUS:
             return
         route = self.job.machine.topology.route
 
@@ -782,10 +779,7 @@ class _Builder:
         rates = self.one_host_rates()
         if rates is None:
             return None
-        n_gpus = 1
-        for d in self.lay.dims:
-            n_gpus *= self.lay.size(d)
-        return rates.scaled(host_group_factor(host_group_size(n_gpus),
+        return rates.scaled(host_group_factor(host_group_size(self.lay.n_gpus),
                                               self.job.machine.gpu.host_jitter))
 
     def one_host_rates(self) -> HostRates | None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 
 from simulator.model.moe import routing_op
@@ -69,11 +69,11 @@ class HostRates:
         :func:`simulator.model.sync.host_group_factor`)."""
         if factor == 1.0:
             return self
-        return HostRates(self.op_s * factor, self.collective_s * factor, self.sync_s * factor,
-                         self.moe_op_s * factor, self.fsdp_call_s * factor,
-                         self.fsdp_tensor_s * factor,
-                         MappingProxyType({k: v * factor for k, v in self.extra.items()}),
-                         tuple(x * factor for x in self.expert_gemm_s))
+        times = {f.name: getattr(self, f.name) * factor for f in fields(self)
+                 if isinstance(getattr(self, f.name), (int, float))}
+        return replace(self, **times,
+                       extra=MappingProxyType({k: v * factor for k, v in self.extra.items()}),
+                       expert_gemm_s=tuple(x * factor for x in self.expert_gemm_s))
 
     def part_s(self, part) -> float:
         """Host time to issue one part of a program."""

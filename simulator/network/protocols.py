@@ -112,7 +112,7 @@ class ProtocolCosts:
         fill is the same few chunks per channel however uneven the split: a receiver-hot
         exchange, whose busiest receiver takes 1.5-2x the bytes any rank sends, pays the
         first chunks once at its port's rate, not scaled by that ratio (which a fill in
-        units of the busiest sender's bytes did, until 2026-11-27 noon). A uniform exchange,
+        units of the busiest sender's bytes did, until 2026-11-27 late morning). A uniform exchange,
         whose ranks send what they receive, is unchanged. LL has no such pipeline; over the
         network the NIC's DMA overlaps it."""
         if pr.name != "Simple" or ph.net_hops or not ph.transfers or not self.a2a_fill_bytes:
