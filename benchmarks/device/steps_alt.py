@@ -213,6 +213,26 @@ CASES12 = {
     "h12_moe_ep4_L": dict(shape="L", world=4, scheme="moe", mb=8, n_mb=2),
 }
 CASES.update(CASES12)
+# The thirteenth batch: new shapes, written 2026-11-27 11:50 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 16 GPT-2 blocks of width 3072 (24 heads of 128), GPT-2's padded vocabulary, 2K sequences.
+    "AA": dict(layers=16, hidden=3072, heads=24, vocab=50304, seq=2048),
+    # MoE: 8 blocks of width 1792 (14 heads of 128), 12 GELU experts of 3072, top-2, 1K sequences.
+    "AB": dict(layers=8, hidden=1792, heads=14, vocab=32768, seq=1024, experts=12, top_k=2,
+               expert_ffn=3072),
+})
+CASES13 = {
+    "h13_tp2sp_AA": dict(shape="AA", world=2, scheme="tp", sp=True, mb=1, n_mb=2),
+    "h13_moe_ep2_AB": dict(shape="AB", world=2, scheme="moe", mb=8, n_mb=2),
+    "h13_ddp4_AA_straggler": dict(shape="AA", world=4, scheme="ddp", mb=1, n_mb=2, straggler=1.1),
+    "h13_fsdp4_AA": dict(shape="AA", world=4, scheme="fsdp", mb=2, n_mb=1),
+    "h13_tp4sp_AA": dict(shape="AA", world=4, scheme="tp", sp=True, mb=2, n_mb=1),
+    "h13_pp4_gpipe_AA": dict(shape="AA", world=4, scheme="pp", schedule="gpipe", mb=1, n_mb=8),
+    "h13_pp4_int2_AA": dict(shape="AA", world=4, scheme="pp", schedule="interleaved", v=2, mb=1,
+                            n_mb=8),
+    "h13_moe_ep4_AB": dict(shape="AB", world=4, scheme="moe", mb=8, n_mb=2),
+}
+CASES.update(CASES13)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

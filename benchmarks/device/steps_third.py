@@ -195,7 +195,27 @@ CASES12 = {
     "h12t_pp4_1f1b_J": dict(shape="J", world=4, scheme="pp", mb=1, n_mb=8),
     "h12t_moe_ep4_K": dict(shape="K", world=4, scheme="moe", mb=4, n_mb=2),
 }
-CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12)
+# The thirteenth batch: new shapes, written 2026-11-27 11:50 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 12 blocks of width 4096, 32 query heads / 8 KV heads of 128, SwiGLU 11008, a 32000-token
+    # vocabulary, 2K sequences (about 2.4 B parameters).
+    "I": dict(layers=12, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000, seq=2048),
+    # MoE: 6 blocks of width 2560, 20 query / 4 KV heads of 128, 24 SwiGLU experts of 1536,
+    # top-3, a 32000-token vocabulary, 2K sequences.
+    "O": dict(layers=6, hidden=2560, heads=20, kv_heads=4, ffn=1536, vocab=32000, seq=2048,
+              experts=24, top_k=3),
+})
+CASES13 = {
+    "h13t_single_I": dict(shape="I", world=1, scheme="single", mb=1, n_mb=2),
+    "h13t_tp2_I": dict(shape="I", world=2, scheme="tp", mb=4, n_mb=1),
+    "h13t_moe_ep2_O": dict(shape="O", world=2, scheme="moe", mb=2, n_mb=2),
+    "h13t_ddp4_I": dict(shape="I", world=4, scheme="ddp", mb=1, n_mb=2),
+    "h13t_fsdp4_I_ac": dict(shape="I", world=4, scheme="fsdp", mb=2, n_mb=1, ac=True),
+    "h13t_tp4_I": dict(shape="I", world=4, scheme="tp", mb=4, n_mb=1),
+    "h13t_pp4_1f1b_I": dict(shape="I", world=4, scheme="pp", mb=1, n_mb=8),
+    "h13t_moe_ep4_O": dict(shape="O", world=4, scheme="moe", mb=2, n_mb=2),
+}
+CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12, **CASES13)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 
