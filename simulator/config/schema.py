@@ -472,6 +472,14 @@ class TrainingConfig(Frozen):
         "7 backward, and an all-reduce of the tokens per expert over TP), as code before "
         "that flag ran",
     )
+    moe_multihot_fusion: Bool = Field(
+        True,
+        description="fused MoE code with moe_dispatcher deepep: the received routes turned "
+        "into the local experts' routing map in one kernel (Megatron-Core's "
+        "fused_indices_to_multihot, only with --enable-experimental, a flag since 2025-06-12); "
+        "false: its PyTorch _indices_to_multihot, 17 kernels and 3 host synchronisations "
+        "(boolean indexing, repeat_interleave) after every dispatch, 6 kernels backward",
+    )
     moe_routes: Literal["learned", "replayed"] = Field(
         "learned",
         description="where an eager MoE step's routes come from: learned (a router picks "

@@ -41,7 +41,7 @@ import numpy as np
 
 from simulator.config.schema import ModelConfig, TrainingConfig
 from simulator.model import route_skew, shape_cache
-from simulator.model.ops import DTYPE_BYTES, FP32, Op, gemm_grads, gemm_op, mem_op
+from simulator.model.ops import DTYPE_BYTES, FP32, HOST_SYNC, Op, gemm_grads, gemm_op, mem_op
 
 #: int64 indices (token ids, permutations)
 I64 = 8
@@ -202,6 +202,92 @@ def _unfused_router_ops(t: int, E: int, k: int, tp: int, d: int, random: bool) -
         mem_op("router_aux_log_add", "moe", 3 * FP32),
     ]
     return ops
+
+
+def multihot_kernels(training: TrainingConfig) -> str:
+    """How a fused MoE layer with DeepEP turns the received routes into its local experts'
+    routing map: ``fused`` (``fused_indices_to_multihot``, one Triton kernel, which
+    Megatron-Core runs only with ``--enable-experimental``, a flag since Megatron-LM
+    6782fe457f, 2025-06-12; before it ``ENABLE_EXPERIMENTAL`` was a constant False) or
+    ``unfused`` (``_DeepepManager._indices_to_multihot`` in PyTorch, what every version runs
+    without the flag, :func:`_unfused_multihot_ops`). Other dispatchers and eager code:
+    ``fused`` (nothing added)."""
+    if training.moe_multihot_fusion or training.kernels != "fused" \
+            or training.moe_dispatcher != DEEPEP:
+        return "fused"
+    return "unfused"
+
+
+def deepep_received_tokens(loc: MoELocal, E: int, k: int, ep: int) -> float:
+    """Distinct tokens DeepEP's dispatch delivers to the busiest EP rank (one row per token
+    with at least one of its ``k`` experts among the rank's ``E / ep``, each of the ``ep``
+    ranks' ``t`` tokens): ``ep t (1 - C(E - E/ep, k) / C(E, k))`` with uniform routes, scaled
+    by the busiest rank's share of the copies, at most ``ep t``."""
+    t, local = loc.tokens, E // ep
+    hit = 1.0 - math.comb(E - local, k) / math.comb(E, k) if E - local >= k else 1.0
+    share = sum(loc.expert_tokens) / (k * t * local / E * ep) if t else 1.0
+    return min(ep * t, ep * t * hit * share)
+
+
+def _unfused_multihot_ops(t: int, E: int, k: int, n: float, L: int, R: float) -> tuple:
+    """Megatron-Core's flex dispatcher with DeepEP around its dispatch, without
+    ``--enable-experimental`` (Megatron-LM ``token_dispatcher.py``, 1e057005 2025-05-24 and
+    still 2026: ``_DeepepManager``): before the dispatch ``setup_metadata``'s ``topk`` of the
+    ``[t, E]`` probabilities; after it ``_indices_to_multihot`` over the ``n`` received
+    tokens' ``[n, k]`` local indices (``R`` valid copies, ``L`` local experts), one op per
+    kernel launched: two ``zeros`` (int64 map, fp32 probabilities), the mask ``!= -1``,
+    ``indices[mask]`` (boolean indexing: ``nonzero``'s count, a host synchronisation on it,
+    its select and the gather), ``arange``, ``mask.sum(1)``, ``repeat_interleave`` of a tensor
+    (``cumsum``, a synchronisation on the total, its fill and ``index_select``), the map's
+    ``index_put_``, ``probs[mask]`` (count, synchronisation, select, gather), the
+    probabilities' ``index_put_`` and ``.bool()``. Returns (before the dispatch, after it)."""
+    I8 = I64
+    before = [mem_op("dispatch_topk", "moe", t * E * FP32 + t * k * (FP32 + I8))]
+    sync = Op("multihot_sync", HOST_SYNC, "moe")
+    after = [
+        mem_op("multihot_zeros_map", "moe", n * L * I8),
+        mem_op("multihot_zeros_probs", "moe", n * L * FP32),
+        mem_op("multihot_mask", "moe", n * k * (I8 + 1)),
+        mem_op("multihot_idx_count", "moe", n * k),
+        sync,
+        mem_op("multihot_idx_select", "moe", n * k + R * I8),
+        mem_op("multihot_idx_gather", "moe", 2 * R * I8),
+        mem_op("multihot_arange", "moe", n * I8),
+        mem_op("multihot_mask_sum", "moe", n * k + n * I8),
+        mem_op("multihot_repeat_cumsum", "moe", 2 * n * I8),
+        sync,
+        mem_op("multihot_repeat_fill", "moe", n * I8 + R * I8),
+        mem_op("multihot_repeat_index", "moe", 3 * R * I8),
+        mem_op("multihot_put_map", "moe", 3 * R * I8),
+        mem_op("multihot_probs_count", "moe", n * k),
+        sync,
+        mem_op("multihot_probs_select", "moe", n * k + R * I8),
+        mem_op("multihot_probs_gather", "moe", R * (I8 + 2 * FP32)),
+        mem_op("multihot_put_probs", "moe", R * (2 * I8 + FP32)),
+        mem_op("multihot_bool", "moe", n * L * (I8 + 1)),
+    ]
+    return before, after
+
+
+def _unfused_multihot_backward(t: int, E: int, k: int, n: float, L: int, R: float,
+                               topk: bool) -> list[Op]:
+    """The backward of :func:`_unfused_multihot_ops`' probabilities (the map is boolean):
+    the probabilities' ``index_put_`` gathers its values' gradient, ``probs[mask]``'s
+    ``IndexBackward`` makes zeros and adds into them with ``index_put_(accumulate=True)``
+    (its linear index, a sort, the scatter); ``topk`` (the op before the dispatch): its
+    gradient, zeros and a scatter into ``[t, E]``."""
+    I8 = I64
+    if topk:
+        return [mem_op("dispatch_topk_zeros", "moe", t * E * FP32, True),
+                mem_op("dispatch_topk_scatter", "moe", t * k * (FP32 + I8) + t * E * FP32,
+                       True)]  # fmt: skip
+    return [
+        mem_op("multihot_probs_bwd_gather", "moe", n * L * FP32 + R * (2 * I8 + FP32), True),
+        mem_op("multihot_probs_bwd_zeros", "moe", n * k * FP32, True),
+        mem_op("multihot_probs_bwd_linear", "moe", 2 * R * I8, True),
+        mem_op("multihot_probs_bwd_sort", "moe", 4 * R * I8, True),
+        mem_op("multihot_probs_bwd_put", "moe", R * (I8 + 2 * FP32), True),
+    ]
 
 
 def expert_wgrad_acc_bytes(training: TrainingConfig) -> int:
@@ -580,6 +666,7 @@ def moe_forward_ops(
     grouped: bool = True,
     dispatch_bytes: float | None = None,
     router: str = "fused",
+    multihot: str = "fused",
 ) -> list[Op | Comm]:
     """Kernels and collectives of one MoE block's forward on the busiest EP rank, after the
     attention's residual add: ``norm2, router, router_topk, permute, [count exchange,
@@ -588,7 +675,8 @@ def moe_forward_ops(
     PyTorch); the memory-bound kernels read and write the token copies they move.
     ``dispatch_bytes``: bytes per element of the tokens sent towards the experts (FP8
     dispatch, :func:`simulator.hardware.precision.moe_dispatch_bytes`; default ``d``).
-    ``router``: :func:`router_kernels` (fused code only; eager code keeps its one kernel)."""
+    ``router``: :func:`router_kernels` (fused code only; eager code keeps its one kernel).
+    ``multihot``: :func:`multihot_kernels` (fused DeepEP only)."""
     moe, h = model.moe, model.hidden
     q = d if dispatch_bytes is None else dispatch_bytes
     t, k, E = loc.tokens, moe.top_k, moe.experts
@@ -621,9 +709,14 @@ def moe_forward_ops(
         fused_deepep = grouped and dispatcher == DEEPEP
         permute = [] if fused_deepep else [mem_op("permute", "moe", (1 + k) * t * h * d)]
         counts = [Comm("moe_counts", "all_to_all", "ep", ep * (E // ep) * 8.0)] if ep > 1 else []
-        ops += [*counts, *permute] if grouped else [*permute, *counts]
+        before, after = [], []
+        if fused_deepep and ep > 1 and multihot == "unfused":
+            before, after = _unfused_multihot_ops(
+                t, E, k, deepep_received_tokens(loc, E, k, ep), loc.local_experts, R_ep)
+        ops += [*before, *counts, *permute] if grouped else [*permute, *counts]
         if ep > 1:
             ops.append(Comm("moe_dispatch", a2a, "ep", t * copies * h * q, None if loc.uniform else loc.busiest_share))
+        ops += after
         if etp > 1:
             ops.append(Comm("moe_etp_gather", "all_gather", "etp", R * h * q))
         if ep > 1 and not grouped:
@@ -718,6 +811,7 @@ def moe_backward_ops(
     dispatch_bytes: float | None = None,
     wgrad_acc_bytes: int = 0,
     router: str = "fused",
+    multihot: str = "fused",
 ) -> list[Op | Comm]:
     """The forward reversed: each GEMM's dgrad and wgrad, every collective's conjugate (an
     all-to-all stays an all-to-all with the gradients, an all-gather becomes a reduce-scatter
@@ -732,7 +826,7 @@ def moe_backward_ops(
     fresh outputs)."""
     fwd = moe_forward_ops(
         model, loc, tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=grouped,
-        router=router,
+        router=router, multihot=multihot,
     )
     h, f = model.hidden, loc.ffn
     fc1_out = 2 * f if model.activation == "swiglu" else f
@@ -766,6 +860,15 @@ def moe_backward_ops(
                 # x fed w1 and w3: autograd adds their two input gradients
                 out.append(mem_op("expert_dx_add" + op.name[len("expert_fc1"):], "moe",
                                   3 * op.m * op.k * d, True))
+        elif op.kind == HOST_SYNC:
+            continue
+        elif op.name in ("dispatch_topk", "multihot_put_probs"):
+            n = deepep_received_tokens(loc, model.moe.experts, model.moe.top_k, ep)
+            out += _unfused_multihot_backward(loc.tokens, model.moe.experts, model.moe.top_k,
+                                              n, loc.local_experts, sum(loc.expert_tokens) / etp,
+                                              op.name == "dispatch_topk")
+        elif op.name.startswith("multihot_"):
+            continue  # the map is boolean, the indices integers: no gradient
         elif op.name in NO_BACKWARD or op.name.startswith(("perm_arange", *ROUTER_NO_BACKWARD)):
             continue
         elif op.name in ("permute", "unpermute", "sort_chunks", "unsort_chunks"):

@@ -86,7 +86,8 @@ def layer_settings(training, ep: int, etp: int) -> dict:
                 dispatcher=training.moe_dispatcher,
                 dispatch_bytes=moe_dispatch_bytes(training),
                 wgrad_acc_bytes=moe.expert_wgrad_acc_bytes(training),
-                router=moe.router_kernels(training))  # fmt: skip
+                router=moe.router_kernels(training),
+                multihot=moe.multihot_kernels(training))  # fmt: skip
 
 
 def layer_ops(
@@ -112,6 +113,7 @@ def layer_ops(
     dispatch_bytes: float | None = None,
     wgrad_acc_bytes: int = 0,
     router: str = "fused",
+    multihot: str = "fused",
 ) -> list[Op]:
     """One layer's forward (or backward) on one rank of an MoE and/or MLA model: kernels and
     collectives over ``tp``, ``cp``, ``ep`` and ``etp`` (module docstring);
@@ -141,17 +143,18 @@ def layer_ops(
         res2 = [op for op in mlp if op.name.startswith("residual2")]
         body = _moe_body(local, b, tp, d, backward, kernels, param_dtype, ep, etp,
                          expert_load, dispatcher, dispatch_bytes, wgrad_acc_bytes,
-                         router)  # fmt: skip
+                         router, multihot)  # fmt: skip
         mlp = [*res2, *body, *norm2] if backward else [*norm2, *body, *res2]
     return [*mlp, *att] if backward else [*att, *mlp]
 
 
 def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, dispatcher,
-              dispatch_bytes=None, wgrad_acc_bytes=0, router="fused") -> list[Op]:  # fmt: skip
+              dispatch_bytes=None, wgrad_acc_bytes=0, router="fused",
+              multihot="fused") -> list[Op]:  # fmt: skip
     """The MoE block between norm2 and residual2, its collectives as comm ops."""
     loc = moe.moe_local(model, b, tp, 1, ep, etp, load)
     kw = dict(tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=kernels == "fused",
-              dispatch_bytes=dispatch_bytes, router=router)  # fmt: skip
+              dispatch_bytes=dispatch_bytes, router=router, multihot=multihot)  # fmt: skip
     if backward:
         block = moe.moe_backward_ops(model, loc, wgrad_acc_bytes=wgrad_acc_bytes, **kw)
     else:

@@ -351,12 +351,20 @@ SOURCES = {
             "tensor operation, an all-reduce of the tokens per expert over TP: training."
             "moe_router_fusion false; --moe-router-fusion came on 2025-08-17, Megatron-LM "
             "c08d89bea0).",
+            "DeepEP's received routes turned into the experts' routing map by Megatron-Core's "
+            "PyTorch _indices_to_multihot (3 host synchronisations a layer: training."
+            "moe_multihot_fusion false; the fused kernel needs --enable-experimental, a flag "
+            "since 2025-06-12, Megatron-LM 6782fe457f, not in the config).",
             "Missing micro-batch: 1.",
         ],
         "recompute": lambda p: "full" if p.get("recompute") == "full" else "none",
         # moe_router_fusion false: the rows' code (main 1e057005 and moe_dev, May 2025)
         # predates Megatron-Core's --moe-router-fusion (Megatron-LM c08d89bea0, 2025-08-17)
-        "training": {"moe_routing": "random", "moe_router_fusion": False},
+        # moe_multihot_fusion false: Megatron-LM 1e057005 had ENABLE_EXPERIMENTAL a constant
+        # False (megatron/core/config.py); --enable-experimental came on 2025-06-12 and the
+        # ModelZoo config passes it only since 2025-07-30 (yanring/Megatron-MoE-ModelZoo 7f59386)
+        "training": {"moe_routing": "random", "moe_router_fusion": False,
+                     "moe_multihot_fusion": False},
         # run_235b.sh at 8017e11, the FSDP command: --no-gradient-accumulation-fusion
         "fsdp_training": {"grad_accumulation_fusion": False},
         # model_configs/benchmarking/Qwen3-235B-A22B.yaml: --account-for-embedding-in-pipeline-
