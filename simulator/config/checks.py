@@ -126,6 +126,9 @@ def resolve(
 
     sizes = _world(work, n_gpus, topo, fail)
     tp, pp, dp = sizes["tp"], sizes["pp"], sizes["dp"]
+    if m.qk_layernorm and (t.kernels != "fused" or m.attention_kind == "mla"):
+        raise fail("model.qk_layernorm", "modelled for fused kernels with mha/gqa attention "
+                   "only (Megatron-Core's q_layernorm and k_layernorm)")
     if m.heads % tp:
         raise fail("parallelism.tp", f"heads={m.heads} is not divisible by tp={tp}")
     kv = m.n_kv_heads

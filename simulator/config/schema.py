@@ -199,6 +199,12 @@ class ModelConfig(Frozen):
     attention: Literal["mha", "gqa", "mla"] | None = Field(
         None, description="default: mha when kv_heads = heads, else gqa; mla needs model.mla"
     )
+    qk_layernorm: Bool = Field(
+        False,
+        description="a norm over each query and key head after the QKV projection, before "
+        "the rotary embedding (Qwen3, OLMo 2; Megatron-Core's --qk-layernorm: "
+        "q_layernorm and k_layernorm, one kernel each way per tensor); fused kernels only",
+    )
     mla: MLAConfig | None = Field(None, description="multi-head latent attention dimensions")
     moe: MoEConfig | None = Field(None, description="mixture-of-experts MLP; null: dense")
     mtp_depth: NonNegativeInt = Field(

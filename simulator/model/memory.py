@@ -316,6 +316,9 @@ def _tensors(
         "q_k": T * (q_w + kv_w) * d,
         "v": T * kv_w * d,
     }
+    if model.qk_layernorm:  # each norm keeps its input and an fp32 rstd per head and token
+        t["qk_norm_input"] = T * (q_w + kv_w) * d
+        t["qk_norm_rstd"] = T * (L.heads + L.kv_heads) * FP32
     if recompute == "none":
         sq = L.b * L.heads * L.s * L.s
         if flash_attention:

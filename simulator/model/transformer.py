@@ -110,6 +110,19 @@ def _attention_backward(fwd: list[Op], L: Local, d: int, dropout: bool) -> list[
     return ops + gemm_grads(by["attn_scores"], d)
 
 
+def _qk_norms(T: int, q_w: int, kv_w: int, d: int, bwd: bool) -> list[Op]:
+    """``model.qk_layernorm``: Megatron-Core's ``q_layernorm`` and ``k_layernorm`` (Transformer
+    Engine's norm over each head's ``head_dim``, ``get_gpt_layer_with_transformer_engine_spec
+    (qk_layernorm=True)``), one kernel per tensor each way, over the ``T`` tokens' query
+    (``q_w`` wide) and key (``kv_w``) heads of this TP rank; bytes as the other norms
+    (forward read and write, backward read input and gradient, write gradient; the
+    backward in reverse order)."""
+    n = 3 if bwd else 2
+    ops = [mem_op("q_norm", "attn", n * T * q_w * d, bwd),
+           mem_op("k_norm", "attn", n * T * kv_w * d, bwd)]  # fmt: skip
+    return ops[::-1] if bwd else ops
+
+
 @lru_cache(maxsize=1024)
 def _layer_forward(
     model: ModelConfig, b: int, tp: int, sp: bool, d: int, flash: bool
@@ -121,6 +134,8 @@ def _layer_forward(
     res = NT * h * (3 * d + (MASK if A.dropout else 0))
     act = (3 if model.activation == "swiglu" else 2) * T * L.ffn * d
     ops = [mem_op("norm1", "attn", 2 * NT * h * d), gemm_op("qkv", "attn", T, h, q_w + 2 * kv_w, d)]
+    if model.qk_layernorm:
+        ops += _qk_norms(T, q_w, kv_w, d, False)
     if A.rotary:
         ops.append(mem_op("rope", "attn", 2 * T * (q_w + kv_w) * d))
     ops += _attention_forward(L, d, A.dropout, flash)
@@ -163,6 +178,8 @@ def _layer_backward(
     ops += _attention_backward(attn_fwd, L, d, A.dropout)
     if A.rotary:
         ops.append(mem_op("rope", "attn", by["rope"].bytes, True))
+    if model.qk_layernorm:
+        ops += _qk_norms(T, L.heads * L.head_dim, L.kv_heads * L.head_dim, d, True)
     ops += [*gemm_grads(by["qkv"], d), mem_op("norm1", "attn", norm, True)]
     return tuple(ops)
 

@@ -146,6 +146,10 @@ def _model(row: dict) -> dict:
         out["kv_channels"] = m["head_dim"]
     if m.get("mtp_depth"):
         out["mtp_depth"] = m["mtp_depth"]
+    # Qwen3's attention normalises each query and key head (the ModelZoo config's
+    # --qk-layernorm; Megatron-Bridge's Qwen3MoEModelProvider qk_layernorm = True)
+    if m.get("qk_layernorm") or str(m.get("name") or "").startswith("Qwen3"):
+        out["qk_layernorm"] = True
     if m.get("attention") == "mla":
         out["attention"] = "mla"
         out["mla"] = dict(m["mla"])
