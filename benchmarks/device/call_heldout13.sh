@@ -1,10 +1,10 @@
 #!/bin/bash
 # Thirteenth pre-registered held-out batch (issue 12 item 3), a 4-GPU box, run by the device tool
 # after the model was frozen (tag heldout-freeze-13) and its predictions committed
-# (heldout-predictions-13). Three calls (a call may run 10 minutes; each case takes about 30 s):
-#   call_heldout13.sh A : every CASES13 case of steps_third.py once (label "first", the
-#                         pre-registered measurement).
-#   call_heldout13.sh C : every CASES13 case of steps_alt.py once (label "first").
+# (heldout-predictions-13). Two calls (a call may run 10 minutes; each case takes about 30 s;
+# the session's device time left after its helpers' measurements was about 21 minutes):
+#   call_heldout13.sh A : every CASES13 case of steps_third.py and steps_alt.py once (label
+#                         "first", the pre-registered measurement).
 #   call_heldout13.sh B : NCCL collectives, CUDA events: a group of 4 and two pairs at once at
 #                         28 KiB x 4^k (7x the calibrated sizes), a group of 3 at 42 KiB x 4^k
 #                         (every rank's share 16-byte aligned); all-to-all with uniform, rotated
@@ -27,12 +27,12 @@ comm() {  # nproc groups min_bytes max_bytes file budget
     --timing events --min-bytes "$3" --max-bytes "$4" --budget-s "$6" 2>&1 | grep -v "Warning: \[PG" | tee -a "$L" | tail -2
 }
 case "${1:-A}" in
-  A) steps steps_third.py first "$THIRD" 480 ;;
-  C) steps steps_alt.py first "$ALT" 480 ;;
-  B) comm 4 2 28672 1879048192 comm-g4.jsonl 170
-     comm 3 3 43008 704643072 comm-g3.jsonl 90
-     steps steps_third.py repeat h13t_moe_ep4_O,h13t_moe_ep2_O 70
-     steps steps_alt.py repeat h13_moe_ep4_AB,h13_moe_ep2_AB,h13_tp4sp_AA,h13_tp2sp_AA 130 ;;
+  A) steps steps_third.py first "$THIRD" 270
+     steps steps_alt.py first "$ALT" 250 ;;
+  B) comm 4 2 28672 1879048192 comm-g4.jsonl 120
+     comm 3 3 43008 704643072 comm-g3.jsonl 60
+     steps steps_third.py repeat h13t_moe_ep4_O,h13t_moe_ep2_O 60
+     steps steps_alt.py repeat h13_moe_ep4_AB,h13_moe_ep2_AB,h13_tp4sp_AA,h13_tp2sp_AA 110 ;;
 esac
 date -u | tee -a "$L"; wc -l "$R"/*.jsonl
 tar -C "$OUT" -czf "$OUT/r.tgz" r && rm -rf "$R"
