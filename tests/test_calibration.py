@@ -170,8 +170,9 @@ def test_host_fit_explains_the_uniform_moe_host_bound_steps():
     op_s, coll_s, _ = host.fit()
     sync_s = host.micro()[1]
     moe_s, rows = host.fit_moe()
-    for case, (measured, k, k_moe, colls, syncs) in rows.items():
-        sim = op_s * k + moe_s * k_moe + coll_s * colls + sync_s * syncs
+    eng_s = host.engine_rate()
+    for case, (measured, k, k_moe, colls, syncs, k_eng) in rows.items():
+        sim = op_s * k + moe_s * k_moe + coll_s * colls + sync_s * syncs + eng_s * k_eng
         assert sim / measured == pytest.approx(1.0, abs=0.15), case
     assert op_s < moe_s < 300e-6
 

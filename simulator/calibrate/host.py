@@ -25,7 +25,11 @@ Two kinds of measurement on 4x H100, and one on 2x H100, each with its README:
   from the micro-benchmarks. ``host_moe_op_s`` is then fitted the same way, the others fixed,
   on the uniform-routing MoE steps (their token-routing kernels counted apart,
   :func:`simulator.model.moe.routing_op`); skewed routing (more host time, not modelled) and
-  FSDP2 (per-unit hooks) are left out. The counts are the simulator's op lists (``simulator/model/eager.py``),
+  FSDP2 (per-unit hooks) are left out. The MoE kernels no Python line launches (each expert
+  parameter's autocast cast and gradient work, the backward of the experts' input slices:
+  :func:`simulator.model.moe.engine_op`) count at ``host_engine_op_s`` (half the
+  micro-benchmarked ``y * 1.0001`` under autograd: one kernel from Python, one from its
+  backward node; :func:`engine_rate`). The counts are the simulator's op lists (``simulator/model/eager.py``),
   so a change to them changes the refit: ``tests/test_calibration.py`` then asks for a new one.
 * ``data/measured/fsdp-units-h100x2/``: FSDP2's cost per unit (``benchmarks/device/fsdp_units.py``
   on 2x H100): the same 64 Linear(4096, 4096) layers (64 parameter tensors) split into 2..64
@@ -81,7 +85,7 @@ import pandas as pd
 from simulator.calibrate import REPO, host_spread, jsonl
 from simulator.engine.host import FSDP_CALLS
 from simulator.hardware.catalog import DTENSOR_UNITS, default_kernel_params
-from simulator.model.moe import routing_op
+from simulator.model.moe import engine_op, routing_op
 from simulator.model.sync import host_group_factor, host_group_size
 
 DATA = (REPO / "data/measured/tiny-h100x4/steps.jsonl", REPO / "data/measured/tiny3-h100x4/steps.jsonl")
@@ -117,7 +121,8 @@ DENSE = {
 TINY = ("model.hidden=256", "model.ffn_hidden=512", "model.heads=8", "model.kv_heads=4",
         "model.vocab=1024", "model.seq_len=128")
 COMM = ("tp_", "~tp_", "ep_", "moe_dispatch", "moe_combine", "cp_")
-SYNC = "moe_counts_sync"
+#: the host synchronisations of an eager MoE forward (simulator/model/moe_layer.py _moe_body)
+SYNCS = ("moe_counts_sync", "moe_bincount_sync", "moe_regroup_sync")
 # uniform-routing MoE cases -> workloads (skewed routing costs more host time, not modelled)
 MOE = {"h2_moe_ep4_N_uniform": "validation/heldout2/h2_moe_ep4_N_uniform.yaml",
        "moe_ep4_uniform": "validation/measured-moe/moe_ep4_uniform.yaml",
@@ -149,14 +154,16 @@ def _tiny_parts(workload: str, out_dir: str, extra: tuple[str, ...]) -> tuple[fl
 
 
 def moe_counts(workload: str, out_dir: str, extra: tuple[str, ...] = ()
-               ) -> tuple[float, int, int, int, int]:
+               ) -> tuple[float, int, int, int, int, int]:
     """(simulated step, other kernels, token-routing kernels, collective calls,
-    synchronisations) of GPU 0 in one step of an MoE ``workload`` at the tiny widths."""
+    synchronisations, kernels no Python line launches: :func:`simulator.model.moe.engine_op`)
+    of GPU 0 in one step of an MoE ``workload`` at the tiny widths."""
     step, names = _tiny_parts(workload, out_dir, extra)
     comm = sum(1 for n in names if n.startswith(COMM))
-    sync = sum(1 for n in names if n == SYNC)
-    k_moe = sum(1 for n in names if routing_op(n) and n != SYNC and not n.startswith(COMM))
-    return step, len(names) - comm - sync - k_moe, k_moe, comm, sync
+    sync = sum(1 for n in names if n in SYNCS)
+    k_moe = sum(1 for n in names if routing_op(n) and n not in SYNCS and not n.startswith(COMM))
+    k_eng = sum(1 for n in names if engine_op(n))
+    return step, len(names) - comm - sync - k_moe - k_eng, k_moe, comm, sync, k_eng
 
 
 def measured() -> dict[str, float]:
@@ -170,6 +177,15 @@ def paced(gpus: int) -> float:
     """How much longer a host-bound step of ``gpus`` ranks took than one process's time
     (:func:`simulator.model.sync.host_group_factor`, the refitted ``host_jitter``)."""
     return host_group_factor(host_group_size(gpus), host_spread.fit())
+
+
+def engine_rate() -> float:
+    """``host_engine_op_s``: half the median host time of ``y * 1.0001`` under autograd (one
+    kernel forward from Python, one from its backward node), over ranks and chain lengths of
+    the micro-benchmarks: an upper bound for a kernel autograd's engine issues with no Python
+    around it."""
+    rows = [r for f in OPS for r in jsonl(f) if r["kind"] == "mul"]
+    return float(np.median([r["per_call_s"] for r in rows])) / 2
 
 
 def micro() -> tuple[float, float]:
@@ -200,20 +216,21 @@ def fit() -> tuple[float, float, dict[str, tuple[float, int, int]]]:
 @functools.lru_cache(maxsize=1)
 def fit_moe() -> tuple[float, dict[str, tuple[float, int, int, int, int]]]:
     """(host_moe_op_s, {case: (measured step, other kernels, routing kernels, collectives,
-    synchronisations)}): the host time per kernel of MoE token routing, fitted by least squares
-    on relative error to the uniform-routing MoE steps at host-bound widths, with
-    ``host_op_s``, ``host_collective_s`` and ``host_sync_s`` as fitted and measured above."""
+    synchronisations, slice-backward kernels)}): the host time per kernel of MoE token
+    routing, fitted by least squares on relative error to the uniform-routing MoE steps at
+    host-bound widths, with ``host_op_s``, ``host_collective_s``, ``host_sync_s`` and
+    ``host_engine_op_s`` as fitted and measured above."""
     op_s, coll_s, _ = fit()
-    sync_s = micro()[1]
+    sync_s, eng_s = micro()[1], engine_rate()
     meas = measured()
     rows = {}
     with tempfile.TemporaryDirectory(prefix="calibrate_host_moe_") as tmp:
         for case, workload in MOE.items():
-            _, k, km, c, y = moe_counts(workload, f"{tmp}/{case}", MOE_TINY)
-            rows[case] = (meas[case], k, km, c, y)
+            _, k, km, c, y, ke = moe_counts(workload, f"{tmp}/{case}", MOE_TINY)
+            rows[case] = (meas[case], k, km, c, y, ke)
     km = np.array([r[2] / r[0] for r in rows.values()])
-    rest = np.array([1.0 - (op_s * k + coll_s * c + sync_s * y) / m
-                     for m, k, _, c, y in rows.values()])
+    rest = np.array([1.0 - (op_s * k + coll_s * c + sync_s * y + eng_s * ke) / m
+                     for m, k, _, c, y, ke in rows.values()])
     return float(km @ rest / (km @ km)), rows
 
 
@@ -422,6 +439,8 @@ def refit() -> dict[str, tuple[float, float]]:
             "defaults.host_collective_s": (round(coll_s * 1e7) / 1e7, d["host_collective_s"]),
             "defaults.host_sync_s": (round(sync_s * 1e7) / 1e7, d["host_sync_s"]),
             "defaults.host_moe_op_s": (round(moe_s * 1e8) / 1e8, d["host_moe_op_s"]),
+            "defaults.host_engine_op_s": (round(engine_rate() * 1e7) / 1e7,
+                                          d["host_engine_op_s"]),
             "defaults.host_fsdp_call_s": (round(call_s * 1e7) / 1e7, d["host_fsdp_call_s"]),
             "defaults.host_fsdp_tensor_s": (round(tensor_s * 1e8) / 1e8,
                                             d["host_fsdp_tensor_s"]),

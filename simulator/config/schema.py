@@ -493,6 +493,21 @@ class TrainingConfig(Frozen):
         "every micro-batch) or replayed (a benchmark replaying the same forced routes every "
         "step, so the shapes repeat)",
     )
+    moe_regroup: Literal["aranges", "argsort", "concat"] = Field(
+        "aranges",
+        description="eager MoE code (kernels: eager): how the copies received by the "
+        "dispatch are arranged for the local experts, which run one after another on slices "
+        "of them. aranges: regrouped by local expert with an index built from one "
+        "torch.arange per (source rank, expert) piece, put back by the inverse index before "
+        "the combine (benchmarks/device/steps.py); argsort: regrouped by an argsort of the "
+        "pieces' expert ids (repeat_interleave by the received counts, which reads them on "
+        "the host once more), put back the same way (steps_third.py); concat: not regrouped, "
+        "each expert's input a torch.cat of its piece from every source rank, its output "
+        "split back in received order (steps_alt.py). Autograd's backward of each slice "
+        "writes a zero gradient of the whole received buffer and adds the slices' up: one "
+        "slice per local expert, or per (source rank, local expert) with concat "
+        "(simulator/model/moe.py)",
+    )
     moe_route_correlation: Float = Field(
         ROUTE_CORRELATION_DEFAULT, ge=0, le=1,
         description="how alike a learned router sends the tokens of one call (micro-batch, "

@@ -825,7 +825,8 @@ class _Builder:
                          MappingProxyType(extra),
                          (fwd * gpu.host_gemm_new_shape_fwd_s,
                           bwd * gpu.host_gemm_new_shape_dgrad_s,
-                          bwd * gpu.host_gemm_new_shape_wgrad_s))
+                          bwd * gpu.host_gemm_new_shape_wgrad_s),
+                         gpu.host_engine_op_s or None)
 
     def moe_layers_on_rank(self) -> tuple[moe_math.MoELocal | None, int]:
         """The busiest EP rank's experts and the MoE layers of the pipeline rank holding most

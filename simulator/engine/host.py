@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 
-from simulator.model.moe import routing_op
+from simulator.model.moe import engine_op, routing_op
 from simulator.model.ops import HOST_SYNC
 
 NEG = -math.inf
@@ -63,6 +63,10 @@ class HostRates:
     #: weight gradient): the expected share of them with a new shape times the host cost of
     #: one (:func:`simulator.model.moe.new_shape_share`, gpus.yaml host_gemm_new_shape_*)
     expert_gemm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: host time per kernel of eager MoE code that no Python line launches (autocast's casts
+    #: of each expert parameter, autograd's engine work for them and for the experts' input
+    #: slices, :data:`simulator.model.moe.ENGINE_OPS`); None: ``op_s``
+    engine_op_s: float | None = None
 
     def scaled(self, factor: float) -> HostRates:
         """Every host time ``factor`` times as long (a group paced by its slowest host,
@@ -79,6 +83,8 @@ class HostRates:
         """Host time to issue one part of a program."""
         if part.kind == "comm":
             return self.collective_s
+        if self.engine_op_s is not None and engine_op(part.name):
+            return self.engine_op_s
         if self.moe_op_s > 0.0 and part.block == "moe" and routing_op(part.name):
             return self.moe_op_s
         if part.block == "moe" and part.name.startswith("expert_fc3"):

@@ -146,6 +146,9 @@ class GPUSpec:
     host_sync_s: float = 0.0
     #: host time per kernel of an MoE layer's expert block in eager code (0: ``host_op_s``)
     host_moe_op_s: float = 0.0
+    #: host time per kernel autograd's engine issues with no Python around it (the backward
+    #: of eager MoE code's expert input slices; 0: ``host_op_s``)
+    host_engine_op_s: float = 0.0
     #: host time of one FSDP2 collective call of eager ZeRO-3 code with the hook around it
     #: (a unit's all-gather with its copy-in, copy-out and reshard; a reduce-scatter with its
     #: chunk-cat and the sharded gradients' views), beyond its kernels' own rate (gpus.yaml)
@@ -464,6 +467,7 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
         )
     values["runtime_reserved_GiB"] = float(reserved)
     for key in ("host_op_s", "host_collective_s", "host_sync_s", "host_moe_op_s",
+                "host_engine_op_s",
                 "host_fsdp_call_s", "host_fsdp_tensor_s", "host_fused_op_s",
                 "host_fused_collective_s", "host_gemm_new_shape_fwd_s",
                 "host_gemm_new_shape_dgrad_s", "host_gemm_new_shape_wgrad_s",

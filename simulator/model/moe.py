@@ -41,7 +41,16 @@ import numpy as np
 
 from simulator.config.schema import ModelConfig, TrainingConfig
 from simulator.model import route_skew, shape_cache
-from simulator.model.ops import DTYPE_BYTES, FP32, HOST_SYNC, Op, gemm_grads, gemm_op, mem_op
+from simulator.model.ops import (
+    DTYPE_BYTES,
+    FP32,
+    HOST_SYNC,
+    Op,
+    accumulate_op,
+    gemm_grads,
+    gemm_op,
+    mem_op,
+)
 
 #: int64 indices (token ids, permutations)
 I64 = 8
@@ -52,6 +61,10 @@ NO_BACKWARD = ("expert_cat", "combine_zeros", "perm_cat", "inv_arange", "inv_sca
 #: straight-through gradient, the integer routing map and counts, the loss's scale, logging
 ROUTER_NO_BACKWARD = ("router_random", "router_map", "router_tokens", "router_aux_scale",
                       "router_aux_log")
+#: eager kernels whose backward runs none (name prefixes): integer index work, and the
+#: experts' input concatenations (``regroup: concat``), whose backward is views
+NO_BACKWARD_PREFIXES = ("perm_arange", "perm_ids", "perm_sort", "expert_cat_in",
+                        *ROUTER_NO_BACKWARD)
 
 #: The collective of a node-aware dispatch or combine (``moe_dispatcher: deepep``): ``nbytes``
 #: is one vector per token of the rank, spread as :func:`simulator.model.moe_routing.
@@ -107,6 +120,23 @@ def expert_row_streams(training: TrainingConfig, loc: MoELocal, calls: int,
             by[m] = by.get(m, 0) + calls
     return [shape_cache.Stream(n, min(1.0, m / n), training.moe_route_correlation, c)
             for m, c in sorted(by.items())]
+
+
+#: kernels autograd's engine issues for the backward of eager MoE code's input slices
+#: (:func:`_slice_grad_ops`): no Python runs for them
+SLICE_GRAD = "expert_slice_"
+#: eager MoE kernels no Python line launches (name prefixes): the slices' backward, and each
+#: expert parameter's autocast cast, bias gradient, gradient cast and ``.grad`` addition
+#: (:func:`simulator.model.moe_layer._eager_expert_params`), issued by the dispatcher inside
+#: the expert's ``nn.Linear`` call or by autograd's engine
+ENGINE_OPS = (SLICE_GRAD, "expert_wcast_", "expert_bcast_", "expert_bgrad_", "expert_gcast_",
+              "expert_gacc_", "expert_bgcast_", "expert_bgacc_")
+
+
+def engine_op(name: str) -> bool:
+    """Whether kernel ``name`` is one of :data:`ENGINE_OPS` (its host time:
+    gpus.yaml ``host_engine_op_s``)."""
+    return name.startswith(ENGINE_OPS)
 
 
 def routing_op(name: str) -> bool:
@@ -667,6 +697,7 @@ def moe_forward_ops(
     dispatch_bytes: float | None = None,
     router: str = "fused",
     multihot: str = "fused",
+    regroup: str = "aranges",
 ) -> list[Op | Comm]:
     """Kernels and collectives of one MoE block's forward on the busiest EP rank, after the
     attention's residual add: ``norm2, router, router_topk, permute, [count exchange,
@@ -676,7 +707,9 @@ def moe_forward_ops(
     ``dispatch_bytes``: bytes per element of the tokens sent towards the experts (FP8
     dispatch, :func:`simulator.hardware.precision.moe_dispatch_bytes`; default ``d``).
     ``router``: :func:`router_kernels` (fused code only; eager code keeps its one kernel).
-    ``multihot``: :func:`multihot_kernels` (fused DeepEP only)."""
+    ``multihot``: :func:`multihot_kernels` (fused DeepEP only). ``regroup`` (eager code,
+    ``training.moe_regroup``): how the received copies are arranged for the local experts
+    (:func:`_eager_regroup_ops`)."""
     moe, h = model.moe, model.hidden
     q = d if dispatch_bytes is None else dispatch_bytes
     t, k, E = loc.tokens, moe.top_k, moe.experts
@@ -719,9 +752,9 @@ def moe_forward_ops(
         ops += after
         if etp > 1:
             ops.append(Comm("moe_etp_gather", "all_gather", "etp", R * h * q))
-        if ep > 1 and not grouped:
-            ops += _eager_index_ops("perm", loc.local_experts * ep, R_ep)
-        if ep > 1 and (loc.local_experts > 1 or fused_deepep):
+        if not grouped:
+            ops += _eager_regroup_ops(regroup, loc, ep, R_ep, h, d)
+        elif ep > 1 and (loc.local_experts > 1 or fused_deepep):
             ops.append(mem_op("sort_chunks", "moe", 2 * R_ep * h * d))
     ops += _expert_ops(model, loc, d, grouped)
     if not grouped:  # torch.cat of the experts' outputs
@@ -734,9 +767,9 @@ def moe_forward_ops(
     else:
         if etp > 1:
             ops.append(Comm("moe_etp_scatter", "reduce_scatter", "etp", R * h * d))
-        if ep > 1 and not grouped:
+        if ep > 1 and not grouped and regroup != "concat":
             ops += _eager_index_ops("inv", 2, R_ep)
-        if ep > 1 and (loc.local_experts > 1 or fused_deepep):
+        if ep > 1 and (loc.local_experts > 1 or fused_deepep) and (grouped or regroup != "concat"):
             ops.append(mem_op("unsort_chunks", "moe", 2 * R_ep * h * d))
         if ep > 1:
             ops.append(Comm("moe_combine", a2a, "ep", t * copies * h * d, None if loc.uniform else loc.busiest_share))
@@ -750,6 +783,40 @@ def moe_forward_ops(
         # (``combine_postprocess``: ``output += shared_expert_output``)
         ops.append(mem_op("shared_add", "moe", 3 * t * h * d))
     ops.append(mem_op("residual2", "moe", 3 * t * h * d))
+    return ops
+
+
+def _eager_regroup_ops(regroup: str, loc: MoELocal, ep: int, rows: float, h: int,
+                       d: int) -> list[Op]:
+    """Eager code's arrangement of the ``rows`` received copies (``h`` wide) for its local
+    experts, after the dispatch (``training.moe_regroup``):
+
+    * ``aranges`` (``benchmarks/device/steps.py``): an index of one ``torch.arange`` per
+      (local expert, source rank) piece and their ``torch.cat``
+      (:func:`_eager_index_ops`), then the gather by it (``sort_chunks``, with more than one
+      local expert); nothing at EP 1.
+    * ``argsort`` (``steps_third.py``): the pieces' expert ids (``repeat_interleave`` by the
+      received counts, which reads their sum on the host: a synchronisation after the
+      dispatch, :func:`simulator.model.moe_layer._moe_body`), their stable argsort and the
+      gather (``sort_chunks``); nothing at EP 1.
+    * ``concat`` (``steps_alt.py``): each expert's input a ``torch.cat`` of its slice of every
+      source's piece (``expert_cat_in``, one per local expert, its rows copied), at every EP
+      size; its backward is views.
+
+    The output side mirrors it (:func:`moe_forward_ops`: the inverse index and gather, or
+    nothing after the experts' ``torch.cat``)."""
+    L = loc.local_experts
+    if regroup == "concat":
+        return [mem_op(f"expert_cat_in_e{i}", "moe", 2 * round(m) * h * d)
+                for i, m in enumerate(loc.expert_tokens) if round(m) >= 1]
+    if ep == 1:
+        return []
+    if regroup == "argsort":
+        ops = [mem_op("perm_ids", "moe", rows * I64), mem_op("perm_sort", "moe", 2 * rows * I64)]
+    else:
+        ops = _eager_index_ops("perm", L * ep, rows)
+    if L > 1:
+        ops.append(mem_op("sort_chunks", "moe", 2 * rows * h * d))
     return ops
 
 
@@ -812,6 +879,7 @@ def moe_backward_ops(
     wgrad_acc_bytes: int = 0,
     router: str = "fused",
     multihot: str = "fused",
+    regroup: str = "aranges",
 ) -> list[Op | Comm]:
     """The forward reversed: each GEMM's dgrad and wgrad, every collective's conjugate (an
     all-to-all stays an all-to-all with the gradients, an all-gather becomes a reduce-scatter
@@ -823,10 +891,13 @@ def moe_backward_ops(
     arXiv:2412.19437 Sec. 3.3.3: the activation gradient before the down-projection in FP8,
     both combines in BF16). A grouped GEMM's wgrad is one per expert
     (:func:`_grouped_wgrads`), adding into ``main_grad`` buffers of ``wgrad_acc_bytes`` (0:
-    fresh outputs)."""
+    fresh outputs). Eager code (``grouped=False``) also runs the backward of the slices
+    that cut the received copies into the experts' inputs after each expert's
+    (:func:`_slice_grad_ops`: one slice per local expert, or per source rank and local
+    expert with ``regroup`` ``concat``)."""
     fwd = moe_forward_ops(
         model, loc, tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=grouped,
-        router=router, multihot=multihot,
+        router=router, multihot=multihot, regroup=regroup,
     )
     h, f = model.hidden, loc.ffn
     fc1_out = 2 * f if model.activation == "swiglu" else f
@@ -837,6 +908,9 @@ def moe_backward_ops(
     conj = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}
     towards_experts = ("moe_combine", "moe_scatter", "moe_etp_scatter")
     out: list[Op | Comm] = []
+    # eager: each expert's input slices, backward (the buffer's first gradient needs no add)
+    pieces = (ep if regroup == "concat" else 1) if not grouped else 0
+    first = [True]
     for op in reversed(fwd):
         if isinstance(op, Comm):
             if op.name not in ("moe_counts", "router_aux_tokens"):  # forward only
@@ -860,6 +934,10 @@ def moe_backward_ops(
                 # x fed w1 and w3: autograd adds their two input gradients
                 out.append(mem_op("expert_dx_add" + op.name[len("expert_fc1"):], "moe",
                                   3 * op.m * op.k * d, True))
+            if pieces and op.name.startswith("expert_fc1_e"):
+                out += _slice_grad_ops(op.name[len("expert_fc1_"):], pieces, first[0],
+                                       sum(loc.expert_tokens) / etp, op.m, h, d)
+                first[0] = False
         elif op.kind == HOST_SYNC:
             continue
         elif op.name in ("dispatch_topk", "multihot_put_probs"):
@@ -869,13 +947,35 @@ def moe_backward_ops(
                                               op.name == "dispatch_topk")
         elif op.name.startswith("multihot_"):
             continue  # the map is boolean, the indices integers: no gradient
-        elif op.name in NO_BACKWARD or op.name.startswith(("perm_arange", *ROUTER_NO_BACKWARD)):
+        elif op.name in NO_BACKWARD or op.name.startswith(NO_BACKWARD_PREFIXES):
             continue
         elif op.name in ("permute", "unpermute", "sort_chunks", "unsort_chunks"):
             out.append(mem_op(op.name, op.block, op.bytes, True))
         else:
             out.append(mem_op(op.name, op.block, op.bytes * 1.5, True))
     return out
+
+
+def _slice_grad_ops(tag: str, pieces: int, first: bool, rows: float, m: int, h: int,
+                    d: int) -> list[Op]:
+    """Autograd's backward of the ``pieces`` slices one expert's input was cut from (``m``
+    rows of the ``rows``-row buffer of received copies, ``h`` wide): ``slice_backward``
+    allocates a zero gradient of the whole buffer (a fill, ``rows x h`` written) and copies
+    the slice's gradient into it, and the engine's input buffer adds each such gradient into
+    the buffer's (``a + b``, read both and write one), all but the first of the layer. So a
+    layer of ``n`` slices moves about ``(4 n - 1) rows h d`` bytes in backward, where the
+    gradient itself is ``rows h d``: eager code slicing per (source, expert), as
+    ``steps_alt.py`` does, pays it for every expert of the EP group (PyTorch's
+    ``slice_backward`` in ``FunctionsManual.cpp``, ``InputBuffer::accumulate``;
+    ``data/measured/diagnosis11-h100x4``: ``E - 1`` bf16 adds of the whole buffer per layer
+    call)."""
+    ops = []
+    for j in range(pieces):
+        ops += [mem_op(f"{SLICE_GRAD}zero_{tag}_{j}", "moe", rows * h * d, True),
+                mem_op(f"{SLICE_GRAD}copy_{tag}_{j}", "moe", 2 * m / pieces * h * d, True)]
+        if not (first and j == 0):
+            ops.append(accumulate_op(f"{SLICE_GRAD}add_{tag}_{j}", "moe", rows * h, d))
+    return ops
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from simulator.hardware.precision import moe_dispatch_bytes
 from simulator.model import comm as mc
 from simulator.model import mla, moe
 from simulator.model import transformer as tf
-from simulator.model.ops import FP32, HOST_SYNC, Op, accumulate_op, cast_op
+from simulator.model.ops import FP32, HOST_SYNC, Op, accumulate_op, arch, cast_op, mem_op
 
 
 def _split(ops: list[Op], start: str) -> int:
@@ -69,14 +69,54 @@ def _mla_tp(ops: list[Op], nbytes: float, sp: bool, backward: bool) -> list[Op]:
 
 
 def _expert_weight_casts(model: ModelConfig, loc: moe.MoELocal, d: int, backward: bool):
-    """fp32 parameters under autocast: every micro-batch casts the local experts' weights to
-    ``d`` (forward) and casts their gradients back and adds them into ``.grad`` (backward),
-    as :func:`simulator.model.transformer._master_weights` does for the dense GEMMs."""
+    """Fused code's fp32 parameters under autocast: every micro-batch casts the local experts'
+    weights to ``d`` (forward) and casts their gradients back and adds them into ``.grad``
+    (backward), as :func:`simulator.model.transformer._master_weights` does for the dense
+    GEMMs (eager code: :func:`_eager_expert_params`)."""
     n = loc.local_experts * moe.expert_params(model, loc.ffn)
     if backward:
         return [cast_op("expert_gcast", "moe", n, d, FP32, True),
                 accumulate_op("expert_gacc", "moe", n)]  # fmt: skip
     return [cast_op("expert_wcast", "moe", n, FP32, d)]
+
+
+def _eager_expert_params(model: ModelConfig, ops: list[Op], d: int, fp32: bool,
+                         backward: bool) -> list[Op]:
+    """Eager experts are modules (``nn.Linear`` each): under autocast over fp32 weights each
+    Linear casts its own weight (and bias) to ``d`` right before its GEMM (autocast's cache
+    keeps a cast for the forward; each expert's weights are other tensors), and autograd
+    casts each gradient back to fp32 and adds it into that parameter's ``.grad`` after its
+    weight-gradient GEMM, as the dense eager layer's ``_linear_fwd`` / ``_linear_bwd`` do
+    (``simulator/model/eager.py``); GPT-family experts carry biases as its MLP does
+    (``steps_alt.py``'s ``MLP``: ``nn.Linear`` with bias), whose gradient is a sum of the
+    output gradient over the expert's rows. One kernel per parameter tensor, each paying its
+    host: a step of ``L`` local experts launches ``L`` times the casts of one."""
+    biases = arch(model).biases
+    out: list[Op] = []
+    for op in ops:
+        name = op.name[:-len("_wgrad")] if op.name.endswith("_wgrad") else op.name
+        expert = op.kind == "gemm" and name.startswith("expert_fc") and "_e" in name
+        if not expert or (backward and not op.name.endswith("_wgrad")):
+            out.append(op)
+            continue
+        tag = name[len("expert_"):]  # fc1_e0
+        if not backward:
+            if fp32:
+                out.append(cast_op(f"expert_wcast_{tag}", "moe", op.k * op.n, FP32, d))
+                if biases:
+                    out.append(cast_op(f"expert_bcast_{tag}", "moe", op.n, FP32, d))
+            out.append(op)
+            continue
+        out.append(op)  # dW = X^T dY: [k, n] of the forward GEMM, over its op.k rows
+        if biases:
+            out.append(mem_op(f"expert_bgrad_{tag}", "moe", (op.k + 1) * op.n * d, True))
+        if fp32:
+            out += [cast_op(f"expert_gcast_{tag}", "moe", op.m * op.n, d, FP32, True),
+                    accumulate_op(f"expert_gacc_{tag}", "moe", op.m * op.n)]
+            if biases:
+                out += [cast_op(f"expert_bgcast_{tag}", "moe", op.n, d, FP32, True),
+                        accumulate_op(f"expert_bgacc_{tag}", "moe", op.n)]
+    return out
 
 
 def layer_settings(training, ep: int, etp: int) -> dict:
@@ -87,7 +127,8 @@ def layer_settings(training, ep: int, etp: int) -> dict:
                 dispatch_bytes=moe_dispatch_bytes(training),
                 wgrad_acc_bytes=moe.expert_wgrad_acc_bytes(training),
                 router=moe.router_kernels(training),
-                multihot=moe.multihot_kernels(training))  # fmt: skip
+                multihot=moe.multihot_kernels(training),
+                regroup=training.moe_regroup)  # fmt: skip
 
 
 def layer_ops(
@@ -114,12 +155,14 @@ def layer_ops(
     wgrad_acc_bytes: int = 0,
     router: str = "fused",
     multihot: str = "fused",
+    regroup: str = "aranges",
 ) -> list[Op]:
     """One layer's forward (or backward) on one rank of an MoE and/or MLA model: kernels and
     collectives over ``tp``, ``cp``, ``ep`` and ``etp`` (module docstring);
     ``wgrad_acc_bytes``: the grouped experts' wgrads add into ``main_grad`` buffers of that
     many bytes an element (:func:`simulator.model.moe.expert_wgrad_acc_bytes`); ``router``
-    which router kernels run (:func:`simulator.model.moe.router_kernels`)."""
+    which router kernels run (:func:`simulator.model.moe.router_kernels`); ``regroup`` how
+    eager code arranges the received copies for its experts (``training.moe_regroup``)."""
     b, sp, d = micro_batch, sequence_parallel, precision_bytes
     local = mc.cp_local(model, cp)
     # the dense layer with its TP/CP collectives: its attention and MLP halves are reused
@@ -143,18 +186,19 @@ def layer_ops(
         res2 = [op for op in mlp if op.name.startswith("residual2")]
         body = _moe_body(local, b, tp, d, backward, kernels, param_dtype, ep, etp,
                          expert_load, dispatcher, dispatch_bytes, wgrad_acc_bytes,
-                         router, multihot)  # fmt: skip
+                         router, multihot, regroup)  # fmt: skip
         mlp = [*res2, *body, *norm2] if backward else [*norm2, *body, *res2]
     return [*mlp, *att] if backward else [*att, *mlp]
 
 
 def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, dispatcher,
               dispatch_bytes=None, wgrad_acc_bytes=0, router="fused",
-              multihot="fused") -> list[Op]:  # fmt: skip
+              multihot="fused", regroup="aranges") -> list[Op]:  # fmt: skip
     """The MoE block between norm2 and residual2, its collectives as comm ops."""
     loc = moe.moe_local(model, b, tp, 1, ep, etp, load)
     kw = dict(tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=kernels == "fused",
-              dispatch_bytes=dispatch_bytes, router=router, multihot=multihot)  # fmt: skip
+              dispatch_bytes=dispatch_bytes, router=router, multihot=multihot,
+              regroup=regroup)  # fmt: skip
     if backward:
         block = moe.moe_backward_ops(model, loc, wgrad_acc_bytes=wgrad_acc_bytes, **kw)
     else:
@@ -166,11 +210,24 @@ def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, di
             body.append(mc.comm_op(op.name, op.collective, op.dim, nbytes))
         elif op.name not in ("norm2", "residual2"):
             body.append(op)
-    if param_dtype == "fp32":
+    if kernels == "eager":
+        body = _eager_expert_params(model, body, d, param_dtype == "fp32", backward)
+    elif param_dtype == "fp32":
         casts = _expert_weight_casts(model, loc, d, backward)
         body = [*body, *casts] if backward else [*casts, *body]
     if not backward:
         body.insert(_sync_at(body, kernels), Op("moe_counts_sync", HOST_SYNC, "moe"))
+        if kernels == "eager" and ep > 1:
+            # torch.bincount of the copies' expert ids (every eager script counts them so)
+            # reads their min and max on the host before the count exchange (CUDA bincount
+            # sizes its output by them): the host waits there too, for the layer so far
+            at = next(i for i, op in enumerate(body) if op.name == "permute") + 1
+            body.insert(at, Op("moe_bincount_sync", HOST_SYNC, "moe"))
+        if kernels == "eager" and regroup == "argsort" and ep > 1:
+            # repeat_interleave by the received counts (a device tensor) reads their sum on
+            # the host: it waits for the dispatch (steps_third.py)
+            at = next(i for i, op in enumerate(body) if op.name == "perm_ids")
+            body.insert(at, Op("moe_regroup_sync", HOST_SYNC, "moe"))
     return body
 
 

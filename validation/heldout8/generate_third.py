@@ -102,7 +102,7 @@ def body(name: str, c: dict, batch: int = 8, shapes: dict = SHAPES) -> str:
         lines.append("  ddp_buckets: view")
     if sch == "moe":
         lines += ["  ddp_buckets: none", "  moe_dispatcher: alltoall", "  moe_routes: learned",
-                  "  moe_routing: learned"]
+                  "  moe_routing: learned", "  moe_regroup: argsort"]
     lines += ["  flash_attention: true", "  kernels: eager", "  measured_steps: [4, 9]",
               "  optimizer_impl: fused", "  optimizer_moments_dtype: bf16",
               "  master_weights: none", "  rmsnorm_gain: input_dtype", "  kv_repeat: true",
