@@ -483,8 +483,8 @@ class TrainingConfig(Frozen):
         description="fused MoE code with moe_dispatcher deepep: the received routes turned "
         "into the local experts' routing map in one kernel (Megatron-Core's "
         "fused_indices_to_multihot, only with --enable-experimental, a flag since 2025-06-12); "
-        "false: its PyTorch _indices_to_multihot, 17 kernels and 3 host synchronisations "
-        "(boolean indexing, repeat_interleave) after every dispatch, 6 kernels backward",
+        "false: its PyTorch _indices_to_multihot, 27 kernels and 5 host synchronisations "
+        "(boolean indexing, repeat_interleave) after every dispatch, 5 kernels backward",
     )
     moe_routes: Literal["learned", "replayed"] = Field(
         "learned",

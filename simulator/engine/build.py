@@ -28,7 +28,13 @@ from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.contention import contention_modes
 from simulator.engine.deepspeed_zero import deepspeed_plan
 from simulator.engine.dispatch import DEEPEP, routed_cost, routed_steps
-from simulator.engine.host import HostRates, dtensor_extra, dtensor_opt_s, dtensor_param_tensors
+from simulator.engine.host import (
+    HostRates,
+    dtensor_extra,
+    dtensor_opt_s,
+    dtensor_param_tensors,
+    multihot_op_s,
+)
 from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_programs
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.errors import ConfigError
@@ -796,7 +802,12 @@ class _Builder:
             if self.m.moe is None or max(gpu.host_sync_s, gpu.host_fused_op_s,
                                          gpu.host_fused_collective_s) <= 0.0:
                 return None
-            return HostRates(gpu.host_fused_op_s, gpu.host_fused_collective_s, gpu.host_sync_s)
+            multihot = 0.0
+            if gpu.host_multihot_s > 0.0:
+                multihot = multihot_op_s(gpu.host_multihot_s, gpu.host_sync_s,
+                                         len(moe_math.MULTIHOT_KERNELS), moe_math.MULTIHOT_SYNCS)
+            return HostRates(gpu.host_fused_op_s, gpu.host_fused_collective_s, gpu.host_sync_s,
+                             multihot_op_s=multihot)
         if gpu.host_op_s <= 0.0 and gpu.host_collective_s <= 0.0:
             return None
         extra: dict[str, float] = {}

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 
-from simulator.model.moe import engine_op, routing_op
+from simulator.model.moe import MULTIHOT_KERNELS, engine_op, routing_op
 from simulator.model.ops import HOST_SYNC
 
 NEG = -math.inf
@@ -67,6 +67,10 @@ class HostRates:
     #: of each expert parameter, autograd's engine work for them and for the experts' input
     #: slices, :data:`simulator.model.moe.ENGINE_OPS`); None: ``op_s``
     engine_op_s: float | None = None
+    #: per kernel of Megatron-Core's unfused DeepEP routing map (``moe.MULTIHOT_KERNELS``:
+    #: plain aten calls on integer tensors, measured as a call, :func:`multihot_op_s`);
+    #: 0: ``op_s``
+    multihot_op_s: float = 0.0
 
     def scaled(self, factor: float) -> HostRates:
         """Every host time ``factor`` times as long (a group paced by its slowest host,
@@ -85,6 +89,8 @@ class HostRates:
             return self.collective_s
         if self.engine_op_s is not None and engine_op(part.name):
             return self.engine_op_s
+        if self.multihot_op_s > 0.0 and part.name in MULTIHOT_KERNELS:
+            return self.multihot_op_s
         if self.moe_op_s > 0.0 and part.block == "moe" and routing_op(part.name):
             return self.moe_op_s
         if part.block == "moe" and part.name.startswith("expert_fc3"):
@@ -97,6 +103,15 @@ class HostRates:
                 wgrad if part.name.endswith("_wgrad") else fwd
             return self.op_s + extra
         return self.op_s + self.extra.get(part.name, 0.0)
+
+
+def multihot_op_s(call_s: float, sync_s: float, kernels: int, syncs: int) -> float:
+    """The host's time per kernel of Megatron-Core's ``_indices_to_multihot`` from one call's
+    measured host time ``call_s`` (gpus.yaml ``host_multihot_s``: ``kernels`` kernels and
+    ``syncs`` synchronisations, the GPU idle, so each synchronisation waits only for the
+    kernels just issued): what the call leaves after the synchronisations, which the host
+    clock charges ``sync_s`` each, spread evenly over its kernels."""
+    return max(0.0, call_s - syncs * sync_s) / kernels
 
 
 def dtensor_param_tensors(layers: int, sp: bool, norm_tensors: int, tied: bool) -> int:

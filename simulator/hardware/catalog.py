@@ -176,6 +176,7 @@ class GPUSpec:
     #: per kernel launched, measured; a lower bound for Transformer Engine: see gpus.yaml)
     host_fused_op_s: float = 0.0
     host_fused_collective_s: float = 0.0
+    host_multihot_s: float = 0.0
     #: host time a GEMM whose shape the process has not launched before adds to its call
     #: (cuBLAS's heuristic query on a miss of its heuristics cache), for a forward GEMM, a
     #: data-gradient and a weight-gradient GEMM (gpus.yaml; eager MoE expert GEMMs with
@@ -469,7 +470,7 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
     for key in ("host_op_s", "host_collective_s", "host_sync_s", "host_moe_op_s",
                 "host_engine_op_s",
                 "host_fsdp_call_s", "host_fsdp_tensor_s", "host_fused_op_s",
-                "host_fused_collective_s", "host_gemm_new_shape_fwd_s",
+                "host_fused_collective_s", "host_multihot_s", "host_gemm_new_shape_fwd_s",
                 "host_gemm_new_shape_dgrad_s", "host_gemm_new_shape_wgrad_s",
                 "host_events_call_s", "sync_jitter", "host_jitter", "host_dtensor_opt_step_s",
                 "host_dtensor_opt_tensor_s", "host_dtensor_opt_tensor_nosp_s"):

@@ -240,7 +240,7 @@ def multihot_kernels(training: TrainingConfig) -> str:
     Megatron-Core runs only with ``--enable-experimental``, a flag since Megatron-LM
     6782fe457f, 2025-06-12; before it ``ENABLE_EXPERIMENTAL`` was a constant False) or
     ``unfused`` (``_DeepepManager._indices_to_multihot`` in PyTorch, what every version runs
-    without the flag, :func:`_unfused_multihot_ops`). Other dispatchers and eager code:
+    without the flag, :data:`MULTIHOT_CALLS`). Other dispatchers and eager code:
     ``fused`` (nothing added)."""
     if training.moe_multihot_fusion or training.kernels != "fused" \
             or training.moe_dispatcher != DEEPEP:
@@ -259,64 +259,97 @@ def deepep_received_tokens(loc: MoELocal, E: int, k: int, ep: int) -> float:
     return min(ep * t, ep * t * hit * share)
 
 
-def _unfused_multihot_ops(t: int, E: int, k: int, n: float, L: int, R: float) -> tuple:
-    """Megatron-Core's flex dispatcher with DeepEP around its dispatch, without
-    ``--enable-experimental`` (Megatron-LM ``token_dispatcher.py``, 1e057005 2025-05-24 and
-    still 2026: ``_DeepepManager``): before the dispatch ``setup_metadata``'s ``topk`` of the
-    ``[t, E]`` probabilities; after it ``_indices_to_multihot`` over the ``n`` received
-    tokens' ``[n, k]`` local indices (``R`` valid copies, ``L`` local experts), one op per
-    kernel launched: two ``zeros`` (int64 map, fp32 probabilities), the mask ``!= -1``,
-    ``indices[mask]`` (boolean indexing: ``nonzero``'s count, a host synchronisation on it,
-    its select and the gather), ``arange``, ``mask.sum(1)``, ``repeat_interleave`` of a tensor
-    (``cumsum``, a synchronisation on the total, its fill and ``index_select``), the map's
-    ``index_put_``, ``probs[mask]`` (count, synchronisation, select, gather), the
-    probabilities' ``index_put_`` and ``.bool()``. Returns (before the dispatch, after it)."""
+#: Kernels of Megatron-Core's ``_indices_to_multihot`` in order, as profiled on H100 (torch
+#: 2.11, ``data/measured/multihot-host-h100x4``: 27 kernels, 5 device-to-host copies and 5
+#: stream synchronisations a call), by torch call: the ``zeros`` of the int64 map and of the
+#: fp32 probabilities, the mask ``!= -1``; ``indices[mask]``: ``nonzero`` (two count
+#: reductions, the host reads the count, the compaction's init and select,
+#: ``write_indices``) and the gather; ``arange``, the mask's cast and ``sum(1)``;
+#: ``repeat_interleave`` of a tensor (its ``cumsum``'s init and scan, the check that every
+#: repeat is >= 0 read on the host, the total read on the host, the fill, ``index_select``);
+#: the map's ``index_put_`` of the Python scalar 1 (copied to the GPU and waited for first);
+#: ``probs[mask]`` (as ``indices[mask]``); the probabilities' ``index_put_``; ``.bool()``.
+#: ``None`` marks where the host waits for the GPU.
+MULTIHOT_CALLS: tuple[str | None, ...] = (
+    "multihot_zeros_map", "multihot_zeros_probs", "multihot_mask",
+    "multihot_idx_count", "multihot_idx_count2", None, "multihot_idx_init",
+    "multihot_idx_select", "multihot_idx_write", "multihot_idx_gather",
+    "multihot_arange", "multihot_mask_cast", "multihot_mask_sum",
+    "multihot_rep_scan_init", "multihot_rep_scan", "multihot_rep_check",
+    "multihot_rep_all", None, None, "multihot_rep_fill", "multihot_rep_index",
+    None, "multihot_put_map",
+    "multihot_probs_count", "multihot_probs_count2", None, "multihot_probs_init",
+    "multihot_probs_select", "multihot_probs_write", "multihot_probs_gather",
+    "multihot_put_probs", "multihot_bool",
+)
+#: the unfused path's kernels (host time per kernel: gpus.yaml ``host_multihot_s``)
+MULTIHOT_KERNELS = frozenset(n for n in MULTIHOT_CALLS if n is not None)
+#: host synchronisations of one call
+MULTIHOT_SYNCS = sum(n is None for n in MULTIHOT_CALLS)
+
+
+def _multihot_bytes(name: str, n: float, k: int, L: int, R: float) -> float:
+    """HBM bytes of kernel ``name`` of :data:`MULTIHOT_CALLS` over ``n`` received tokens'
+    ``[n, k]`` indices (``R`` valid copies, ``L`` local experts): what each reads and writes;
+    every one is a few microseconds, launch-bound."""
     I8 = I64
-    before = [mem_op("dispatch_topk", "moe", t * E * FP32 + t * k * (FP32 + I8))]
-    sync = Op("multihot_sync", HOST_SYNC, "moe")
-    after = [
-        mem_op("multihot_zeros_map", "moe", n * L * I8),
-        mem_op("multihot_zeros_probs", "moe", n * L * FP32),
-        mem_op("multihot_mask", "moe", n * k * (I8 + 1)),
-        mem_op("multihot_idx_count", "moe", n * k),
-        sync,
-        mem_op("multihot_idx_select", "moe", n * k + R * I8),
-        mem_op("multihot_idx_gather", "moe", 2 * R * I8),
-        mem_op("multihot_arange", "moe", n * I8),
-        mem_op("multihot_mask_sum", "moe", n * k + n * I8),
-        mem_op("multihot_repeat_cumsum", "moe", 2 * n * I8),
-        sync,
-        mem_op("multihot_repeat_fill", "moe", n * I8 + R * I8),
-        mem_op("multihot_repeat_index", "moe", 3 * R * I8),
-        mem_op("multihot_put_map", "moe", 3 * R * I8),
-        mem_op("multihot_probs_count", "moe", n * k),
-        sync,
-        mem_op("multihot_probs_select", "moe", n * k + R * I8),
-        mem_op("multihot_probs_gather", "moe", R * (I8 + 2 * FP32)),
-        mem_op("multihot_put_probs", "moe", R * (2 * I8 + FP32)),
-        mem_op("multihot_bool", "moe", n * L * (I8 + 1)),
-    ]
+    if name in ("multihot_zeros_map",):
+        return n * L * I8
+    if name in ("multihot_zeros_probs",):
+        return n * L * FP32
+    if name == "multihot_bool":
+        return n * L * (I8 + 1)
+    if name == "multihot_mask":
+        return n * k * (I8 + 1)
+    if name.endswith(("_count", "_count2", "_init", "_check", "_all", "mask_cast")):
+        return n * k
+    if name.endswith(("_select", "_write")):
+        return n * k + R * I8
+    if name in ("multihot_arange", "multihot_mask_sum", "multihot_rep_scan_init",
+                "multihot_rep_scan"):
+        return n * k + 2 * n * I8
+    return 3 * R * I8  # gathers, index_put, fill, index_select
+
+
+def _deepep_routing_ops(t: int, E: int, k: int, n: float, L: int, R: float,
+                        multihot: str) -> tuple[list, list]:
+    """Megatron-Core's flex dispatcher with DeepEP around its dispatch (``token_dispatcher.py``
+    ``_DeepepManager``, Megatron-LM 1e057005 2025-05-24 and still 2026): before it
+    ``setup_metadata``'s ``topk`` of the ``[t, E]`` probabilities; after it the received
+    tokens' routing map over the ``L`` local experts from their ``[n, k]`` indices (``R`` valid
+    copies): ``fused`` one Triton kernel (``fused_indices_to_multihot``, with
+    ``--enable-experimental``), ``unfused`` ``_indices_to_multihot`` in PyTorch, the kernels
+    and host synchronisations of :data:`MULTIHOT_CALLS`. Returns (before, after)."""
+    before = [mem_op("dispatch_topk", "moe", t * E * FP32 + t * k * (FP32 + I64))]
+    if multihot != "unfused":
+        return before, [mem_op("multihot_fused", "moe", n * k * (I64 + FP32)
+                               + n * L * (1 + FP32))]  # fmt: skip
+    after = [Op("multihot_sync", HOST_SYNC, "moe") if name is None
+             else mem_op(name, "moe", _multihot_bytes(name, n, k, L, R))
+             for name in MULTIHOT_CALLS]  # fmt: skip
     return before, after
 
 
-def _unfused_multihot_backward(t: int, E: int, k: int, n: float, L: int, R: float,
-                               topk: bool) -> list[Op]:
-    """The backward of :func:`_unfused_multihot_ops`' probabilities (the map is boolean):
-    the probabilities' ``index_put_`` gathers its values' gradient, ``probs[mask]``'s
-    ``IndexBackward`` makes zeros and adds into them with ``index_put_(accumulate=True)``
-    (its linear index, a sort, the scatter); ``topk`` (the op before the dispatch): its
-    gradient, zeros and a scatter into ``[t, E]``."""
+def _multihot_backward(t: int, E: int, k: int, n: float, L: int, R: float, what: str
+                       ) -> list[Op]:  # fmt: skip
+    """The backward of :func:`_deepep_routing_ops` (the probabilities' gradient; the map is
+    boolean): ``topk`` its zeros and scatter into ``[t, E]``; ``fused`` the Triton kernel
+    back to ``[n, k]``; ``unfused`` the probabilities' ``index_put_`` gathers its values'
+    gradient, ``probs[mask]``'s ``IndexBackward`` makes zeros and adds into them with
+    ``index_put_(accumulate=True)`` (its linear index, a sort, the scatter)."""
     I8 = I64
-    if topk:
+    if what == "topk":
         return [mem_op("dispatch_topk_zeros", "moe", t * E * FP32, True),
                 mem_op("dispatch_topk_scatter", "moe", t * k * (FP32 + I8) + t * E * FP32,
                        True)]  # fmt: skip
+    if what == "fused":
+        return [mem_op("multihot_fused", "moe", n * L * FP32 + n * k * (I8 + FP32), True)]
     return [
-        mem_op("multihot_probs_bwd_gather", "moe", n * L * FP32 + R * (2 * I8 + FP32), True),
-        mem_op("multihot_probs_bwd_zeros", "moe", n * k * FP32, True),
-        mem_op("multihot_probs_bwd_linear", "moe", 2 * R * I8, True),
-        mem_op("multihot_probs_bwd_sort", "moe", 4 * R * I8, True),
-        mem_op("multihot_probs_bwd_put", "moe", R * (I8 + 2 * FP32), True),
+        mem_op("multihot_grad_gather", "moe", n * L * FP32 + R * (2 * I8 + FP32), True),
+        mem_op("multihot_grad_zeros", "moe", n * k * FP32, True),
+        mem_op("multihot_grad_linear", "moe", 2 * R * I8, True),
+        mem_op("multihot_grad_sort", "moe", 4 * R * I8, True),
+        mem_op("multihot_grad_put", "moe", R * (I8 + 2 * FP32), True),
     ]
 
 
@@ -743,9 +776,10 @@ def moe_forward_ops(
         permute = [] if fused_deepep else [mem_op("permute", "moe", (1 + k) * t * h * d)]
         counts = [Comm("moe_counts", "all_to_all", "ep", ep * (E // ep) * 8.0)] if ep > 1 else []
         before, after = [], []
-        if fused_deepep and ep > 1 and multihot == "unfused":
-            before, after = _unfused_multihot_ops(
-                t, E, k, deepep_received_tokens(loc, E, k, ep), loc.local_experts, R_ep)
+        if fused_deepep and ep > 1:
+            before, after = _deepep_routing_ops(
+                t, E, k, deepep_received_tokens(loc, E, k, ep), loc.local_experts, R_ep,
+                multihot)
         ops += [*before, *counts, *permute] if grouped else [*permute, *counts]
         if ep > 1:
             ops.append(Comm("moe_dispatch", a2a, "ep", t * copies * h * q, None if loc.uniform else loc.busiest_share))
@@ -940,11 +974,11 @@ def moe_backward_ops(
                 first[0] = False
         elif op.kind == HOST_SYNC:
             continue
-        elif op.name in ("dispatch_topk", "multihot_put_probs"):
+        elif op.name in ("dispatch_topk", "multihot_fused", "multihot_put_probs"):
             n = deepep_received_tokens(loc, model.moe.experts, model.moe.top_k, ep)
-            out += _unfused_multihot_backward(loc.tokens, model.moe.experts, model.moe.top_k,
-                                              n, loc.local_experts, sum(loc.expert_tokens) / etp,
-                                              op.name == "dispatch_topk")
+            what = {"dispatch_topk": "topk", "multihot_fused": "fused"}.get(op.name, "unfused")
+            out += _multihot_backward(loc.tokens, model.moe.experts, model.moe.top_k, n,
+                                      loc.local_experts, sum(loc.expert_tokens) / etp, what)
         elif op.name.startswith("multihot_"):
             continue  # the map is boolean, the indices integers: no gradient
         elif op.name in NO_BACKWARD or op.name.startswith(NO_BACKWARD_PREFIXES):

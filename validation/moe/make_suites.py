@@ -334,7 +334,7 @@ SOURCES = {
     },
     "qwen3-zoo-h100": {
         "summary": "Megatron-MoE-ModelZoo Qwen3-235B-A22B, 256 H100",
-        "note": "the A2A PP 32 row fast (-23 %, its loss stage sets the step), 1F1B overlap -15 %; the rest within 5 %",
+        "note": "the A2A PP 32 row fast (-23 %, its loss stage sets the step), 1F1B overlap -15 %, TP 4 -10 %",
         "prefix": "zoo-qwen3",
         "metric": "step_time_s",
         "tolerance": (0.35, 0.6),
@@ -356,7 +356,7 @@ SOURCES = {
             "moe_router_fusion false; --moe-router-fusion came on 2025-08-17, Megatron-LM "
             "c08d89bea0).",
             "DeepEP's received routes turned into the experts' routing map by Megatron-Core's "
-            "PyTorch _indices_to_multihot (3 host synchronisations a layer: training."
+            "PyTorch _indices_to_multihot (27 kernels, 5 host synchronisations a layer: training."
             "moe_multihot_fusion false; the fused kernel needs --enable-experimental, a flag "
             "since 2025-06-12, Megatron-LM 6782fe457f, not in the config).",
             "Missing micro-batch: 1.",
