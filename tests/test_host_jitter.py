@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from simulator.calibrate import host_spread
+from simulator.calibrate.sync import group_penalties
 from simulator.hardware.catalog import default_kernel_params, load_gpu
 from simulator.model.sync import expected_max_normal, host_group_factor, host_group_size
 
@@ -51,6 +52,70 @@ def test_fit_reproduces_the_measured_penalties():
     for n in (2, 4):
         measured = np.mean([p for k, p in pts if k == n])
         assert s * expected_max_normal(n) == pytest.approx(measured, rel=1 / 3), n
+
+
+def test_one_step_spreads_more_than_a_sum_of_steps():
+    """Why the fit takes one step at a time: in host_spread.py's launches of 4 the slowest
+    process of a single step is further above the mean than the slowest over 16 consecutive
+    steps (part of a process's lag is drawn afresh between steps), and a single DTensor or
+    plain eager step of 0.1-0.34 s (dtensor_spread.py) spreads at least as much as a 12 ms one:
+    the lag does not average out within one continuous issue."""
+    def fours(pts):
+        return np.mean([p for n, p in pts if n == 4])
+    one = fours(host_spread.penalties(1, dtensor=False))
+    sixteen = fours(host_spread.penalties(16, dtensor=False))
+    assert one > 1.2 * sixteen
+    long = fours([p for t in host_spread.dtensor_issue_times() for p in group_penalties(t)])
+    assert long > one
+
+
+def _dtensor_spread_fours(step: str) -> list[float]:
+    """The group-of-4 penalty of each launch and width of dtensor_spread.py's ``step``."""
+    out = []
+    for path in sorted(host_spread.DTENSOR.glob("dtensor_spread_w4*.jsonl")):
+        by: dict = {}
+        for r in map(json.loads, path.read_text().splitlines()):
+            if r.get("step") == step:
+                by.setdefault(r["width"], {}).setdefault(r["run"], {})[r["rank"]] = r["issue_s"]
+        for runs in by.values():
+            t = np.array([[runs[i][q] for q in sorted(runs[i])] for i in sorted(runs)])
+            out.append(float(np.mean(t.max(1) / t.mean(1) - 1.0)))
+    return out
+
+
+def test_dtensor_and_plain_steps_spread_alike():
+    """The spread is the box's, not DTensor's: in the same launches of 4 the DTensor TP + SP
+    step and the plain eager step of the same processes have group penalties within a quarter
+    of each other (so one host_jitter serves both)."""
+    dt, plain = np.mean(_dtensor_spread_fours("dt")), np.mean(_dtensor_spread_fours("plain"))
+    assert dt == pytest.approx(plain, rel=0.25)
+
+
+def test_fit_predicts_the_h200_box_dtensor_steps():
+    """Data the fit does not read (another box, 4x H200; dtensor_step_host.py's 24-layer and
+    dtensor_block_host.py's 20-layer DTensor TP + SP steps, 2 and 4 ranks, 6 launches): the
+    mean penalty of pairs and of the four within a third of s e_n."""
+    s = host_spread.fit()
+    pen: dict[int, list[float]] = {2: [], 4: []}
+    step = ROOT / "data/measured/dtensor-step-host-h200x4"
+    phases = ("fwd_s", "bwd_s", "ar_s", "opt_s", "zero_s")
+    block = ("fwd_host_s", "bwd_host_s", "opt_host_s")
+    sources = [(p, phases, lambda r: r["layers"] == 24, ("width",))
+               for p in sorted(step.glob("dtensor_step_host_w*.jsonl"))]
+    sources += [(p, block, lambda r: True, ("width", "gc")) for p in
+                sorted((ROOT / "data/measured/dtensor-block-host-h200x4").glob("*.jsonl"))]
+    for path, keys, keep, group in sources:
+        by: dict = {}
+        for r in map(json.loads, path.read_text().splitlines()):
+            if "rank" in r and keep(r):
+                k = tuple(r[g] for g in group)
+                by.setdefault(k, {}).setdefault(r["run"], {})[r["rank"]] = sum(r[x] for x in keys)
+        for runs in by.values():
+            t = np.array([[runs[i][q] for q in sorted(runs[i])] for i in sorted(runs)])
+            pen[t.shape[1]].append(float(np.mean(t.max(1) / t.mean(1) - 1.0)))
+    for n in (2, 4):
+        assert len(pen[n]) >= 8, n
+        assert np.mean(pen[n]) == pytest.approx(s * expected_max_normal(n), rel=1 / 3), n
 
 
 def test_a_group_that_meets_finishes_with_its_slowest_host():
