@@ -140,3 +140,45 @@ def test_kernels_no_python_launches_pay_the_engine_rate():
     assert HostRates(4e-5, 8e-5, 5e-5).part_s(Op("expert_slice_add_e0_1", "memory", "moe")) \
         == 4e-5  # no engine rate: the model kernel's
     assert rates.scaled(2.0).engine_op_s == 3e-5
+
+
+def test_split_backward_cats_each_experts_output_gradients():
+    # steps_alt.py splits each expert's output per source rank (y.split): autograd's
+    # split_with_sizes_backward cats the pieces' gradients, one copy of the expert's rows,
+    # an engine kernel; the other scripts run each expert on one contiguous input (no split)
+    d, h = 2, GPT_MOE.hidden
+    loc, bwd = _ops(GPT_MOE, 4, "concat", True)
+    cats = [o for o in bwd if o.name.startswith(moe.SPLIT_GRAD)]
+    assert len(cats) == loc.local_experts
+    assert [o.bytes for o in cats] == pytest.approx([2 * round(m) * h * d
+                                                     for m in loc.expert_tokens])
+    assert all(moe.engine_op(o.name) for o in cats)
+    names = [o.name for o in bwd]
+    for i in range(loc.local_experts):  # before the expert's own backward
+        assert names.index(f"{moe.SPLIT_GRAD}e{i}") < names.index(f"expert_fc2_e{i}_dgrad")
+    for regroup in ("aranges", "argsort"):
+        _, other = _ops(GPT_MOE, 4, regroup, True)
+        assert not any(o.name.startswith(moe.SPLIT_GRAD) for o in other)
+
+
+def test_concat_section_kernels_match_the_profiled_count():
+    # data/measured/expert-host-h100x4: steps_alt.py's expert loop, 4 sources x 4 local
+    # experts, profiled on one H100 (CUDA kernels, memsets, memcpys); the section less four
+    # times one expert alone on one input is what the loop adds around the experts: forward
+    # the experts' input cats and the outputs' cat, backward the split cats and the slices'
+    # zero gradients, copies and adds, which the op lists must count kernel for kernel
+    import json
+    from pathlib import Path
+
+    rows = [json.loads(x) for x in (Path(__file__).parents[1] / "data/measured/"
+            "expert-host-h100x4/expert_host.jsonl").read_text().splitlines()]
+    sec = next(r for r in rows if r["kind"] == "section" and r["fwd_kernels"])
+    one = next(r for r in rows if r["kind"] == "expert" and r["fwd_kernels"])
+    L = sec["experts"]
+    loc, fwd = _ops(GPT_MOE, sec["sources"], "concat", False)
+    _, bwd = _ops(GPT_MOE, sec["sources"], "concat", True)
+    assert loc.local_experts == L
+    around_f = [o for o in fwd if o.name.startswith("expert_cat")]
+    around_b = [o for o in bwd if o.name.startswith((moe.SPLIT_GRAD, moe.SLICE_GRAD))]
+    assert len(around_f) == sec["fwd_kernels"] - L * one["fwd_kernels"]
+    assert len(around_b) == sec["bwd_kernels"] - L * one["bwd_kernels"]

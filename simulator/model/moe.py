@@ -125,11 +125,15 @@ def expert_row_streams(training: TrainingConfig, loc: MoELocal, calls: int,
 #: kernels autograd's engine issues for the backward of eager MoE code's input slices
 #: (:func:`_slice_grad_ops`): no Python runs for them
 SLICE_GRAD = "expert_slice_"
+#: the backward of ``steps_alt.py``'s split of each expert's output per source
+#: (``regroup: concat``): ``split_with_sizes_backward`` cats the pieces' gradients, one copy
+#: of the expert's rows (PyTorch ``FunctionsManual.cpp``); no Python runs for it
+SPLIT_GRAD = "expert_split_grad_"
 #: eager MoE kernels no Python line launches (name prefixes): the slices' backward, and each
 #: expert parameter's autocast cast, bias gradient, gradient cast and ``.grad`` addition
 #: (:func:`simulator.model.moe_layer._eager_expert_params`), issued by the dispatcher inside
 #: the expert's ``nn.Linear`` call or by autograd's engine
-ENGINE_OPS = (SLICE_GRAD, "expert_wcast_", "expert_bcast_", "expert_bgrad_", "expert_gcast_",
+ENGINE_OPS = (SLICE_GRAD, SPLIT_GRAD, "expert_wcast_", "expert_bcast_", "expert_bgrad_", "expert_gcast_",
               "expert_gacc_", "expert_bgcast_", "expert_bgacc_")
 
 
@@ -954,6 +958,10 @@ def moe_backward_ops(
                 out.append(Comm(op.name, conj.get(op.collective, op.collective), op.dim,
                                 nbytes, op.share))  # fmt: skip
         elif op.kind == "gemm":
+            if regroup == "concat" and not grouped and op.name.startswith("expert_fc2_e"):
+                # y.split per source: its backward cats the pieces' gradients (one copy)
+                out.append(mem_op(SPLIT_GRAD + op.name[len("expert_fc2_"):], "moe",
+                                  2 * op.m * h * d, True))
             # dgrad and wgrad; a grouped GEMM keeps its real tokens' FLOPs
             grads = [
                 Op(g.name, g.kind, g.block, m=g.m, k=g.k, n=g.n, flops=op.flops,
