@@ -29,7 +29,8 @@ comm() {  # nproc groups min_bytes max_bytes file budget
 case "${1:-A}" in
   A) steps steps_third.py first "$THIRD" 270
      steps steps_alt.py first "$ALT" 250 ;;
-  B) comm 4 2 28672 1879048192 comm-g4.jsonl 120
+  B) steps steps_third.py first h13t_moe_ep4_O 45  # A's budget ran out before it (13:12 UTC)
+     comm 4 2 28672 1879048192 comm-g4.jsonl 120
      comm 3 3 43008 704643072 comm-g3.jsonl 60
      steps steps_third.py repeat h13t_moe_ep4_O,h13t_moe_ep2_O 60
      steps steps_alt.py repeat h13_moe_ep4_AB,h13_moe_ep2_AB,h13_tp4sp_AA,h13_tp2sp_AA 110 ;;
