@@ -59,6 +59,30 @@ MBRIDGE_RECIPES = {
         "the row needs to fit: 181.9 GiB predicted without it, 147.9 with it, of 173.2) and CUDA "
         "graphs of the router and the preprocess (not modelled)",
     ),
+    # The 25.11 scripts (Megatron-Bridge v0.2.0, 7af9601c9, 2025-11-26, and 1804c076f) have
+    # no preset with these rows' layouts (their GB200 / GB300 presets are 64-GPU Qwen3 and
+    # PP 4 EP 64 DeepSeek-V3 ones), so only what every DeepSeek-V3 and Qwen3 GB200 / GB300
+    # preset sets is taken: HybridEP (moe_flex_dispatcher_backend "hybridep", which
+    # apply_flex_dispatcher_backend turns into the flex dispatcher on GB200 / GB300 only).
+    "mbridge-25.11-qwen3-235b-a22b-gb": (
+        {"moe_dispatcher": "deepep"},
+        "Megatron-Bridge scripts/performance/configs/qwen3/ at v0.2.0 (7af9601c9, 2025-11-26, "
+        "the 25.11 scripts; the same at 1804c076f): no preset has the table's 256-GPU layout, "
+        "every GB200 / GB300 Qwen3 preset runs HybridEP (flex dispatcher) with CUDA graphs of "
+        "the router and preprocess (GB200: and attention); set_qwen3_common_configs: no "
+        "recompute, moe_router_fusion, forced balance, bf16 gradient reduction (as the rule); "
+        "Qwen3MoEModelProvider: moe_permute_fusion, grouped GEMM, fp32 router; HybridEP takes "
+        "the routing map itself (no DeepEP indices-to-multihot)",
+    ),
+    "mbridge-25.11-deepseek-v3-gb300": (
+        {"moe_dispatcher": "deepep"},
+        "Megatron-Bridge scripts/performance/configs/deepseek/ at v0.2.0 (7af9601c9) and "
+        "1804c076f: the GB300 preset (PP 4, VP 4, EP 64, GBS 2,048, recompute_modules "
+        "[moe_act], CUDA graphs of attention, router and preprocess) is not the table's PP 2, "
+        "EP 32, GBS 4,096, so only its HybridEP (every DeepSeek-V3 GB200 / GB300 preset) is "
+        "taken; set_deepseek_v3_common_configs: moe_router_fusion, enable_megatron_core_"
+        "experimental, forced balance, bf16 gradient reduction; all-to-all overlap off",
+    ),
 }  # fmt: skip
 
 #: Pipeline layouts the recipes of MBRIDGE_RECIPES set (Megatron-Core's
@@ -106,10 +130,10 @@ HYPOTHESES = {
         "is priced at the NIC's rate, as its README measures it after its April 2025 internode "
         "optimisation (47-62 GB/s logical on a 50 GB/s NIC)"),
     "mbridge-25.11-deepseek-v3-gb200": (
-        "still fast (-18.6 %) where the same model on GB300 is -1.2 % (the preset read before, "
+        "still fast (-14 %) where the same model on GB300 is -1 % (the preset read before, "
         "e59a57360, was the base config); the GB300 preset at 1804c076f (PP 4, EP 64, GBS "
         "2,048, recompute moe_act, attention in CUDA graphs) is not the table's PP 2, EP 32, "
-        "GBS 4,096, so that row keeps the rule"),
+        "GBS 4,096, so that row takes only its HybridEP"),
     "nemo-docs": (
         "Blackwell FP8 GEMM efficiency is derived from B200's bf16 MAMF, not measured (the "
         "dense Blackwell FP8 rows are -9 % too); NeMo 25.02/25.04 recipes not read"),
@@ -411,7 +435,8 @@ SOURCES = {
             "interleaved 1F1B with the published VP (a layer count that does not divide: the "
             "extra layers on the virtual stages after the first, never the last), fused (Transformer Engine) kernels, FP8 rows "
             "as per-tensor current scaling (the pages' FP8 recipe); expert TP 1, the NCCL "
-            "all-to-all dispatcher, no all-to-all overlap, random routes (the pages' "
+            "all-to-all dispatcher (HybridEP / DeepEP where a row's recipe was read: its "
+            "not_modelled cites it), no all-to-all overlap, random routes (the pages' "
             "forced-balanced routing footnote: Megatron-Core's forced load balancing draws "
             "each token's experts at random; training.moe_routing random; dropless).",
             "DGX H100 as topologies/dgx-h100-ndr-fattree.yaml, DGX B200 as "
