@@ -83,6 +83,24 @@ MBRIDGE_RECIPES = {
         "taken; set_deepseek_v3_common_configs: moe_router_fusion, enable_megatron_core_"
         "experimental, forced balance, bf16 gradient reduction; all-to-all overlap off",
     ),
+    # NeMo 2.0 rows: NVIDIA/NeMo v2.2.0 (7192a2c944, the 25.02 container's NeMo) and v2.3.0
+    # (2b03b748bb, 25.04): the performance scripts build pretrain_recipe(performance_mode=True),
+    # which adds MegatronTokenDropCallback (capacity factor 1.0, pad to capacity); the router
+    # ran Megatron-Core's PyTorch code (no router fusion before c08d89bea0, 2025-08-17).
+    "nemo-docs-": (
+        {"model.moe.capacity_factor": 1.0, "moe_routing": "balanced", "moe_router_fusion": False},
+        "NVIDIA/NeMo scripts/llm/performance/pretrain_mixtral_*.py at v2.2.0 (7192a2c944, "
+        "25.02) and scripts/performance/llm/ at v2.3.0 (2b03b748bb, 25.04): "
+        "pretrain_recipe(performance_mode=True) (nemo/collections/llm/recipes/mixtral_8x*.py) "
+        "adds MegatronTokenDropCallback: moe_expert_capacity_factor 1.0 with "
+        "moe_pad_expert_input_to_capacity, so every expert computes exactly its share "
+        "(model.moe.capacity_factor 1.0, moe_routing balanced); MixtralConfig: alltoall "
+        "dispatcher, aux-loss router, no moe_permute_fusion or moe_grouped_gemm (Megatron-Core "
+        "defaults off: PyTorch permutation, not modelled; one expert a rank), no router fusion "
+        "(moe_router_fusion false: Megatron-Core had none before 2025-08); DDP overlapped "
+        "reduce-scatter and all-gather, bf16 gradient reduction, no recompute (as the rule); "
+        "25.04 model_configs_gb200.csv: CUDA graphs for 8x7B",
+    ),
 }  # fmt: skip
 
 #: Pipeline layouts the recipes of MBRIDGE_RECIPES set (Megatron-Core's
@@ -136,7 +154,7 @@ HYPOTHESES = {
         "GBS 4,096, so that row takes only its HybridEP"),
     "nemo-docs": (
         "Blackwell FP8 GEMM efficiency is derived from B200's bf16 MAMF, not measured (the "
-        "dense Blackwell FP8 rows are -9 % too); NeMo 25.02/25.04 recipes not read"),
+        "dense Blackwell FP8 rows are -9 % too)"),
 }
 
 
@@ -239,9 +257,6 @@ def _case(row: dict, rules: dict) -> dict | None:
     modules = rules.get("recompute_modules", lambda p: None)(p)
     if modules:
         work["training"].update(recompute="selective", recompute_modules=modules)
-    for prefix, (settings, _) in MBRIDGE_RECIPES.items():
-        if row["name"].startswith(prefix):
-            work["training"].update(settings)
     for prefix, layout in MBRIDGE_LAYOUTS.items():
         if row["name"].startswith(prefix):
             work["parallelism"]["stage_layers"] = layout
@@ -250,6 +265,14 @@ def _case(row: dict, rules: dict) -> dict | None:
     for key, value in rules.get("training", {}).items():
         if key != "fp8_recipe" or work["training"]["precision"] == "fp8":
             work["training"][key] = value
+    # what a row's recipe was read to set wins over the rule for unstated settings
+    for prefix, (settings, _) in MBRIDGE_RECIPES.items():
+        if row["name"].startswith(prefix):
+            for key, value in settings.items():
+                if key.startswith("model.moe."):
+                    work["model"]["moe"][key.removeprefix("model.moe.")] = value
+                else:
+                    work["training"][key] = value
     if p.get("zero_or_fsdp") == "FSDP":
         work["training"].update(rules.get("fsdp_training", {}))
     measured = rules["measured"](row)
