@@ -357,3 +357,28 @@ def test_eager_gradients_exist_from_the_first_backward(tmp_path):
     one, n = _one_gpu_eager_peak(tmp_path, 1)
     two, _ = _one_gpu_eager_peak(tmp_path, 2)
     assert two - one == pytest.approx(4 * n, rel=1e-9)
+
+
+def test_fsdp2_block_backward_holds_what_fsdp2_keeps():
+    """FSDP2 with checkpointing (h13t_fsdp4_I_ac: 12 blocks of width 4096, GQA 32/8, SwiGLU
+    11008, vocabulary 32000, bf16 everywhere, 4-way sharded). Wide blocks and a 4K-token
+    micro-batch put the peak in a block's backward, where FSDP2 holds (torch's
+    ``_fully_shard``): the root unit (embedding, final norm, head) gathered since the forward
+    (the root does not reshard after forward) and the head's gradients waiting for the
+    root's reduce-scatter after the embedding; the block's gathered parameters, the next
+    block's prefetch, the block's unsharded gradients and the previous block's reduce-scatter
+    input (one kept in flight); the sharded gradients of the ten blocks reduced before
+    (L11..L2: the peak is in L1's backward). Sizes by hand from the shape, 2 bytes each."""
+    suite = ROOT / "validation" / "heldout13" / "memory.yaml"
+    data = yaml.safe_load(suite.read_text())
+    case = next(c for c in data["cases"] if "h13t_fsdp4_I_ac" in str(c))
+    loaded = load_case(suite, {}, case, 0)
+    h, kv, f, V = 4096, 1024, 11008, 32000
+    block = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h  # wq, wo, wk, wv, w1-w3, two norms
+    root = 2 * V * h + h  # embedding, head, final norm
+    total = 12 * block + root
+    s = simulate(loaded).summary["memory_gib"]
+    gathered = 2 * root + 2 * (2 * block)  # the root; block k and its prefetch k - 1
+    assert s["weights"] * 2**30 == pytest.approx(2 * total / 4 + gathered, rel=1e-9)
+    grads = 2 * (V * h + h) + 2 * (2 * block) + 10 * 2 * block / 4
+    assert s["gradients"] * 2**30 == pytest.approx(grads, rel=1e-9)

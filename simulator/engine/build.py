@@ -959,6 +959,9 @@ class _Builder:
             ) if m.moe is not None and self.t.moe_dispatcher == DEEPEP else None,
             host=self.host_rates(),
             unit_tensors=self.unit_tensors,
+            fsdp2_memory=(t.kernels == "eager" and par.zero == 3 and t.zero_impl != "deepspeed"
+                          and self.pp * self.v == 1),
+            fsdp2_grad_ratio=pb / gb,
             ds=deepspeed_plan(m, t, tp=tp, world=self.shard, work_bytes=BYTES[t.param_dtype],
                               grad_bytes=gb) if t.zero_impl == "deepspeed" else None,
             comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),

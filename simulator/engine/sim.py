@@ -174,6 +174,11 @@ class StepPlan:
     #: ``training.zero_impl: deepspeed``: DeepSpeed's ZeRO-3 gathers and gradient buckets
     #: (:mod:`simulator.engine.deepspeed_zero`); None: one gather and reduce-scatter per unit
     ds: DeepSpeedPlan | None = None
+    #: eager ZeRO-3 as FSDP2 runs it (``fully_shard`` per block, then on the root): its memory
+    #: beyond one gathered unit and its prefetch (:meth:`Engine._fsdp2_mem`); bytes of the
+    #: gradients as autograd makes them (param dtype) per reduce-dtype byte
+    fsdp2_memory: bool = False
+    fsdp2_grad_ratio: float = 1.0
 
     def vs_of(self, stage: int, chunk: int) -> int:
         """The model (virtual) stage that chunk ``chunk`` of pipeline rank ``stage`` holds."""
@@ -235,6 +240,11 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
         #: programs made here, not in a stage's :class:`StagePrograms` (a backward split into
         #: input and weight gradients): (pid, id(program)) -> program, for link accounting
         self.derived: dict[tuple[int, int], Program] = {}
+        #: FSDP2 (``plan.fsdp2_memory``): whether a process's root unit is gathered, whether
+        #: its lazy ``.grad`` tensors are still to come, and the shards made before they do
+        self._root_held: dict[int, bool] = {}
+        self._lazy_open: dict[int, bool] = {}
+        self._early_grads: dict[int, float] = defaultdict(float)
 
     # -------------------------------------------------------------------------------- running
 
@@ -511,10 +521,14 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
                       and plan.schedule_name == "interleaved" and pp > 1 else None)
         lazy = [plan.lazy_grad_mem(p) if plan.lazy_grad_mem is not None else 0.0]
 
+        self._lazy_open[p.pid] = bool(lazy[0])
+
         def grads_allocated():  # the first backward made the .grad tensors
-            if lazy[0]:
-                self.mem.append((env.now, p.pid, lazy[0], "gradients"))
+            if lazy[0]:  # (less the FSDP2 shards its reduce-scatters made already)
+                self.mem.append((env.now, p.pid, lazy[0] - self._early_grads.pop(p.pid, 0.0),
+                                 "gradients"))
                 lazy[0] = 0.0
+                self._lazy_open[p.pid] = False
 
         torch_mem = plan.torch_memory is not None and pp > 1
         torch_casts = self._torch_mem_open(p) if torch_mem else 0.0
@@ -740,6 +754,16 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
         def name(u: object) -> str:
             return f"L{u}" if isinstance(u, int) else str(u)
 
+        fs = plan.fsdp2_memory
+        root_units = ("embed", "head")
+        ratio = plan.fsdp2_grad_ratio
+        held = {"rs": 0.0, "root_grads": 0.0}  # FSDP2: the last reduce-scatter input, ...
+        shard_of = self._fsdp2_shard_fraction(p) if fs and kind == "bwd" else 0.0
+
+        def mem(delta: float, what: str) -> None:
+            if delta:
+                self.mem.append((self.env.now, p.pid, delta, what))
+
         def gather(u: object) -> None:
             pbytes = sizes(u)[0]
             if u in gathers or pbytes <= 0:
@@ -747,8 +771,12 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
             layer = u if isinstance(u, int) else -1
             spec = self._spec(p, "gather", "zero_gather", "all_gather", pbytes,
                               f"{name(u)} param all_gather", layer=layer, mb=mb)
-            self.mem.append((self.env.now, p.pid, pbytes * plan.gather_keep_fraction,
-                             "zero_params"))
+            if fs and u in root_units:  # FSDP2's root: gathered once, kept to its backward's end
+                if not self._root_held.get(p.pid):
+                    self._root_held[p.pid] = True
+                    mem(sum(sizes(r)[0] for r in root_units), "zero_params")
+            else:
+                mem(pbytes * plan.gather_keep_fraction, "zero_params")
             gathers[u] = self._issue(p, spec)
 
         order: list[object] = []
@@ -775,18 +803,61 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
             # Let the collectives issued at this instant start, so the kernels see them.
             yield self.env.timeout(0)
             f = mem_after
+            pbytes, gbytes = sizes(u)
+            grads = fs and kind == "bwd" and "recompute" not in label and gbytes > 0
+            if grads and u != "head":  # a block's unsharded gradients, made by its backward
+                # (its MLP's first, beside the recomputed activations); the head's weight
+                # gradient comes last, after the loss's fp32 working set is freed
+                mem(gbytes * ratio, "gradients")
             yield from self._run_segments(p, [seg], _kind(label) if kind == "bwd" else kind, mb, f)
             last_use = kind == "fwd" or "recompute" not in label
-            pbytes, gbytes = sizes(u)
-            if last_use and pbytes > 0:
-                self.mem.append((self.env.now, p.pid, -pbytes * plan.gather_keep_fraction,
-                                 "zero_params"))
+            if fs and u in root_units:
+                if kind == "bwd" and u == "embed" and self._root_held.pop(p.pid, False):
+                    mem(-sum(sizes(r)[0] for r in root_units), "zero_params")
+            elif last_use and pbytes > 0:
+                mem(-pbytes * plan.gather_keep_fraction, "zero_params")
+            if grads:
+                self._fsdp2_post_backward(p, u, gbytes, held, shard_of, mem)
             if kind == "bwd" and "recompute" not in label and gbytes > 0:
                 yield from self._grad_prep(p, gbytes, f"{name(u)} grad prep")
                 spec = self._spec(p, "dp", "dp_comm", "reduce_scatter", gbytes,
                                   f"{name(u)} grad reduce_scatter",
                                   layer=layer if layer >= 0 else -1, mb=mb)
                 self._pending[p.pid].append(self._issue(p, spec))
+        if held["rs"] or held["root_grads"]:
+            mem(-held["rs"] - held["root_grads"], "gradients")
+
+    def _fsdp2_shard_fraction(self, p: Proc) -> float:
+        """Sharded ``.grad`` bytes a process keeps per byte of a unit's unsharded gradient
+        (its lazy gradients over every unit's; 0 where there are none)."""
+        plan = self.plan
+        lazy = plan.lazy_grad_mem(p) if plan.lazy_grad_mem is not None else 0.0
+        units = sum(plan.layer_bytes(layer)[1] for layer in plan.layers_of(p.stage, 0))
+        if plan.unit_bytes is not None:
+            units += plan.unit_bytes("embed")[1] + plan.unit_bytes("head")[1]
+        return lazy / units if units > 0 else 0.0
+
+    def _fsdp2_post_backward(self, p: Proc, u: object, gbytes: float, held: dict,
+                             shard_of: float, mem: Callable[[float, str], None]) -> None:
+        """FSDP2's post-backward of unit ``u`` (``_fsdp_param_group.py``: ``post_backward``,
+        ``foreach_reduce``): a block's unsharded gradients are copied into a new reduce-scatter
+        input (reduce dtype) and dropped; the previous unit's input, kept until now, is freed
+        (one in flight); the reduce-scatter's output is the unit's sharded ``.grad``. The root
+        (embedding, final norm, head) reduces once, after the embedding's backward: the head's
+        gradients wait for it."""
+        ratio = self.plan.fsdp2_grad_ratio
+        if isinstance(u, int):
+            mem(gbytes - gbytes * ratio - held["rs"], "gradients")
+            held["rs"] = gbytes
+            if self._lazy_open.get(p.pid) and shard_of:
+                mem(gbytes * shard_of, "gradients")
+                self._early_grads[p.pid] += gbytes * shard_of
+        elif u == "head":
+            held["root_grads"] += gbytes * ratio
+            mem(gbytes * ratio, "gradients")
+        else:
+            mem(-gbytes * ratio - held["root_grads"] - held["rs"], "gradients")
+            held["rs"] = held["root_grads"] = 0.0
 
     # -------------------------------------------------------------------------------- comm
 
