@@ -433,7 +433,7 @@ SOURCES = {
     },
     "nemo-mbridge-moe": {
         "summary": "NeMo / Megatron-Bridge MoE rows on H100, B200, GB200, GB300",
-        "note": "every row fast; Blackwell GEMM rates derived, not measured",
+        "note": "8 of 9 rows fast (Mixtral FP8 on Blackwell -9 to -27 %); Blackwell GEMM rates derived, not measured",
         "prefix": ("nemo-", "mbridge-"),
         "min_cases": 3,
         "metric": "step_time_s",
