@@ -9,96 +9,26 @@ collective suites ``collectives-g4.yaml`` (a group of 4 and two pairs at once) a
 suites' headers).
 """
 
-from __future__ import annotations
-
-import importlib.util
 import sys
 from pathlib import Path
 
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import batch  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-TOPOLOGY = {"h100": {1: "../heldout6/h100x1.yaml", 2: "../../topologies/h100x2-nvswitch.yaml",
-                     4: "../../topologies/h100x4-nvswitch.yaml"},
-            "h200": {1: "../heldout6/h200x1.yaml", 2: "../../topologies/h200x2-nvswitch.yaml",
-                     4: "../../topologies/h200x4-nvswitch.yaml"}}
-NOTE = ("Pre-registered: cases written at 06:35 UTC (commit abf894c, shapes fixed before any "
-        "helper landed), model frozen at tag heldout-freeze-11 after every helper of the session "
-        "had landed, predictions for 4x H100 and 4x H200 committed (tag heldout-predictions-11) "
-        "before the measurement.")
-HEAD = """# HELD OUT, pre-registered (issue 12), eleventh batch ({what}). Nothing here was used to build, fit or
-# choose the model. Result as it came out, at the frozen tag (first run of every case, 4x {BOX}): {result}
-# Tolerances set after the measurement, regression guards only. Raw data: ../../data/measured/{data}/;
-# protocol and the repeat runs: README.md.
-"""
-
-
-def _ninth():
-    """validation/heldout9/make_suite.py: its frozen-prediction and row readers serve every batch."""
-    spec = importlib.util.spec_from_file_location("make_suite9", HERE.parent / "heldout9" / "make_suite.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def write(box: str, name: str, metric: str, key: str, tol: float, what: str, result: str,
-          note: str) -> None:
-    data = HERE.parent.parent / "data" / "measured" / f"heldout11-{box}x4"
-    nine = _ninth()
-    cases = nine.rows(metric, key, nine.frozen(HERE, 11, box), data, TOPOLOGY[box], box)
-    summary = (f"{len(cases)} steps on 4x {box.upper()} by the third and second scripts"
-               if metric == "step_time_s" else f"peak memory of those {len(cases)} steps")
-    suite = {"name": name, "role": "held_out", "predicted_at": "heldout-predictions-11",
-             "summary": summary, "note": note, "role_note": NOTE,
-             "about": "Eleventh pre-registered held-out batch: steps_third.py on shapes G and H, "
-                      "steps_alt.py on shapes P and M, 1, 2 and 4 GPUs (README.md).",
-             "metric": metric, "tolerance_mape": tol, "cases": cases}
-    text = HEAD.format(what=what, BOX=box.upper(), result=result, data=data.name)
-    text += yaml.safe_dump(suite, sort_keys=False, width=100)
-    (HERE / f"{name.split('-')[1]}.yaml").write_text(text)
-
-
-def collectives(box: str, tag: str, what: str, result: str, note: str) -> None:
-    data = f"heldout11-{box}x4"
-    groups = "groups of 4 and pairs" if tag == "g4" else "a group of 3"
-    suite = {"kind": "collectives", "name": f"heldout11-collectives-{tag}-{box}x4",
-             "role": "held_out", "predicted_at": "heldout-predictions-11",
-             "summary": f"4 collectives, {groups}, uneven all-to-alls, 4x {box.upper()}",
-             "note": note,
-             "predictions": f"predictions-collectives-{box}x4.yaml",
-             "role_note": NOTE, "data": f"../../data/measured/{data}/comm-{tag}.jsonl",
-             "topology": f"../../topologies/{box}x4-nvswitch.yaml",
-             "ops": ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"],
-             "splits": ["uniform", "rotated", "hot"], "timing": "events",
-             "bands": [{"name": "<= 1 MiB", "max_bytes": 1048576, "tolerance_mape": 0.6},
-                       {"name": "1-96 MiB", "min_bytes": 1048577, "max_bytes": 100663296,
-                        "tolerance_mape": 0.5},
-                       {"name": ">= 96 MiB", "min_bytes": 100663297, "tolerance_mape": 0.5}]}
-    head = (f"# HELD OUT, pre-registered (issue 12), eleventh batch: NCCL collectives, {what}, 4x "
-            f"{box.upper()} NVSwitch, bf16,\n# CUDA events between back-to-back calls "
-            "(benchmarks/device/comm.py via call_heldout11.sh B); all-to-all uniform, rotated and hot.\n"
-            f"# Predicted once at tag heldout-freeze-11. Result as it came out: {result}\n"
-            "# Band tolerances set after the measurement: regression guards only.\n")
-    (HERE / f"collectives-{tag}.yaml").write_text(head + yaml.safe_dump(suite, sort_keys=False,
-                                                                        width=100))
-
-
-#: the main miss of each suite's held-out result, for the README's table (written after scoring)
-NOTES = {
+BATCH = batch.Batch(
+    n=11, cases_written='06:35 UTC (commit abf894c',
+    shapes='steps_third.py on shapes G and H, steps_alt.py on shapes P and M',
+    g4_sizes='a group of 4 and two pairs at once at 12 KiB x 4^k (3x the fitted sizes)',
+    g3_sizes="a group of 3 at 24 KiB x 4^k (every rank's share 16-byte aligned)",
+    band_tolerances=(0.6, 0.5),
+    #: the main miss of each suite's held-out result, for the README's table (written after scoring)
+    notes={
     "suite": "DTensor TP 4 + SP -36.6 %, eager MoE top-4 -33.5 % (host-bound); the other 13 "
              "within -11.4..+5.3 %",
     "memory": "DTensor TP 4 + SP -11.3 %, interleaved -6.1 %, the rest within 3 %",
     "g4": "ring ops 5.7 %, -3.7 %; >= 1 MiB 9.8 %, -4.7 %; small all-to-alls -45 % (a slower loop)",
     "g3": "ring ops 4.8 %, -2.2 %; uneven all-to-alls -14 to -19 %",
-}
+})
 
 if __name__ == "__main__":
-    box, steps, memory, g4, g3 = sys.argv[1:6]
-    write(box, f"heldout11-suite-{box}x4", "step_time_s", "step_time_s", 0.3, "step time", steps,
-          NOTES["suite"])
-    write(box, f"heldout11-memory-{box}x4", "memory_gib.allocated", "peak_memory_gib", 0.3,
-          "peak memory", memory, NOTES["memory"])
-    collectives(box, "g4", "a group of 4 and two pairs at once at 12 KiB x 4^k (3x the fitted "
-                "sizes)", g4, NOTES["g4"])
-    collectives(box, "g3", "a group of 3 at 24 KiB x 4^k (every rank's share 16-byte aligned)", g3,
-                NOTES["g3"])
+    batch.make_suites(BATCH, sys.argv[1:6])

@@ -5,21 +5,11 @@ scheme of a sixth-batch case on a new shape, batch and layout) and ``h13t_*.yaml
 ``python validation/heldout13/generate.py``.
 """
 
-from __future__ import annotations
-
-import importlib.util
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
-
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import batch  # noqa: E402
 
 if __name__ == "__main__":
-    _load(HERE.parent / "heldout7" / "generate.py", "generate_alt").main(13, HERE)
-    _load(HERE.parent / "heldout8" / "generate_third.py", "generate_third").main(13, str(HERE))
+    batch.generate_workloads(13)
