@@ -837,7 +837,7 @@ class _Builder:
                          (fwd * gpu.host_gemm_new_shape_fwd_s,
                           bwd * gpu.host_gemm_new_shape_dgrad_s,
                           bwd * gpu.host_gemm_new_shape_wgrad_s),
-                         gpu.host_engine_op_s or None)
+                         engine_op_s=gpu.host_engine_op_s)
 
     def moe_layers_on_rank(self) -> tuple[moe_math.MoELocal | None, int]:
         """The busiest EP rank's experts and the MoE layers of the pipeline rank holding most

@@ -65,8 +65,8 @@ class HostRates:
     expert_gemm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
     #: host time per kernel of eager MoE code that no Python line launches (autocast's casts
     #: of each expert parameter, autograd's engine work for them and for the experts' input
-    #: slices, :data:`simulator.model.moe.ENGINE_OPS`); None: ``op_s``
-    engine_op_s: float | None = None
+    #: slices, :data:`simulator.model.moe.ENGINE_OPS`); 0: ``op_s``
+    engine_op_s: float = 0.0
     #: per kernel of Megatron-Core's unfused DeepEP routing map (``moe.MULTIHOT_KERNELS``:
     #: plain aten calls on integer tensors, measured as a call, :func:`multihot_op_s`);
     #: 0: ``op_s``
@@ -87,7 +87,7 @@ class HostRates:
         """Host time to issue one part of a program."""
         if part.kind == "comm":
             return self.collective_s
-        if self.engine_op_s is not None and engine_op(part.name):
+        if self.engine_op_s > 0.0 and engine_op(part.name):
             return self.engine_op_s
         if self.multihot_op_s > 0.0 and part.name in MULTIHOT_KERNELS:
             return self.multihot_op_s

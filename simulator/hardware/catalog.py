@@ -146,8 +146,9 @@ class GPUSpec:
     host_sync_s: float = 0.0
     #: host time per kernel of an MoE layer's expert block in eager code (0: ``host_op_s``)
     host_moe_op_s: float = 0.0
-    #: host time per kernel autograd's engine issues with no Python around it (the backward
-    #: of eager MoE code's expert input slices; 0: ``host_op_s``)
+    #: host time per kernel of eager MoE code that no Python line launches (each expert
+    #: parameter's autocast cast and gradient work, the backward of the experts' input
+    #: slices: ``simulator.model.moe.ENGINE_OPS``; 0: ``host_op_s``)
     host_engine_op_s: float = 0.0
     #: host time of one FSDP2 collective call of eager ZeRO-3 code with the hook around it
     #: (a unit's all-gather with its copy-in, copy-out and reshard; a reduce-scatter with its
@@ -176,6 +177,8 @@ class GPUSpec:
     #: per kernel launched, measured; a lower bound for Transformer Engine: see gpus.yaml)
     host_fused_op_s: float = 0.0
     host_fused_collective_s: float = 0.0
+    #: host time of one call of Megatron-Core's unfused DeepEP routing map
+    #: (``_indices_to_multihot``, measured; spread over its kernels by the engine)
     host_multihot_s: float = 0.0
     #: host time a GEMM whose shape the process has not launched before adds to its call
     #: (cuBLAS's heuristic query on a miss of its heuristics cache), for a forward GEMM, a

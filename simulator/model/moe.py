@@ -296,23 +296,22 @@ def _multihot_bytes(name: str, n: float, k: int, L: int, R: float) -> float:
     """HBM bytes of kernel ``name`` of :data:`MULTIHOT_CALLS` over ``n`` received tokens'
     ``[n, k]`` indices (``R`` valid copies, ``L`` local experts): what each reads and writes;
     every one is a few microseconds, launch-bound."""
-    I8 = I64
-    if name in ("multihot_zeros_map",):
-        return n * L * I8
-    if name in ("multihot_zeros_probs",):
+    if name == "multihot_zeros_map":
+        return n * L * I64
+    if name == "multihot_zeros_probs":
         return n * L * FP32
     if name == "multihot_bool":
-        return n * L * (I8 + 1)
+        return n * L * (I64 + 1)
     if name == "multihot_mask":
-        return n * k * (I8 + 1)
+        return n * k * (I64 + 1)
     if name.endswith(("_count", "_count2", "_init", "_check", "_all", "mask_cast")):
         return n * k
     if name.endswith(("_select", "_write")):
-        return n * k + R * I8
+        return n * k + R * I64
     if name in ("multihot_arange", "multihot_mask_sum", "multihot_rep_scan_init",
                 "multihot_rep_scan"):
-        return n * k + 2 * n * I8
-    return 3 * R * I8  # gathers, index_put, fill, index_select
+        return n * k + 2 * n * I64
+    return 3 * R * I64  # gathers, index_put, fill, index_select
 
 
 def _deepep_routing_ops(t: int, E: int, k: int, n: float, L: int, R: float,
@@ -341,19 +340,18 @@ def _multihot_backward(t: int, E: int, k: int, n: float, L: int, R: float, what:
     back to ``[n, k]``; ``unfused`` the probabilities' ``index_put_`` gathers its values'
     gradient, ``probs[mask]``'s ``IndexBackward`` makes zeros and adds into them with
     ``index_put_(accumulate=True)`` (its linear index, a sort, the scatter)."""
-    I8 = I64
     if what == "topk":
         return [mem_op("dispatch_topk_zeros", "moe", t * E * FP32, True),
-                mem_op("dispatch_topk_scatter", "moe", t * k * (FP32 + I8) + t * E * FP32,
+                mem_op("dispatch_topk_scatter", "moe", t * k * (FP32 + I64) + t * E * FP32,
                        True)]  # fmt: skip
     if what == "fused":
-        return [mem_op("multihot_fused", "moe", n * L * FP32 + n * k * (I8 + FP32), True)]
+        return [mem_op("multihot_fused", "moe", n * L * FP32 + n * k * (I64 + FP32), True)]
     return [
-        mem_op("multihot_grad_gather", "moe", n * L * FP32 + R * (2 * I8 + FP32), True),
+        mem_op("multihot_grad_gather", "moe", n * L * FP32 + R * (2 * I64 + FP32), True),
         mem_op("multihot_grad_zeros", "moe", n * k * FP32, True),
-        mem_op("multihot_grad_linear", "moe", 2 * R * I8, True),
-        mem_op("multihot_grad_sort", "moe", 4 * R * I8, True),
-        mem_op("multihot_grad_put", "moe", R * (I8 + 2 * FP32), True),
+        mem_op("multihot_grad_linear", "moe", 2 * R * I64, True),
+        mem_op("multihot_grad_sort", "moe", 4 * R * I64, True),
+        mem_op("multihot_grad_put", "moe", R * (I64 + 2 * FP32), True),
     ]
 
 
@@ -948,7 +946,7 @@ def moe_backward_ops(
     out: list[Op | Comm] = []
     # eager: each expert's input slices, backward (the buffer's first gradient needs no add)
     pieces = (ep if regroup == "concat" else 1) if not grouped else 0
-    first = [True]
+    first = True
     for op in reversed(fwd):
         if isinstance(op, Comm):
             if op.name not in ("moe_counts", "router_aux_tokens"):  # forward only
@@ -977,9 +975,9 @@ def moe_backward_ops(
                 out.append(mem_op("expert_dx_add" + op.name[len("expert_fc1"):], "moe",
                                   3 * op.m * op.k * d, True))
             if pieces and op.name.startswith("expert_fc1_e"):
-                out += _slice_grad_ops(op.name[len("expert_fc1_"):], pieces, first[0],
+                out += _slice_grad_ops(op.name[len("expert_fc1_"):], pieces, first,
                                        sum(loc.expert_tokens) / etp, op.m, h, d)
-                first[0] = False
+                first = False
         elif op.kind == HOST_SYNC:
             continue
         elif op.name in ("dispatch_topk", "multihot_fused", "multihot_put_probs"):
