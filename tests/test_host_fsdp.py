@@ -35,12 +35,17 @@ def test_fsdp_calls_per_unit_follow_fsdp2():
     assert FSDP_CALLS == {"fwd": ("all_gather",), "bwd": ("all_gather", "reduce_scatter")}
 
 
-def test_launch_bound_fsdp_step_exposes_every_units_hooks():
-    """At tiny widths each of the 14 units (12 layers, the embedding, the head) costs its host
-    3 FSDP calls per micro-batch, 2 micro-batches per replica: 84 calls. At 1 ms a call the
-    step grows by 84 ms, all of it shown as ``host``."""
-    base, hooked = _step(TINY, 0.0), _step(TINY, 1e-3)
-    calls = 3 * 14 * 2
+@pytest.mark.parametrize("reshard, root_calls", [("all", 3), ("default", 2)])
+def test_launch_bound_fsdp_step_exposes_every_units_hooks(reshard, root_calls):
+    """At tiny widths each of the 12 blocks costs its host 3 FSDP calls per micro-batch and
+    the root unit (embedding, final norm, head: one ``fully_shard`` unit) its all-gather in
+    forward and its reduce-scatter, plus an all-gather in backward where it was resharded after
+    the forward (``all``, as steps.py passes ``reshard_after_forward=True``; kept gathered
+    under ``default``, its pre-backward unshard a no-op); 2 micro-batches per replica: 78 or
+    76 calls. At 1 ms a call the step grows by that many ms, all of it shown as ``host``."""
+    mode = (f"training.fsdp_reshard_after_forward={reshard}",)
+    base, hooked = _step(TINY + mode, 0.0), _step(TINY + mode, 1e-3)
+    calls = (3 * 12 + root_calls) * 2
     grown = hooked["step_time_s"] - base["step_time_s"]
     assert grown == pytest.approx(calls * 1e-3, rel=0.01)
     shown = hooked["breakdown_s"]["host"] - base["breakdown_s"]["host"]
@@ -49,11 +54,11 @@ def test_launch_bound_fsdp_step_exposes_every_units_hooks():
 
 def test_compute_bound_fsdp_step_hides_the_hooks():
     """At hidden 8,192 and 4,096-token sequences a layer's forward keeps the GPU busy for
-    milliseconds: the host's 3 x 6 units x 2 micro-batches x 1 ms = 36 ms of FSDP calls run
-    while the GPU computes, and the step moves by under 1 % of that."""
+    milliseconds: the host's (3 x 4 blocks + 3 for the root) x 2 micro-batches x 1 ms = 30 ms
+    of FSDP calls run while the GPU computes, and the step moves by under 1 % of that."""
     base, hooked = _step(WIDE, 0.0), _step(WIDE, 1e-3)
     assert base["breakdown_s"]["compute"] > 0.8 * base["step_time_s"]
-    assert abs(hooked["step_time_s"] - base["step_time_s"]) < 0.01 * 36e-3
+    assert abs(hooked["step_time_s"] - base["step_time_s"]) < 0.01 * 30e-3
 
 
 def test_parameter_tensors_follow_the_modules():
@@ -70,8 +75,9 @@ def test_parameter_tensors_follow_the_modules():
 
 def test_launch_bound_fsdp_step_exposes_every_tensors_work():
     """At tiny widths, 1 ms per parameter tensor per FSDP call and nothing per call: each unit's
-    3 calls a micro-batch touch its tensors (12 layers of 6, the embedding's 1, the head's 2:
-    75), 2 micro-batches per replica: 3 x 75 x 2 = 450 ms, all of it shown as ``host``."""
+    3 calls a micro-batch touch its tensors (12 layers of 6; the root resharded after the
+    forward, as steps.py has it, the embedding's 1 and the head's 2: 75), 2 micro-batches per
+    replica: 3 x 75 x 2 = 450 ms, all of it shown as ``host``."""
     base, hooked = _step(TINY, 0.0), _step(TINY, 0.0, 1e-3)
     grown = hooked["step_time_s"] - base["step_time_s"]
     assert grown == pytest.approx(3 * 75 * 2 * 1e-3, rel=0.01)

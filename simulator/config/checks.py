@@ -154,6 +154,7 @@ def resolve(
                    "LM head's logits: needs training.kernels: eager and parallelism.tp_impl: "
                    "megatron (accepted otherwise: vocab_parallel)")
     _check_deepspeed(work, pp, fail)
+    _check_fsdp_reshard(work, pp * par.virtual_stages, fail)
     if t.master_weights == "remainder" and (t.param_dtype != "bf16" or t.optimizer_impl != "fused"):
         raise fail("training.master_weights", "remainder keeps the 16 bits an fp32 weight has "
                    "beyond its bf16 value (Apex DistributedFusedAdam): needs param_dtype: bf16 "
@@ -284,6 +285,21 @@ def _check_deepspeed(work: WorkloadConfig, pp: int, fail) -> None:
     if m.moe is not None or m.attention_kind == "mla":
         raise fail("training.zero_impl", "deepspeed models a dense transformer's modules "
                    "(accepted: no model.moe, attention mha or gqa)")
+
+
+def _check_fsdp_reshard(work: WorkloadConfig, stages: int, fail) -> None:
+    """``training.fsdp_reshard_after_forward`` other than ``default`` says how FSDP2 units are
+    resharded: it applies where the engine runs FSDP2's units (eager code, ZeRO-3 by units,
+    no pipeline stages)."""
+    t, par = work.training, work.parallelism
+    if t.fsdp_reshard_after_forward == "default":
+        return
+    if t.kernels != "eager" or par.zero != 3 or t.zero_impl != "unit" or stages > 1:
+        raise fail("training.fsdp_reshard_after_forward",
+                   f"{t.fsdp_reshard_after_forward} applies to PyTorch FSDP2's units: needs "
+                   f"training.kernels: eager, parallelism.zero: 3, training.zero_impl: unit and "
+                   f"no pipeline stages (got {t.kernels}, zero {par.zero}, {t.zero_impl}, "
+                   f"{stages} stages; accepted otherwise: default)")
 
 
 def _check_dualpipe(par, pp: int, fail) -> None:

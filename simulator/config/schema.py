@@ -380,6 +380,28 @@ class TrainingConfig(Frozen):
         "param_persistence_threshold elements kept whole, prefetch up to max_live_parameters "
         "ahead, gradients reduce-scattered in reduce_bucket_size buckets",
     )
+    fsdp_reshard_after_forward: Literal["default", "all", "none"] = Field(
+        "default",
+        description="eager ZeRO-3 (PyTorch FSDP2 fully_shard per block, then on the root: "
+        "the embedding, final norm and head): which units free their gathered parameters "
+        "after the forward. default: fully_shard without the argument (or FSDP1 FULL_SHARD, "
+        "or any setting before PyTorch 2.8): every block, and the root stays gathered to the "
+        "end of the backward (no all-gather of it in backward). all: "
+        "reshard_after_forward=True passed to every call, the root's too (respected on the root "
+        "since PyTorch 2.8): the root is freed after the forward and all-gathered again after "
+        "the loss's backward. none: reshard_after_forward=False on every unit (ZeRO-2-like, "
+        "FSDP1 SHARD_GRAD_OP): each unit gathered once in the forward, kept to the end of its "
+        "backward, no all-gathers in backward",
+    )
+    loss_in_model: Bool = Field(
+        False,
+        description="eager code whose model's forward computes the loss and returns it "
+        "(model(x, y), as Hugging Face models and nanoGPT do) rather than returning the "
+        "logits to a loss computed outside (loss_fn(model(x), y)). Read for FSDP2's root "
+        "unit: its pre-backward hook, which gathers the root when resharded and prefetches "
+        "the last block, runs on the gradient of the root's output, so before the loss's "
+        "backward when the output is the loss, after it when it is the logits",
+    )
     deepspeed: DeepSpeedZeroConfig = Field(
         default_factory=DeepSpeedZeroConfig,
         description="zero_impl: deepspeed, DeepSpeed's zero_optimization settings",

@@ -962,6 +962,8 @@ class _Builder:
             fsdp2_memory=(t.kernels == "eager" and par.zero == 3 and t.zero_impl != "deepspeed"
                           and self.pp * self.v == 1),
             fsdp2_grad_ratio=pb / gb,
+            fsdp2_reshard=t.fsdp_reshard_after_forward,
+            fsdp2_loss_in_root=t.loss_in_model,
             ds=deepspeed_plan(m, t, tp=tp, world=self.shard, work_bytes=BYTES[t.param_dtype],
                               grad_bytes=gb) if t.zero_impl == "deepspeed" else None,
             comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),

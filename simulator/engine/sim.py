@@ -179,6 +179,14 @@ class StepPlan:
     #: gradients as autograd makes them (param dtype) per reduce-dtype byte
     fsdp2_memory: bool = False
     fsdp2_grad_ratio: float = 1.0
+    #: FSDP2's ``reshard_after_forward`` (``training.fsdp_reshard_after_forward``): default
+    #: (the root stays gathered through the backward), all (the root too is freed after the
+    #: forward and gathered again after the loss's backward), none (no unit freed after the
+    #: forward, no all-gather in backward)
+    fsdp2_reshard: str = "default"
+    #: FSDP2: the root's forward returns the loss (``training.loss_in_model``), so its
+    #: pre-backward hook (root gather, last block's prefetch) runs before the loss's backward
+    fsdp2_loss_in_root: bool = False
 
     def vs_of(self, stage: int, chunk: int) -> int:
         """The model (virtual) stage that chunk ``chunk`` of pipeline rank ``stage`` holds."""
@@ -733,7 +741,18 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
     def _zero3_pass(self, p: Proc, segs, kind: str, mb: int, mem_after):
         """ZeRO-3 / FSDP, one unit at a time (a layer, the embedding, the LM head): wait for
         its parameter all-gather (prefetched one unit ahead), compute, release the gathered
-        parameters; in backward also reduce-scatter the unit's gradients."""
+        parameters; in backward also reduce-scatter the unit's gradients.
+
+        Eager ZeRO-3 (``plan.fsdp2_memory``) as FSDP2 runs it (``torch/distributed/fsdp/
+        _fully_shard/``, PyTorch 2.11): the embedding, final norm and head are one root unit,
+        gathered by one all-gather at the forward's start and reduce-scattered by one
+        reduce-scatter after the embedding's backward (the root's post-backward runs in the
+        final callback); ``plan.fsdp2_reshard`` says which units free their parameters after
+        the forward (:meth:`_fsdp2_gather`). In backward the root's pre-backward hook runs on
+        the gradient of the root's output: where that is the logits (``plan.fsdp2_loss_in_root``
+        False) the loss's backward has run, so what the hook gathers (the root if it was freed,
+        the last block's prefetch) is allocated after the loss's working set is freed; where it
+        is the loss, before the loss's backward."""
         plan = self.plan
         gathers: dict[object, simpy.Event] = {}
         # eager (FSDP2): the host's time of each unit's hooks and collective calls, on the
@@ -756,27 +775,46 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
 
         fs = plan.fsdp2_memory
         root_units = ("embed", "head")
+        root_bytes = sum(sizes(r)[0] for r in root_units)
         ratio = plan.fsdp2_grad_ratio
         held = {"rs": 0.0, "root_grads": 0.0}  # FSDP2: the last reduce-scatter input, ...
         shard_of = self._fsdp2_shard_fraction(p) if fs and kind == "bwd" else 0.0
+        root_rs = 0.0  # FSDP2: the head's gradient bytes, reduce-scattered with the embedding's
+        # FSDP2's backward: gathered bytes held back until the loss's working set is freed
+        deferred: list[float] = []
+        defer = fs and kind == "bwd" and not plan.fsdp2_loss_in_root
 
         def mem(delta: float, what: str) -> None:
             if delta:
                 self.mem.append((self.env.now, p.pid, delta, what))
 
+        def hold(nbytes: float) -> None:
+            if defer:
+                deferred.append(nbytes)
+            else:
+                mem(nbytes, "zero_params")
+
         def gather(u: object) -> None:
             pbytes = sizes(u)[0]
             if u in gathers or pbytes <= 0:
                 return
+            if fs:
+                nbytes = self._fsdp2_gather(p, u, kind, root_bytes, pbytes)
+                if not nbytes:
+                    return
+                label = "root" if u in root_units else name(u)
+                layer = u if isinstance(u, int) else -1
+                spec = self._spec(p, "gather", "zero_gather", "all_gather", nbytes,
+                                  f"{label} param all_gather", layer=layer, mb=mb)
+                ev = self._issue(p, spec)
+                for r in (root_units if u in root_units else (u,)):
+                    gathers[r] = ev
+                hold(nbytes if u in root_units else nbytes * plan.gather_keep_fraction)
+                return
             layer = u if isinstance(u, int) else -1
             spec = self._spec(p, "gather", "zero_gather", "all_gather", pbytes,
                               f"{name(u)} param all_gather", layer=layer, mb=mb)
-            if fs and u in root_units:  # FSDP2's root: gathered once, kept to its backward's end
-                if not self._root_held.get(p.pid):
-                    self._root_held[p.pid] = True
-                    mem(sum(sizes(r)[0] for r in root_units), "zero_params")
-            else:
-                mem(pbytes * plan.gather_keep_fraction, "zero_params")
+            mem(pbytes * plan.gather_keep_fraction, "zero_params")
             gathers[u] = self._issue(p, spec)
 
         order: list[object] = []
@@ -784,6 +822,7 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
             u = unit(label, layer)
             if u not in order:
                 order.append(u)
+        defer = defer and bool(order) and order[0] == "head"
         if order:
             gather(order[0])
         for seg in segs:
@@ -794,11 +833,11 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
                 gather(order[idx + 1])
             if u in gathers:
                 yield gathers[u]
-            if (fsdp_s or tensor_s) and u not in hooked:
-                hooked.add(u)
-                moved = dict(zip(("all_gather", "reduce_scatter"), sizes(u), strict=True))
-                calls = sum(moved[c] > 0 for c in FSDP_CALLS[kind])
-                tensors = plan.unit_tensors(u) if tensor_s and plan.unit_tensors else 0
+            hook = "root" if fs and u in root_units else u  # FSDP2's root: one unit's hooks
+            if (fsdp_s or tensor_s) and hook not in hooked:
+                hooked.add(hook)
+                count = self._fsdp2_calls if fs else self._unit_calls
+                calls, tensors = count(u, kind, sizes(u), bool(tensor_s))
                 p.host_s += calls * (fsdp_s + tensor_s * tensors)
             # Let the collectives issued at this instant start, so the kernels see them.
             yield self.env.timeout(0)
@@ -810,22 +849,89 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
                 # gradient comes last, after the loss's fp32 working set is freed
                 mem(gbytes * ratio, "gradients")
             yield from self._run_segments(p, [seg], _kind(label) if kind == "bwd" else kind, mb, f)
+            if defer and u == "head":  # the root's pre-backward: its gathers take memory now
+                defer = False
+                for nbytes in deferred:
+                    mem(nbytes, "zero_params")
             last_use = kind == "fwd" or "recompute" not in label
             if fs and u in root_units:
-                if kind == "bwd" and u == "embed" and self._root_held.pop(p.pid, False):
-                    mem(-sum(sizes(r)[0] for r in root_units), "zero_params")
+                post_fwd = kind == "fwd" and u == "head" and plan.fsdp2_reshard == "all"
+                if (post_fwd or kind == "bwd" and u == "embed") and self._root_held.pop(
+                        p.pid, False):
+                    mem(-root_bytes, "zero_params")  # resharded: after the forward or backward
+            elif fs and kind == "fwd" and plan.fsdp2_reshard == "none":
+                pass  # kept to the end of the unit's backward
             elif last_use and pbytes > 0:
                 mem(-pbytes * plan.gather_keep_fraction, "zero_params")
             if grads:
                 self._fsdp2_post_backward(p, u, gbytes, held, shard_of, mem)
             if kind == "bwd" and "recompute" not in label and gbytes > 0:
-                yield from self._grad_prep(p, gbytes, f"{name(u)} grad prep")
-                spec = self._spec(p, "dp", "dp_comm", "reduce_scatter", gbytes,
-                                  f"{name(u)} grad reduce_scatter",
+                if fs and u == "head":  # waits for the root's reduce-scatter, after the embedding
+                    root_rs = gbytes
+                    continue
+                nbytes = gbytes + (root_rs if fs and u == "embed" else 0.0)
+                what = "root" if fs and u == "embed" else name(u)
+                yield from self._grad_prep(p, nbytes, f"{what} grad prep")
+                spec = self._spec(p, "dp", "dp_comm", "reduce_scatter", nbytes,
+                                  f"{what} grad reduce_scatter",
                                   layer=layer if layer >= 0 else -1, mb=mb)
                 self._pending[p.pid].append(self._issue(p, spec))
         if held["rs"] or held["root_grads"]:
             mem(-held["rs"] - held["root_grads"], "gradients")
+
+    def _unit_calls(self, u: object, kind: str, moved: tuple[float, float],
+                    count_tensors: bool) -> tuple[int, int]:
+        """(collective calls, parameter tensors) of unit ``u`` in a pass, FSDP2's hooks on
+        every unit (:data:`FSDP_CALLS`)."""
+        by_op = dict(zip(("all_gather", "reduce_scatter"), moved, strict=True))
+        calls = sum(by_op[c] > 0 for c in FSDP_CALLS[kind])
+        tensors = self.plan.unit_tensors(u) if count_tensors and self.plan.unit_tensors else 0
+        return calls, tensors
+
+    def _fsdp2_calls(self, u: object, kind: str, moved: tuple[float, float],
+                     count_tensors: bool) -> tuple[int, int]:
+        """:meth:`_unit_calls` as FSDP2 makes them: the root (embedding, final norm, head) is
+        one unit of their tensors, all-gathered in the forward and in the backward only when
+        resharded after the forward (``all``), reduce-scattered once; a block is not
+        all-gathered in the backward under ``none``. A hook whose unshard is a no-op costs no
+        call (``FSDPParamGroup.unshard`` returns before the copy-in)."""
+        plan = self.plan
+        root = u in ("embed", "head")
+        if kind == "fwd":
+            gathered = True
+        elif root:
+            gathered = plan.fsdp2_reshard == "all"
+        else:
+            gathered = plan.fsdp2_reshard != "none"
+        if root:
+            pbytes = sum(plan.unit_bytes(r)[0] for r in ("embed", "head"))
+            gbytes = sum(plan.unit_bytes(r)[1] for r in ("embed", "head"))
+        else:
+            pbytes, gbytes = moved
+        calls = int(gathered and pbytes > 0) + int(kind == "bwd" and gbytes > 0)
+        tensors = 0
+        if count_tensors and plan.unit_tensors:
+            tensors = sum(plan.unit_tensors(r) for r in ("embed", "head")) if root \
+                else plan.unit_tensors(u)
+        return calls, tensors
+
+    def _fsdp2_gather(self, p: Proc, u: object, kind: str, root_bytes: float,
+                      pbytes: float) -> float:
+        """Bytes FSDP2 all-gathers for unit ``u`` now (0: none). The root unit (``u`` the
+        embedding or the head) is gathered whole, unless it is still gathered: ``_lazy_init``
+        (``_fsdp_state.py``) leaves the root unresharded after the forward unless
+        ``reshard_after_forward`` was passed to ``fully_shard`` (PyTorch >= 2.8, pytorch#155319;
+        always before), so under ``default`` and ``none`` its backward gathers nothing. A block
+        is gathered in every forward (``post_backward`` reshards it) and, unless its
+        ``reshard_after_forward`` is False (``none``), again in the backward."""
+        if u in ("embed", "head"):
+            if self._root_held.get(p.pid):
+                return 0.0
+            self._root_held[p.pid] = True
+            return root_bytes
+        if kind == "bwd" and self.plan.fsdp2_reshard == "none":
+            return 0.0
+        return pbytes
 
     def _fsdp2_shard_fraction(self, p: Proc) -> float:
         """Sharded ``.grad`` bytes a process keeps per byte of a unit's unsharded gradient
