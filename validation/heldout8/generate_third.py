@@ -103,10 +103,7 @@ def body(name: str, c: dict, batch: int = 8, shapes: dict = SHAPES) -> str:
     if sch == "moe":
         lines += ["  ddp_buckets: none", "  moe_dispatcher: alltoall", "  moe_routes: learned",
                   "  moe_routing: learned", "  moe_regroup: argsort"]
-    lines += ["  flash_attention: true", "  kernels: eager"]
-    if sch == "fsdp":  # fully_shard(model, reshard_after_forward=True): the root too
-        lines.append("  fsdp_reshard_after_forward: all")
-    lines += ["  measured_steps: [4, 9]",
+    lines += ["  flash_attention: true", "  kernels: eager", "  measured_steps: [4, 9]",
               "  optimizer_impl: fused", "  optimizer_moments_dtype: bf16",
               "  master_weights: none", "  rmsnorm_gain: input_dtype", "  kv_repeat: true",
               "parallelism:", f"  tp: {world if sch == 'tp' else 1}",
