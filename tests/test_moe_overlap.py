@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
 from simulator.cli import main
-from simulator.engine.combined import Item, chain_items, pair_schedule
+from simulator.engine.combined import (
+    Item,
+    chain_items,
+    host_chain_items,
+    host_pair_schedule,
+    megatron_order,
+    pair_schedule,
+)
 from simulator.engine.program import Part
 from simulator.parallel.schedules import Work, combined, max_in_flight, schedule
 from tests.conftest import small_topology, write_case
@@ -121,3 +129,122 @@ def test_overlap_switch_is_refused_where_it_is_not_modelled(tmp_path, capsys):
     assert main(["run", str(p), "--json", "--no-files"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "training.overlap_moe_expert_parallel_comm" in err
+
+
+# ---------------------------------------------------------------- the host of Megatron-Core's order
+
+def _layer(host: float = 0.0, dur: float = 1.0, seg: int = 0) -> list[Item]:
+    """One layer as Megatron-Core's nodes: GPU, EP collective, GPU, EP collective, GPU; each
+    item one kernel (or call) of ``host`` seconds of host time."""
+    return [Item(seg, k % 2 == 1, dur, 0.0 if k % 2 else dur, (), host, host, host + dur)
+            for k in range(5)]
+
+
+def test_megatron_order_of_one_layer_pair():
+    # issue order b0 b1 f0 b2 f1 b3 f2 f3 f4 b4; b0 (the residual add's gradient) and f4 (the
+    # add after the combine) on the communication stream, as Megatron-Core's combine node
+    f, b = _layer(), _layer()
+    order = megatron_order(f, b, [0], [0])
+    assert [(c, k) for c, k, _ in order] == [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (0, 3),
+                                             (1, 2), (1, 3), (1, 4), (0, 4)]  # fmt: skip
+    assert [s for _, _, s in order] == [True, True, False, False, True, True, False, True,
+                                        True, False]  # fmt: skip
+    # by hand (all 1 s): comm b0 [0,1] b1 [1,2] f1 [2,3] b3 [3,4] f3 [4,5] f4 [5,6];
+    # compute f0 [0,1] b2 [2,3] f2 [3,4] b4 [4,5]
+    r = host_pair_schedule(f, b, order, 0.0, 0.0)
+    assert r.total == pytest.approx(6.0)
+    assert r.bwd_segs == ((0.0, 5.0),) and r.fwd_segs == ((0.0, 6.0),)
+    assert r.host_end == 0.0
+
+
+def test_megatron_order_pairs_layer_i_with_the_backward_of_n_minus_1_minus_i():
+    f = [*_layer(seg=0), *_layer(seg=1)]
+    b = [*_layer(seg=0), *_layer(seg=1)]
+    order = megatron_order(f, b, [0, 1], [1, 0])
+    # the first five issued: the backward's layer 1 (segment 0) and the forward's layer 0
+    assert [(c, k) for c, k, _ in order[:3]] == [(0, 0), (0, 1), (1, 0)]
+    assert sorted((c, k) for c, k, _ in order) == [(c, k) for c in (0, 1) for k in range(10)]
+
+
+def test_host_bound_step_is_the_host_total_plus_the_last_kernel():
+    # every item takes the host 1 s to issue and the GPU 1 ms: the host issues ten items back
+    # to back and the GPU runs the last one after it (the nine others hide behind the host)
+    f, b = _layer(1.0, 1e-3), _layer(1.0, 1e-3)
+    order = megatron_order(f, b, [0], [0])
+    r = host_pair_schedule(f, b, order, 0.0, 0.0)
+    assert r.host_end == pytest.approx(10.0)
+    assert r.total == pytest.approx(10.0 + 1e-3)
+    assert dict(r.exposed)["host"] == pytest.approx(r.total - 4e-3)  # four GPU items
+    # a host 2 s late starts everything 2 s later
+    r2 = host_pair_schedule(f, b, order, 0.0, 0.0, host0=2.0)
+    assert r2.total == pytest.approx(r.total + 2.0)
+
+
+def test_a_synchronisation_costs_the_resume_time_when_the_host_is_the_slower():
+    # the forward experts (f2) wait on the host for the dispatch (f1) as the count copy does:
+    # host-bound, the dispatch is long done, so the wait adds the resume time only
+    f, b = _layer(1.0, 1e-3), _layer(1.0, 1e-3)
+    f[2] = replace(f[2], wait=1, syncs=2)
+    order = megatron_order(f, b, [0], [0])
+    r = host_pair_schedule(f, b, order, 0.0, 0.25)
+    assert r.total == pytest.approx(10.0 + 2 * 0.25 + 1e-3)
+
+
+def test_a_synchronisation_waits_for_the_gpu_when_it_is_the_slower():
+    # no host time but the resume, GPU-bound: the host waits for the dispatch f1 (ends at 3)
+    # and resumes at 3.5, so f2 [3.5, 4.5] (the compute stream idles 0.5 s), then b4 behind it
+    # [4.5, 5.5] and f3 [4.5, 5.5], f4 [5.5, 6.5]: the one-layer step of 6 s plus the resume
+    f, b = _layer(), _layer()
+    f[2] = replace(f[2], wait=1, syncs=1)
+    r = host_pair_schedule(f, b, megatron_order(f, b, [0], [0]), 0.0, 0.5)
+    assert r.total == pytest.approx(6.5)
+    assert r.host_end == pytest.approx(3.5)
+    # the compute stream idles [1, 2] for b1 and [5.5, 6.5] beside f4, [3, 3.5] for the host
+    assert dict(r.exposed) == pytest.approx({"ep": 2.0, "host": 0.5})
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_host_clock_never_shortens_the_step(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 3)
+    f = [it for i in range(n) for it in _layer(seg=i, dur=rng.uniform(0.1, 2))]
+    b = [it for i in range(n) for it in _layer(seg=i, dur=rng.uniform(0.1, 2))]
+    hf = [replace(it, host_first=h, host_s=h, host_span=h + it.dur)
+          for it, h in zip(f, (rng.uniform(0, 1) for _ in f), strict=True)]  # fmt: skip
+    hb = [replace(it, host_first=h, host_s=h, host_span=h + it.dur)
+          for it, h in zip(b, (rng.uniform(0, 1) for _ in b), strict=True)]  # fmt: skip
+    layers = list(range(n))
+    order = megatron_order(f, b, layers, layers[::-1])
+    r0 = host_pair_schedule(f, b, order, 0.0, 0.0)
+    r = host_pair_schedule(hf, hb, order, 0.0, 0.0)
+    gpu = sum(x.dur for x, (_, _, s) in zip([*b, *f], order, strict=False) if not s)
+    assert r.total >= r0.total - 1e-9
+    assert r.total >= r.host_end - 1e-9
+    assert r.host_end == pytest.approx(sum(x.host_s for x in hf + hb))
+    assert gpu >= 0.0
+
+
+def test_host_items_split_at_synchronisations_and_wait_where_megatron_waits():
+    from simulator.engine.host import HostRates
+    from simulator.model.ops import HOST_SYNC
+
+    prog = (Part("attn", "compute", 1.0), Part("moe_counts", "comm", 0.1, dim="ep"),
+            Part("moe_counts_sync", HOST_SYNC, 0.0), Part("permute", "compute", 0.2),
+            Part("moe_dispatch", "comm", 2.0, dim="ep"), Part("mh1", "compute", 0.1),
+            Part("multihot_sync", HOST_SYNC, 0.0), Part("mh2", "compute", 0.5),
+            Part("expert", "compute", 2.0), Part("moe_combine", "comm", 2.0, dim="ep"),
+            Part("residual2", "compute", 0.3))  # fmt: skip
+    items = host_chain_items([("L0 fwd", 0, prog)], 1.0, 0.0, HostRates(1.0, 1.0, 0.5))
+    assert [(x.comm, x.dur, x.wait, x.syncs) for x in items] == [
+        (False, pytest.approx(1.1), -1, 0),  # attention and the counts (compute stream)
+        (False, 0.2, -1, 0),  # the permutation, issued before the host waits ...
+        (True, 2.0, 0, 1),  # ... at the dispatch, for the counts (``before_ep_alltoall``)
+        (False, 0.1, -1, 0),
+        (False, 2.5, 3, 1),  # after the routing map's synchronisation
+        (True, 2.0, -1, 0),
+        (False, 0.3, -1, 0),
+    ]  # fmt: skip
+    # issued at 1 s a kernel: the expert GEMM (2 s) can end no earlier than 2 + 2 s after the
+    # host starts on mh2 (and mh2 + expert back to back after 1 s: 3.5)
+    assert items[4].host_s == 2.0 and items[4].host_span == pytest.approx(4.0)
+    assert items[0].host_span == pytest.approx(max(1 + 1.1, 2 + 0.1))

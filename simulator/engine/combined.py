@@ -28,6 +28,7 @@ collectives ``a_i`` alternating it takes between ``max(sum c, sum a)`` and ``sum
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,12 @@ class Item:
     dur: float  # seconds alone (GPU work: with the straggler slowdown)
     comp: float = 0.0  # of ``dur``, kernel time (slowed while a collective runs beside it)
     exposed: tuple[tuple[str, float], ...] = ()  # GPU work: other dimensions' collectives
+    # the host that issues it (:func:`host_chain_items`; all 0 where the host is not modelled)
+    host_first: float = 0.0  # host time to issue its first kernel or call
+    host_s: float = 0.0  # host time to issue all of it
+    host_span: float = 0.0  # from its issue's start, the earliest the GPU can finish it
+    wait: int = -1  # the host first waits for this item of its chain to finish (-1: none) ...
+    syncs: int = 0  # ... and then spends ``syncs`` times the host's resume time
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class PairResult:
     exposed: tuple[tuple[str, float], ...]
     fwd_segs: tuple[tuple[float, float], ...]
     bwd_segs: tuple[tuple[float, float], ...]
+    host_end: float = 0.0  # when the host has issued everything (offset; host_pair_schedule)
 
 
 def _comm_stream(prog: Program, k: int) -> bool:
@@ -176,6 +184,276 @@ def pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item], interference: float)
     return PairResult(t, comp, tuple(exposed.items()), segs(1), segs(0))
 
 
+#: the count synchronisation Megatron-Core's dispatchers wait on at the EP dispatch
+COUNT_SYNC = "moe_counts_sync"
+
+
+def host_chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
+                     interference: float, rates) -> list[Item]:  # fmt: skip
+    """:func:`chain_items` with the host that issues each item (``rates``: a
+    :class:`simulator.engine.host.HostRates`): the GPU work is split at each synchronisation
+    (``HOST_SYNC`` part), and the item after it carries the wait: the host waits for the
+    item just before the synchronisation to finish, then spends the host's resume time. The
+    count synchronisation (:data:`COUNT_SYNC`) is waited on at the segment's EP dispatch
+    instead, where Megatron-Core waits for it: the alltoall dispatcher copies the split
+    sizes to the host on a side stream in its preprocess and waits for that copy at the start
+    of ``token_dispatch`` (``cuda_sync_point`` ``before_ep_alltoall``), after its
+    permutation; DeepEP's dispatch waits on the host for its count exchange before it sends
+    (``megatron/core/transformer/moe/token_dispatcher.py``)."""
+    items: list[Item] = []
+    wait, syncs = -1, 0  # a synchronisation the next item carries
+    for i, (_, _, prog) in enumerate(segs):
+        n0 = len(items)
+        run: list[Part] = []
+        deferred: tuple[int, int] | None = None  # the count wait, for the EP dispatch
+        for k, part in enumerate((*prog, None)):  # None: the end of the segment
+            if part is None or part.kind == HOST_SYNC or _comm_stream(prog, k):
+                if run:
+                    items.append(_host_piece(i, tuple(run), slowdown, interference, rates,
+                                             wait, syncs))  # fmt: skip
+                    wait, syncs, run = -1, 0, []
+            if part is None:
+                break
+            if part.kind == HOST_SYNC:
+                target = len(items) - 1
+                later = any(_comm_stream(prog, j) for j in range(k + 1, len(prog)))
+                if part.name == COUNT_SYNC and later:
+                    deferred = (target, (deferred[1] if deferred else 0) + 1)
+                else:
+                    wait, syncs = target, syncs + 1
+            elif _comm_stream(prog, k):
+                h = rates.part_s(part)
+                if deferred is not None and part.name != "moe_counts":
+                    w, n = deferred
+                    if wait >= 0:
+                        w, n = max(w, wait), n + syncs
+                    wait, syncs, deferred = w, n, None
+                items.append(Item(i, True, part.dur, 0.0, (), h, h, h + part.dur, wait, syncs))
+                wait, syncs = -1, 0
+            else:
+                run.append(part)
+        if len(items) == n0:
+            items.append(Item(i, False, 0.0, wait=wait, syncs=syncs))
+            wait, syncs = -1, 0
+    return items
+
+
+def _host_piece(seg: int, piece: tuple[Part, ...], slowdown: float, interference: float,
+                rates, wait: int, syncs: int) -> Item:  # fmt: skip
+    """GPU work with its host: issued part by part, the GPU runs what follows part ``k``
+    back to back at best, so it ends no earlier than the host's time to issue parts ``1 ..
+    k`` plus that (:func:`simulator.engine.host.piece_matrix`)."""
+    total, comp, exposed = program_time(piece, slowdown, interference)
+    issued, span = 0.0, 0.0
+    for k, part in enumerate(piece):
+        issued += rates.part_s(part)
+        span = max(span, issued + program_time(piece[k:], slowdown, interference)[0])
+    return Item(seg, False, total, comp, exposed, rates.part_s(piece[0]), issued, span, wait,
+                syncs)
+
+
+def _groups(items: Sequence[Item], segs: Sequence[int]) -> list[list[int]]:
+    """The indices of ``items`` (those of segments ``segs``) in the five nodes of a layer as
+    Megatron-Core splits it: GPU work, EP collective, GPU work, EP collective, GPU work
+    (forward: attention and router, dispatch, experts, combine, the rest; backward: the
+    rest's gradient, combine, experts, dispatch, attention). A layer without EP collectives
+    is one node; anything past the fifth joins the last."""
+    out: list[list[int]] = [[] for _ in range(5)]
+    g = 0
+    for k, it in enumerate(items):
+        if it.seg not in segs:
+            continue
+        if it.comm != (g % 2 == 1) and g < 4:
+            g += 1
+        out[g].append(k)
+    return out
+
+
+def megatron_order(fwd: Sequence[Item], bwd: Sequence[Item], f_layers: Sequence[int],
+                   b_layers: Sequence[int]) -> list[tuple[int, int, bool]]:  # fmt: skip
+    """The host's issue order of a combined step, as ``(chain, item, on the communication
+    stream)`` with chain 0 the backward and 1 the forward (``f_layers`` / ``b_layers``: each
+    segment's layer, -1 for the embedding and the head). Megatron-Core's
+    ``TransformerModelChunkSchedulePlan.run`` (``megatron/core/models/common/
+    model_chunk_schedule_plan.py``): the forward's embedding,
+    the backward's head, then layer ``i`` of the forward with layer ``n - 1 - i`` of the
+    backward by ``TransformerLayerSchedulePlan.run``: backward combine, forward attention and
+    router, backward experts, forward dispatch, backward dispatch, forward experts, forward
+    combine, backward attention; then the layers left of either pass, the forward's head and
+    the backward's embedding. The combine node runs the layer's last residual add after the
+    combine (``mlp_bda``) on the communication stream, and so its gradient before the
+    backward combine (``fine_grained_callables.py``): a layer's GPU work after its forward
+    combine, and before its backward combine (but its recomputation), runs there too."""
+
+    def units(layers: Sequence[int]) -> tuple[list, list, list]:
+        pre: list[list[int]] = []
+        mid: list[list[int]] = []
+        post: list[list[int]] = []
+        for s, layer in enumerate(layers):
+            if layer < 0:
+                (post if mid else pre).append([s])
+            elif mid and layers[mid[-1][-1]] == layer:
+                mid[-1].append(s)  # a layer's recompute and its backward
+            else:
+                mid.append([s])
+        return pre, mid, post
+
+    fpre, fmid, fpost = units(f_layers)
+    bpre, bmid, bpost = units(b_layers)
+    order: list[tuple[int, int, bool]] = []
+
+    def whole(c: int, items: Sequence[Item], us: list[list[int]]) -> None:
+        for u in us:
+            order.extend((c, k, items[k].comm) for k, it in enumerate(items) if it.seg in u)
+
+    whole(1, fwd, fpre)
+    whole(0, bwd, bpre)
+    for fu, bu in zip(fmid, bmid, strict=False):  # (the layers left: below)
+        f, b = _groups(fwd, fu), _groups(bwd, bu)
+        f_bda = bool(f[3])  # the layer has a combine: its residual add runs beside it
+        b_bda = bool(b[1])
+        for c, g, bda in ((0, b[0], b_bda), (0, b[1], False), (1, f[0], False),
+                          (0, b[2], False), (1, f[1], False), (0, b[3], False),
+                          (1, f[2], False), (1, f[3], False), (1, f[4], f_bda),
+                          (0, b[4], False)):  # fmt: skip
+            items = bwd if c == 0 else fwd
+            order.extend((c, k, items[k].comm or (bda and items[k].seg == (bu if c == 0 else fu)[-1]))
+                         for k in g)
+    n = min(len(fmid), len(bmid))
+    whole(0, bwd, bmid[n:])
+    whole(1, fwd, fmid[n:])
+    whole(1, fwd, fpost)
+    whole(0, bwd, bpost)
+    return order
+
+
+def host_pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item],
+                       order: Sequence[tuple[int, int, bool]], interference: float,
+                       sync_s: float, host0: float = 0.0) -> PairResult:
+    """A combined step with the one host that issues both passes (``fwd`` / ``bwd`` from
+    :func:`host_chain_items`, ``order`` from :func:`megatron_order`; ``host0``: when the host
+    is free, from the step's start; negative where it is ahead).
+
+    The host issues the items in ``order`` (each on the stream it names), each in its
+    ``host_s``, first waiting where an
+    item carries a synchronisation (until the item it names has finished, then ``syncs``
+    times ``sync_s``). Each stream runs its items in the order they were issued (a CUDA
+    stream is first in, first out), an item once its chain's previous one has finished (the
+    schedule's events) and its first kernel is issued; GPU work ends no earlier than
+    ``host_span`` after its issue began (its last kernels wait for the host). Kernels run
+    slower beside a collective as in :func:`pair_schedule`. With every host time 0 it is the
+    same streams run in Megatron-Core's order; where the host is the slower one the step is
+    the host's time plus what the GPU runs after the host's last issue. The GPU's idle time
+    is exposed as ``ep`` while it waits for a collective, ``host`` while it waits for the
+    host."""
+    chains = (bwd, fwd)
+    ends: tuple[dict[int, float], dict[int, float]] = ({}, {})
+    issued: dict[tuple[int, int], float] = {}
+    queues: dict[bool, deque] = {False: deque(), True: deque()}
+    left_gpu = [sum(1 for c, _, on_comm in order if c == ch and not on_comm) for ch in (0, 1)]
+    h, pos, n = host0, 0, len(order)
+    spans: tuple[dict[int, list[float]], dict[int, list[float]]] = ({}, {})
+    t = 0.0
+    gpu: list | None = None  # [chain, item, seconds of work left alone, work so far, floor]
+    comm: list | None = None  # [chain, item, end]
+    gpu_busy = comp = 0.0
+    exposed: dict[str, float] = {}
+
+    def host() -> None:
+        nonlocal h, pos
+        while pos < n:
+            c, k, on_comm = order[pos]
+            it = chains[c][k]
+            if it.wait >= 0:
+                done = ends[c].get(it.wait)
+                if done is None:
+                    return  # blocked: the GPU has not got there yet
+                h = max(h, done) + it.syncs * sync_s
+            issued[(c, k)] = h
+            h += it.host_s
+            queues[on_comm].append((c, k))
+            pos += 1
+
+    def ready(stream: bool) -> float | None:
+        """When the head of a stream's queue can start (None: its chain's previous item has
+        not finished)."""
+        if not queues[stream]:
+            return None
+        c, k = queues[stream][0]
+        it = chains[c][k]
+        prev = ends[c].get(k - 1, None) if k > 0 else 0.0
+        if prev is None:
+            return None
+        return max(prev, issued[(c, k)] + it.host_first)
+
+    while True:
+        host()
+        for stream in (True, False):
+            if (comm if stream else gpu) is not None:
+                continue
+            r = ready(stream)
+            if r is None or r > t:
+                continue
+            c, k = queues[stream].popleft()
+            it = chains[c][k]
+            spans[c].setdefault(it.seg, [t, t])
+            if stream:
+                comm = [c, k, max(t + it.dur, issued[(c, k)] + it.host_span)]
+            else:
+                gpu = [c, k, it.dur, 0.0, issued[(c, k)] + it.host_span]
+        future = [r for r in (ready(True) if comm is None else None,
+                              ready(False) if gpu is None else None) if r is not None and r > t]
+        stretch = 1.0
+        if gpu is not None and comm is not None and gpu[2] > 0:
+            it = chains[gpu[0]][gpu[1]]
+            stretch = 1.0 + interference * it.comp / it.dur if it.dur > 0 else 1.0
+        t_gpu = float("inf")
+        if gpu is not None:
+            t_gpu = t + gpu[2] * stretch if gpu[2] > 0 else max(t, gpu[4])
+        t_comm = comm[2] if comm is not None else float("inf")
+        t_next = min(t_gpu, t_comm, *future) if future else min(t_gpu, t_comm)
+        if t_next == float("inf"):
+            break
+        if gpu is None and t_next > t:  # the compute stream idles: for the host, or the EP
+            waiting_host = any(left_gpu) and (
+                not queues[False] or issued[queues[False][0]]
+                + chains[queues[False][0][0]][queues[False][0][1]].host_first > t)
+            key = "host" if waiting_host else EP_DIM
+            exposed[key] = exposed.get(key, 0.0) + t_next - t
+        if gpu is not None:
+            if gpu[2] > 0:
+                done = (t_next - t) / stretch
+                gpu[2] = 0.0 if t_next == t_gpu else max(0.0, gpu[2] - done)
+                gpu[3] += t_next - t
+            else:  # its kernels wait for the host
+                exposed["host"] = exposed.get("host", 0.0) + t_next - t
+        t = t_next
+        if gpu is not None and gpu[2] <= 0 and t >= gpu[4]:
+            c, k, _, actual, _ = gpu
+            it = chains[c][k]
+            gpu_busy += actual
+            comp += actual - (it.dur - it.comp)
+            for dim, s in it.exposed:
+                exposed[dim] = exposed.get(dim, 0.0) + s
+            ends[c][k] = t
+            spans[c][it.seg][1] = t
+            left_gpu[c] -= 1
+            gpu = None
+        if comm is not None and t >= comm[2]:
+            c, k, _ = comm
+            ends[c][k] = t
+            spans[c][chains[c][k].seg][1] = t
+            comm = None
+    if pos < n or any(len(e) < len(ch) for e, ch in zip(ends, chains, strict=True)):
+        raise RuntimeError("combined step: an item never ran (the issue order breaks a chain)")
+
+    def segs(c: int) -> tuple[tuple[float, float], ...]:
+        return tuple((s, e) for _, (s, e) in sorted(spans[c].items()))
+
+    ex = tuple((k, v) for k, v in exposed.items() if v > 0.0)
+    return PairResult(t, comp, ex, segs(1), segs(0), h)
+
+
 class CombinedSteps:
     """The engine's combined 1F1B step (mixed into :class:`simulator.engine.sim.Engine`)."""
 
@@ -200,8 +478,21 @@ class CombinedSteps:
         bs = self._chunk_segments(p, b.chunk, "B")
         slow, i = self._slowdown(p), plan.interference
         ie = i if plan.ep_interference is None else plan.ep_interference
-        res = pair_schedule(chain_items(fs, slow, i), chain_items(bs, slow, i), ie)
         t0 = env.now
+        if plan.host is not None and plan.schedule_name not in ("dualpipe", "dualpipev"):
+            # Megatron-Core's combined 1F1B: one host issues both passes in its fixed order
+            key = (id(fs), id(bs), slow)
+            hit = self._pair_cache.get(key)
+            if hit is None:  # (keeps the segment lists alive, so their ids are not reused)
+                cf = host_chain_items(fs, slow, i, plan.host)
+                cb = host_chain_items(bs, slow, i, plan.host)
+                order = megatron_order(cf, cb, [s[1] for s in fs], [s[1] for s in bs])
+                hit = self._pair_cache[key] = (fs, bs, cf, cb, order)
+            _, _, cf, cb, order = hit
+            res = host_pair_schedule(cf, cb, order, ie, plan.host.sync_s, p.host_s - t0)
+            p.host_s = t0 + res.host_end
+        else:
+            res = pair_schedule(chain_items(fs, slow, i), chain_items(bs, slow, i), ie)
         for segs, spans, sign, mb in ((fs, res.fwd_segs, 1, f.microbatch),
                                       (bs, res.bwd_segs, -1, b.microbatch)):  # fmt: skip
             delta = act_delta(sign)

@@ -225,6 +225,7 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
         self._pending: dict[int, list[simpy.Event]] = defaultdict(list)
         self._ptime_cache: dict[tuple[int, float], tuple[float, float, float]] = {}
         self._host_cache: dict[tuple[int, float], tuple] = {}
+        self._pair_cache: dict[tuple[int, int, float], tuple] = {}  # combined steps with a host
         self._text_cache: dict[int, tuple] = {}  # id(program) -> (program, parts text)
         self._flops_cache: dict[int, tuple] = {}  # id(program) -> (program, FLOPs)
         #: executions of each program per process, and every collective run (for link accounting)

@@ -134,14 +134,13 @@ HYPOTHESES = {
         "the TP 4 row (same code version, main 1e057005); message sizes are not it (16 MiB a "
         "peer)"),
     "zoo-qwen3-235b-h100-bf16-256-cross-node-ep-1f1b-overlap": (
-        "combined 1F1B hides more of the exchange than the run gained (19.7 -> 17.6 s "
-        "measured, 17.2 -> 14.1 s predicted); Megatron-Core's fixed per-layer issue order "
-        "(communication stream: combine_bwd | dispatch_fwd, dispatch_bwd | combine_fwd; compute "
-        "stream: attention_fwd | mlp_bwd, mlp_wgrad, mlp_fwd | attention_bwd, "
-        "model_chunk_schedule_plan.py) hides as much here as the engine's pairing (6.37 against "
-        "6.28 ms a layer pair, checked), so that is not it; not modelled: the one host issuing "
-        "both micro-batches' kernels (priced per fused kernel at Megatron-Core's measured rate only "
-        "where a program runs alone)"),
+        "combined 1F1B as Megatron-Core issues it (model_chunk_schedule_plan.py: per layer pair "
+        "combine_bwd, attention_fwd, mlp_bwd, dispatch_fwd, dispatch_bwd, mlp_fwd, combine_fwd, "
+        "attention_bwd from one host; the residual add beside the combine on the communication "
+        "stream; DeepEP's count wait at the dispatch, the routing map's 5 synchronisations in "
+        "mlp_fwd): host-bound, 23.8 ms of host time against 20.1 ms of GPU work a 3-layer pair "
+        "(-15.0 -> -12.5 %); still fast: --delay-wgrad-compute (A2A_OVERLAP=1) not modelled, and "
+        "the host rate is a lower bound (Transformer Engine's Python not measured)"),
     "mbridge-25.09-deepseek-v3-h100": (
         "fast (-24 % with the MTP module and the recipe's layout, -31 % before; combined 1F1B "
         "hides about 4 s here, as on the ModelZoo overlap row more than the runs gain); DeepEP "
@@ -381,7 +380,7 @@ SOURCES = {
     },
     "qwen3-zoo-h100": {
         "summary": "Megatron-MoE-ModelZoo Qwen3-235B-A22B, 256 H100",
-        "note": "the A2A PP 32 row fast (-23 %, its loss stage sets the step), 1F1B overlap -15 %, TP 4 -10 %",
+        "note": "A2A PP 32 fast (-23 %: its loss stage sets the step), 1F1B overlap -12 % (host-bound pairs)",
         "prefix": "zoo-qwen3",
         "metric": "step_time_s",
         "tolerance": (0.35, 0.6),
