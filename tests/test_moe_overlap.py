@@ -248,3 +248,48 @@ def test_host_items_split_at_synchronisations_and_wait_where_megatron_waits():
     # host starts on mh2 (and mh2 + expert back to back after 1 s: 3.5)
     assert items[4].host_s == 2.0 and items[4].host_span == pytest.approx(4.0)
     assert items[0].host_span == pytest.approx(max(1 + 1.1, 2 + 0.1))
+
+
+def test_delayed_weight_gradients_leave_the_chain():
+    # --delay-wgrad-compute: the experts' weight gradients (b2w) issued after the forward
+    # dispatch, the attention's (b4w; the chunk's last backward layer) last; nothing waits
+    # for them. All 1 s, no host. comm: b0 [0,1] b1 [1,2] f1 [2,3] b3 [3,4] (after b2, not
+    # b2w) f3 [5,6] f4 [6,7]; compute: f0 [0,1] b2 [2,3] b2w [3,4] f2 [4,5] b4 [5,6] b4w [6,7]
+    f = _layer()
+    b = _layer()
+    b = [*b[:3], replace(b[2], dw=True), *b[3:], replace(b[4], dw=True)]
+    order = megatron_order(f, b, [0], [0])
+    assert [(c, k) for c, k, _ in order] == [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (0, 3),
+                                             (0, 4), (1, 2), (1, 3), (1, 4), (0, 5), (0, 6)]  # fmt: skip
+    r = host_pair_schedule(f, b, order, 0.0, 0.0)
+    assert r.total == pytest.approx(7.0)
+    assert r.bwd_segs == ((0.0, 6.0),)  # the pass's result is ready before b4w
+
+
+def test_host_items_split_out_weight_gradients_of_layers_only():
+    from simulator.engine.host import HostRates
+
+    layer = (Part("residual2", "compute", 0.1), Part("moe_combine", "comm", 1.0, dim="ep"),
+             Part("expert_fc2_dgrad", "compute", 1.0), Part("expert_fc2_wgrad", "compute", 1.0),
+             Part("expert_fc1_dgrad", "compute", 2.0), Part("expert_fc1_wgrad", "compute", 2.0),
+             Part("moe_dispatch", "comm", 1.0, dim="ep"), Part("attn", "compute", 3.0),
+             Part("qkv_wgrad", "compute", 0.5))  # fmt: skip
+    head = (Part("lm_head_dgrad", "compute", 4.0), Part("lm_head_wgrad", "compute", 4.0))
+    segs = [("head", -1, head), ("L0 bwd", 0, layer)]
+    items = host_chain_items(segs, 1.0, 0.0, HostRates(0.0, 0.0, 0.0), delay_wgrad=True)
+    assert [(x.seg, x.comm, x.dw, x.dur) for x in items] == [
+        (0, False, False, 8.0),  # the head is no layer node: its weight gradient stays
+        (1, False, False, 0.1), (1, True, False, 1.0), (1, False, False, 3.0),
+        (1, False, True, 3.0), (1, True, False, 1.0), (1, False, False, 3.0),
+        (1, False, True, 0.5),
+    ]  # fmt: skip
+    plain = host_chain_items(segs, 1.0, 0.0, HostRates(0.0, 0.0, 0.0))
+    assert not any(x.dw for x in plain) and len(plain) == 6
+
+
+def test_delayed_weight_gradients_need_the_combined_schedule(tmp_path, capsys):
+    work = {**WORK, "training": {**WORK["training"], "delay_wgrad_compute": True}}
+    p = write_case(tmp_path, work, small_topology(2, 8))
+    assert main(["run", str(p), "--json", "--no-files"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "training.delay_wgrad_compute" in err

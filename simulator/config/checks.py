@@ -352,6 +352,10 @@ def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
         raise fail("training.moe_dispatch_dtype",
                    f"fp8 sends the tokens quantised for FP8 expert GEMMs, but precision is "
                    f"{t.precision} (accepted: bf16; fp8 with precision fp8 or mxfp8)")
+    if t.delay_wgrad_compute and not t.overlap_moe_expert_parallel_comm:
+        raise fail("training.delay_wgrad_compute",
+                   "needs training.overlap_moe_expert_parallel_comm (Megatron-Core asserts it; "
+                   "accepted: false)")
     if t.overlap_moe_expert_parallel_comm:
         if m.moe is None:
             raise fail("training.overlap_moe_expert_parallel_comm",

@@ -560,6 +560,12 @@ class TrainingConfig(Frozen):
         description="Megatron-Core's switch: the EP all-to-all of one micro-batch overlaps "
         "the compute of another (combined 1F1B)",
     )
+    delay_wgrad_compute: Bool = Field(
+        False,
+        description="Megatron-Core's --delay-wgrad-compute (with combined 1F1B only): a "
+        "layer's expert and attention weight gradients are issued after the next node of the "
+        "pair, and nothing of the backward waits for them",
+    )
     moe_dispatch_dtype: Literal["bf16", "fp8"] = Field(
         "bf16",
         description="dtype of the tokens an MoE all-to-all sends to the experts (the forward "

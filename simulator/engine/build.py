@@ -917,6 +917,7 @@ class _Builder:
             pp_runtime=par.pp_runtime,
             torch_memory=torch_mem,
             ep_overlap=moe_sizes.ep_overlap(self.job.work),
+            delay_wgrad=moe_sizes.ep_overlap(self.job.work) and t.delay_wgrad_compute,
             straggler_scope=self.job.work.faults.straggler_scope,
             layers_of=self.layers_of,
             zero=par.zero,

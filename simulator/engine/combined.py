@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.engine.program import Part, Program, program_time
 from simulator.model.ops import HOST_SYNC
@@ -56,6 +56,7 @@ class Item:
     host_span: float = 0.0  # from its issue's start, the earliest the GPU can finish it
     wait: int = -1  # the host first waits for this item of its chain to finish (-1: none) ...
     syncs: int = 0  # ... and then spends ``syncs`` times the host's resume time
+    dw: bool = False  # delayed weight gradients: the chain's next item does not wait for it
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ COUNT_SYNC = "moe_counts_sync"
 
 
 def host_chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
-                     interference: float, rates) -> list[Item]:  # fmt: skip
+                     interference: float, rates, delay_wgrad: bool = False) -> list[Item]:  # fmt: skip
     """:func:`chain_items` with the host that issues each item (``rates``: a
     :class:`simulator.engine.host.HostRates`): the GPU work is split at each synchronisation
     (``HOST_SYNC`` part), and the item after it carries the wait: the host waits for the
@@ -199,19 +200,32 @@ def host_chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
     sizes to the host on a side stream in its preprocess and waits for that copy at the start
     of ``token_dispatch`` (``cuda_sync_point`` ``before_ep_alltoall``), after its
     permutation; DeepEP's dispatch waits on the host for its count exchange before it sends
-    (``megatron/core/transformer/moe/token_dispatcher.py``)."""
+    (``megatron/core/transformer/moe/token_dispatcher.py``).
+
+    ``delay_wgrad`` (Megatron-Core's ``--delay-wgrad-compute``): a layer's weight-gradient
+    kernels (``*_wgrad``) leave each piece of its backward for an item of their own after it
+    (``dw``), which the chain's next item does not wait for (``TransformerLayerNode.
+    backward_dw`` runs them on the compute stream outside the nodes' events)."""
     items: list[Item] = []
     wait, syncs = -1, 0  # a synchronisation the next item carries
-    for i, (_, _, prog) in enumerate(segs):
+    for i, (_, layer, prog) in enumerate(segs):
         n0 = len(items)
         run: list[Part] = []
         deferred: tuple[int, int] | None = None  # the count wait, for the EP dispatch
         for k, part in enumerate((*prog, None)):  # None: the end of the segment
             if part is None or part.kind == HOST_SYNC or _comm_stream(prog, k):
                 if run:
-                    items.append(_host_piece(i, tuple(run), slowdown, interference, rates,
-                                             wait, syncs))  # fmt: skip
-                    wait, syncs, run = -1, 0, []
+                    dw = [q for q in run if _wgrad(q)] if delay_wgrad and layer >= 0 else []
+                    main = tuple(q for q in run if not _wgrad(q)) if dw else tuple(run)
+                    if main:
+                        items.append(_host_piece(i, main, slowdown, interference, rates,
+                                                 wait, syncs))  # fmt: skip
+                        wait, syncs = -1, 0
+                    if dw:
+                        items.append(replace(_host_piece(i, tuple(dw), slowdown, interference,
+                                                         rates, wait, syncs), dw=True))
+                        wait, syncs = -1, 0
+                    run = []
             if part is None:
                 break
             if part.kind == HOST_SYNC:
@@ -236,6 +250,11 @@ def host_chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
             items.append(Item(i, False, 0.0, wait=wait, syncs=syncs))
             wait, syncs = -1, 0
     return items
+
+
+def _wgrad(part: Part) -> bool:
+    """Whether a part is a weight-gradient kernel (a GEMM's ``_wgrad``)."""
+    return part.kind != "comm" and part.name.endswith("_wgrad")
 
 
 def _host_piece(seg: int, piece: tuple[Part, ...], slowdown: float, interference: float,
@@ -301,10 +320,15 @@ def megatron_order(fwd: Sequence[Item], bwd: Sequence[Item], f_layers: Sequence[
     fpre, fmid, fpost = units(f_layers)
     bpre, bmid, bpost = units(b_layers)
     order: list[tuple[int, int, bool]] = []
+    # delayed weight gradients (``dw`` items): the experts' after the forward dispatch, the
+    # attention's after the attention's backward, but the chunk's last backward layer's, which
+    # waits for the pipeline's sends (``is_last_layer_in_bwd``)
+    tail = [k for k in _groups(bwd, bmid[-1])[4] if bwd[k].dw] if bmid else []
 
     def whole(c: int, items: Sequence[Item], us: list[list[int]]) -> None:
         for u in us:
-            order.extend((c, k, items[k].comm) for k, it in enumerate(items) if it.seg in u)
+            order.extend((c, k, items[k].comm) for k, it in enumerate(items)
+                         if it.seg in u and not (c == 0 and k in tail))  # fmt: skip
 
     whole(1, fwd, fpre)
     whole(0, bwd, bpre)
@@ -312,16 +336,19 @@ def megatron_order(fwd: Sequence[Item], bwd: Sequence[Item], f_layers: Sequence[
         f, b = _groups(fwd, fu), _groups(bwd, bu)
         f_bda = bool(f[3])  # the layer has a combine: its residual add runs beside it
         b_bda = bool(b[1])
+        b2 = [k for k in b[2] if not bwd[k].dw]
+        b2w = [k for k in b[2] if bwd[k].dw]
+        b4 = [k for k in b[4] if not bwd[k].dw or k not in tail]
         for c, g, bda in ((0, b[0], b_bda), (0, b[1], False), (1, f[0], False),
-                          (0, b[2], False), (1, f[1], False), (0, b[3], False),
+                          (0, b2, False), (1, f[1], False), (0, b2w, False), (0, b[3], False),
                           (1, f[2], False), (1, f[3], False), (1, f[4], f_bda),
-                          (0, b[4], False)):  # fmt: skip
-            items = bwd if c == 0 else fwd
-            order.extend((c, k, items[k].comm or (bda and items[k].seg == (bu if c == 0 else fu)[-1]))
-                         for k in g)
+                          (0, b4, False)):  # fmt: skip
+            items, last = (bwd, bu[-1]) if c == 0 else (fwd, fu[-1])
+            order.extend((c, k, items[k].comm or (bda and items[k].seg == last)) for k in g)
     n = min(len(fmid), len(bmid))
     whole(0, bwd, bmid[n:])
     whole(1, fwd, fmid[n:])
+    order.extend((0, k, False) for k in tail)
     whole(1, fwd, fpost)
     whole(0, bwd, bpost)
     return order
@@ -381,7 +408,10 @@ def host_pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item],
             return None
         c, k = queues[stream][0]
         it = chains[c][k]
-        prev = ends[c].get(k - 1, None) if k > 0 else 0.0
+        j = k - 1
+        while j >= 0 and chains[c][j].dw:  # nothing waits for delayed weight gradients
+            j -= 1
+        prev = ends[c].get(j, None) if j >= 0 else 0.0
         if prev is None:
             return None
         return max(prev, issued[(c, k)] + it.host_first)
@@ -436,7 +466,8 @@ def host_pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item],
             for dim, s in it.exposed:
                 exposed[dim] = exposed.get(dim, 0.0) + s
             ends[c][k] = t
-            spans[c][it.seg][1] = t
+            if not it.dw:  # (the pass's result does not wait for them either)
+                spans[c][it.seg][1] = t
             left_gpu[c] -= 1
             gpu = None
         if comm is not None and t >= comm[2]:
@@ -485,7 +516,7 @@ class CombinedSteps:
             hit = self._pair_cache.get(key)
             if hit is None:  # (keeps the segment lists alive, so their ids are not reused)
                 cf = host_chain_items(fs, slow, i, plan.host)
-                cb = host_chain_items(bs, slow, i, plan.host)
+                cb = host_chain_items(bs, slow, i, plan.host, plan.delay_wgrad)
                 order = megatron_order(cf, cb, [s[1] for s in fs], [s[1] for s in bs])
                 hit = self._pair_cache[key] = (fs, bs, cf, cb, order)
             _, _, cf, cb, order = hit

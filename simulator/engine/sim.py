@@ -160,6 +160,8 @@ class StepPlan:
     #: each steady-state forward run beside the backward of another micro-batch
     #: (:mod:`simulator.engine.combined`)
     ep_overlap: bool = False
+    #: with it, ``training.delay_wgrad_compute``: a layer's weight gradients off the chain
+    delay_wgrad: bool = False
     #: parallelism.pp_runtime: "torch" plays torch.distributed.pipelining's interleaved
     #: runtime's P2P stream (simulator/engine/torch_sends.py)
     pp_runtime: str = "megatron"
