@@ -126,13 +126,14 @@ HYPOTHESES = {
         "or a larger micro-batch); Megatron-Core's own rate per kernel is priced (gpus.yaml "
         "host_fused_op_s), Transformer Engine's Python is not measured"),
     "zoo-qwen3-235b-h100-bf16-256-intra-node-ep-a2a-pp32": (
-        "gap not explained (-27 %): 15.8 ms a layer and micro-batch measured against 13.1 ms "
-        "on the cross-node DeepEP row with the same 2,048 tokens a rank, although its EP 8 "
-        "all-to-all stays on NVLink and the bubble is 2 % (31 / (3 x 512)); one layer a virtual "
-        "stage, so a pipeline send and receive and the schedule's Python per layer, and the "
-        "alltoall dispatcher's count synchronisation every layer; hypothesis: the host, as for "
-        "the TP 4 row (same code version, main 1e057005); message sizes are not it (16 MiB a "
-        "peer)"),
+        "gap not explained (-23 %): one layer a virtual stage ([0, 1 x 94, 0]: the embedding and "
+        "the loss a stage each); the loss rank (2 layers + 17.1 ms of head and loss a "
+        "micro-batch) sets the step at 35.6 ms a micro-batch against 47.3 measured, so each "
+        "layer would take about 15 ms instead of 9.25 (on a 3-layer rank as well): the gap is "
+        "per layer, not the layout (bubble 2 %, 31 / (3 x 512); the 16 MiB pipeline sends over "
+        "InfiniBand hidden but 0.25 s); hypothesis: the host, as for the TP 4 row (same code "
+        "version, main 1e057005), and the alltoall dispatcher's own bookkeeping (six count "
+        "kernels, four copies, the probabilities' second all-to-all) not priced"),
     "zoo-qwen3-235b-h100-bf16-256-cross-node-ep-1f1b-overlap": (
         "combined 1F1B as Megatron-Core issues it (model_chunk_schedule_plan.py: per layer pair "
         "combine_bwd, attention_fwd, mlp_bwd, dispatch_fwd, dispatch_bwd, mlp_fwd, combine_fwd, "
