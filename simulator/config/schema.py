@@ -127,6 +127,13 @@ class MoEConfig(Frozen):
     capacity_factor: PositiveFloat | None = Field(
         None, description="null: dropless; a number: tokens above that capacity are dropped"
     )
+    pad_to_capacity: Bool = Field(
+        False,
+        description="with capacity_factor: every expert computes exactly its capacity, the "
+        "rows it was not sent padded (Megatron-Core's --moe-pad-expert-input-to-capacity, "
+        "what NeMo 2.x's MegatronTokenDropCallback sets): fixed shapes, so the token counts "
+        "are neither exchanged nor read on the host",
+    )
     router: Literal["softmax", "sigmoid"] = Field(
         "softmax", description="softmax top-k (Mixtral, Qwen) or sigmoid scores (DeepSeek-V3)"
     )
@@ -139,6 +146,8 @@ class MoEConfig(Frozen):
 
     @model_validator(mode="after")
     def _routing(self) -> MoEConfig:
+        if self.pad_to_capacity and self.capacity_factor is None:
+            raise ValueError("pad_to_capacity needs a capacity_factor (it pads to capacity)")
         if self.top_k > self.experts:
             raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}")
         if self.experts % self.router_groups:
@@ -499,6 +508,16 @@ class TrainingConfig(Frozen):
         "Megatron-Core's PyTorch router, one kernel per tensor operation (about 17 forward, "
         "7 backward, and an all-reduce of the tokens per expert over TP), as code before "
         "that flag ran",
+    )
+    moe_permute_fusion: Bool = Field(
+        True,
+        description="fused MoE code: the token permutation before the dispatch and its "
+        "inverse after the combine (with the routing weights) as Transformer Engine's fused "
+        "kernels (Megatron-Core's --moe-permute-fusion); false: Megatron-Core's PyTorch "
+        "permute / unpermute (index_select by an index from masked_select, or by a stable "
+        "argsort with pad_to_capacity; a multiply by the weights, a zero output and a "
+        "scatter_add_; the dropless index reads its size on the host), as NeMo 2.x ran "
+        "Mixtral (the flag's default is off)",
     )
     moe_multihot_fusion: Bool = Field(
         True,

@@ -429,6 +429,9 @@ class MoELocal:
     #: standard deviation of each expert's copies from micro-batch to micro-batch (random
     #: routes; 0: the counts are exact)
     expert_spread: float = 0.0
+    #: with ``model.moe.pad_to_capacity``: the rows each rank sends every expert (its
+    #: capacity of that rank's tokens); 0: not padded
+    pad_capacity: int = 0
 
     @property
     def uniform(self) -> bool:
@@ -573,6 +576,19 @@ def moe_local(
     if moe.capacity_factor is not None:
         cap = moe.capacity_factor * N / E
         kept = [min(x, cap) for x in kept]
+    dropped = 1.0 - sum(kept) / N if N and moe.capacity_factor is not None else 0.0
+    if moe.pad_to_capacity:
+        # Megatron-Core's drop-and-pad: each rank sends every expert exactly its capacity of
+        # that rank's tokens (moe_utils.get_capacity: ceil(tokens top_k / experts x factor)),
+        # padded where fewer were routed, so every expert computes the same rows
+        pad = math.ceil(tokens * k / E * moe.capacity_factor)
+        kept = [float(ep * etp * pad)] * E
+        return MoELocal(
+            tokens=tokens, local_experts=E // ep, ffn=moe.ffn_hidden // etp,
+            expert_tokens=tuple(kept[: E // ep]), sent=pad * E * (ep - 1) / ep,
+            received=pad * E * (ep - 1) / ep, imbalance=1.0, dropped=dropped,
+            busiest_share=1.0 / ep, pad_capacity=pad,
+        )  # fmt: skip
     per = E // ep
     rank_load = [sum(kept[r * per : (r + 1) * per]) for r in range(ep)]
     busiest = max(range(ep), key=lambda r: (rank_load[r], -r))
@@ -588,7 +604,7 @@ def moe_local(
         sent=tokens * k * (ep - 1) / ep,
         received=tokens * k * (ep - 1) * share_busiest,
         imbalance=rank_load[busiest] / mean if mean else 1.0,
-        dropped=1.0 - sum(kept) / N if N and moe.capacity_factor is not None else 0.0,
+        dropped=dropped,
         busiest_share=share_busiest,
         expert_spread=math.sqrt(ep * etp * tokens * (k / E) * (1 - k / E)) if load == RANDOM
         else 0.0,
@@ -719,6 +735,97 @@ def _expert_ops(model: ModelConfig, loc: MoELocal, d: int, grouped: bool) -> lis
     return ops
 
 
+def permute_kernels(training: TrainingConfig) -> str:
+    """How a fused MoE layer with the alltoall dispatcher permutes its tokens: ``fused``
+    (Transformer Engine's permute / unpermute kernels, Megatron-Core's
+    ``--moe-permute-fusion``) or ``unfused`` (its PyTorch ``permute`` / ``unpermute``,
+    :func:`_unfused_permute_ops`, the flag's default off). Other dispatchers and eager code:
+    ``fused`` (their own permutation ops)."""
+    if training.moe_permute_fusion or training.kernels != "fused" \
+            or training.moe_dispatcher != "alltoall":
+        return "fused"
+    return "unfused"
+
+
+def _sent_rows(loc: MoELocal, E: int, k: int, dispatcher: str) -> float:
+    """The token copies a rank's permutation writes and its exchange sends (fused code):
+    every expert's capacity with ``pad_to_capacity`` (alltoall dispatcher), else ``t k``."""
+    if loc.pad_capacity > 0 and dispatcher == "alltoall":
+        return float(loc.pad_capacity * E)
+    return float(loc.tokens * k)
+
+
+def _unfused_permute_ops(t: int, E: int, R: float, h: int, d: int, pad: bool) -> list[Op]:
+    """Megatron-Core's PyTorch ``permute`` (``moe_utils.py``, core_v0.11.0-0.12, what NeMo
+    2.2 / 2.3 ran with ``moe_permute_fusion`` off) of a rank's ``t`` tokens into ``R`` rows
+    for ``E`` experts, one op per kernel: with ``pad`` (drop and pad) the ``[t, E]`` routing
+    map cast to int8 and transposed, a stable descending ``argsort`` of each expert's row
+    (int8 keys, an int64 index written, read and written once more) and the first
+    ``capacity`` columns copied; dropless the map transposed, an ``arange`` of the tokens and
+    ``masked_select`` of the expanded index (its output size read on the host: the sync
+    before the dispatch, :func:`simulator.model.moe_layer._sync_at`); then
+    ``tokens.index_select`` (reads ``R`` rows, writes ``R``)."""
+    m = t * E
+    if pad:
+        ops = [mem_op("permute_map_int8", "moe", 2 * m), mem_op("permute_map_t", "moe", 2 * m),
+               mem_op("permute_argsort", "moe", m * (I64 + 2 * (1 + I64))),
+               mem_op("permute_index_slice", "moe", 2 * R * I64)]
+    else:
+        ops = [mem_op("permute_map_t", "moe", 2 * m), mem_op("permute_arange", "moe", t * I64),
+               mem_op("permute_masked_select", "moe", m * (I64 + 1) + R * I64)]
+    return ops + [mem_op("permute_gather", "moe", 2 * R * h * d + R * I64)]
+
+
+def _unfused_unpermute_ops(t: int, E: int, R: float, h: int, d: int, pad: bool) -> list[Op]:
+    """Megatron-Core's PyTorch ``unpermute`` with the routing weights (core_v0.11.0-0.12):
+    the ``[t, E]`` weights transposed and gathered into the rows' order (with ``pad`` by an
+    index ``expert x t + token``, an int64 multiply and add; dropless by ``masked_select`` of
+    the transposed map, which reads its size on the host: ``moe_unpermute_sync`` before it),
+    the rows scaled by them (``permuted_tokens * probs``), a zero ``[t, h]`` output and
+    ``scatter_add_`` of the ``R`` rows into it (reads them, and an atomic read-modify-write
+    of an output row per row added)."""
+    m = t * E
+    ops = [mem_op("unpermute_probs_t", "moe", 2 * m * d)]
+    if pad:
+        ops += [mem_op("unpermute_index_mul", "moe", 2 * R * I64),
+                mem_op("unpermute_index_add", "moe", 3 * R * I64),
+                mem_op("unpermute_probs_gather", "moe", R * (I64 + 2 * d))]
+    else:
+        ops += [mem_op("unpermute_map_t", "moe", 2 * m),
+                Op("moe_unpermute_sync", HOST_SYNC, "moe"),
+                mem_op("unpermute_masked_select", "moe", m * (d + 1) + R * d)]
+    return ops + [
+        mem_op("unpermute_scale", "moe", 2 * R * h * d + R * d),
+        mem_op("unpermute_zeros", "moe", t * h * d),
+        mem_op("unpermute_scatter_add", "moe", 3 * R * h * d + R * I64),
+    ]
+
+
+def _unfused_permute_backward(name: str, t: int, E: int, R: float, h: int, d: int
+                              ) -> list[Op]:
+    """The backward of the PyTorch permutation's kernels that carry a gradient: the
+    ``scatter_add_``'s is a ``gather`` of the output gradient's rows (``R`` rows read and
+    written); the scaling's, autograd's ``MulBackward0``, the rows' gradient (the output
+    gradient times the weights) and the weights' (the output gradient times the rows, then
+    summed over ``h``: a ``[R, h]`` product written and read back); the weights' gather and
+    transpose small copies; ``index_select``'s, a zero ``[t, h]`` gradient and ``index_add_``
+    of the ``R`` rows' gradients into it (atomic read-modify-writes)."""
+    if name == "unpermute_scatter_add":
+        return [mem_op(name, "moe", 2 * R * h * d + R * I64, True)]
+    if name == "unpermute_scale":
+        return [mem_op("unpermute_scale_dx", "moe", 2 * R * h * d + R * d, True),
+                mem_op("unpermute_scale_dprobs", "moe", 3 * R * h * d, True),
+                mem_op("unpermute_scale_dprobs_sum", "moe", R * h * d + R * d, True)]
+    if name in ("unpermute_probs_gather", "unpermute_masked_select"):
+        return [mem_op(name, "moe", R * (I64 + 2 * d), True)]
+    if name == "unpermute_probs_t":
+        return [mem_op(name, "moe", 2 * t * E * d, True)]
+    if name == "permute_gather":
+        return [mem_op("permute_gather_zeros", "moe", t * h * d, True),
+                mem_op("permute_gather_index_add", "moe", 3 * R * h * d + R * I64, True)]
+    return []
+
+
 def moe_forward_ops(
     model: ModelConfig,
     loc: MoELocal,
@@ -733,6 +840,7 @@ def moe_forward_ops(
     router: str = "fused",
     multihot: str = "fused",
     regroup: str = "aranges",
+    permute_kind: str = "fused",
 ) -> list[Op | Comm]:
     """Kernels and collectives of one MoE block's forward on the busiest EP rank, after the
     attention's residual add: ``norm2, router, router_topk, permute, [count exchange,
@@ -744,7 +852,10 @@ def moe_forward_ops(
     ``router``: :func:`router_kernels` (fused code only; eager code keeps its one kernel).
     ``multihot``: :func:`multihot_kernels` (fused DeepEP only). ``regroup`` (eager code,
     ``training.moe_regroup``): how the received copies are arranged for the local experts
-    (:func:`_eager_regroup_ops`)."""
+    (:func:`_eager_regroup_ops`). ``permute_kind``: :func:`permute_kernels` (the alltoall
+    dispatcher of fused code). With ``model.moe.pad_to_capacity`` each rank sends every expert
+    its capacity (``loc.pad_capacity`` rows) and fused code exchanges no counts (Megatron-Core's
+    alltoall dispatcher knows them: ``preprocess`` returns before its count gather)."""
     moe, h = model.moe, model.hidden
     q = d if dispatch_bytes is None else dispatch_bytes
     t, k, E = loc.tokens, moe.top_k, moe.experts
@@ -754,6 +865,7 @@ def moe_forward_ops(
     # once per destination node (its traffic: simulator.model.moe_routing); nbytes counts the
     # rank's tokens, the collective's split their destinations
     a2a, copies = (DEEPEP, 1) if dispatcher == DEEPEP else ("all_to_all", k)
+    t_rows = t  # tokens whose copies the exchange carries (padded: the capacities' rows / k)
     ops: list[Op | Comm] = [
         mem_op("norm2", "moe", 2 * t * h * d),
         gemm_op("router", "moe", t, h, E, d),
@@ -775,8 +887,15 @@ def moe_forward_ops(
         # the combine; Megatron-Core's alltoall dispatcher exchanges the counts before it
         # permutes (its ``preprocess``), eager code permutes first (benchmarks/device/steps.py)
         fused_deepep = grouped and dispatcher == DEEPEP
-        permute = [] if fused_deepep else [mem_op("permute", "moe", (1 + k) * t * h * d)]
-        counts = [Comm("moe_counts", "all_to_all", "ep", ep * (E // ep) * 8.0)] if ep > 1 else []
+        padded = grouped and loc.pad_capacity > 0 and dispatcher == "alltoall"
+        if padded:  # the rows a rank sends: every expert's capacity
+            t_rows = _sent_rows(loc, E, k, dispatcher) / copies
+        if grouped and permute_kind == "unfused" and not fused_deepep:
+            permute = _unfused_permute_ops(t, E, t_rows * copies, h, d, padded)
+        else:
+            permute = [] if fused_deepep else [mem_op("permute", "moe", (1 + k) * t * h * d)]
+        counts = [Comm("moe_counts", "all_to_all", "ep", ep * (E // ep) * 8.0)] \
+            if ep > 1 and not padded else []
         before, after = [], []
         if fused_deepep and ep > 1:
             before, after = _deepep_routing_ops(
@@ -784,7 +903,7 @@ def moe_forward_ops(
                 multihot)
         ops += [*before, *counts, *permute] if grouped else [*permute, *counts]
         if ep > 1:
-            ops.append(Comm("moe_dispatch", a2a, "ep", t * copies * h * q, None if loc.uniform else loc.busiest_share))
+            ops.append(Comm("moe_dispatch", a2a, "ep", t_rows * copies * h * q, None if loc.uniform else loc.busiest_share))
         ops += after
         if etp > 1:
             ops.append(Comm("moe_etp_gather", "all_gather", "etp", R * h * q))
@@ -808,8 +927,10 @@ def moe_forward_ops(
         if ep > 1 and (loc.local_experts > 1 or fused_deepep) and (grouped or regroup != "concat"):
             ops.append(mem_op("unsort_chunks", "moe", 2 * R_ep * h * d))
         if ep > 1:
-            ops.append(Comm("moe_combine", a2a, "ep", t * copies * h * d, None if loc.uniform else loc.busiest_share))
-        if grouped and not fused_deepep:
+            ops.append(Comm("moe_combine", a2a, "ep", t_rows * copies * h * d, None if loc.uniform else loc.busiest_share))
+        if grouped and not fused_deepep and permute_kind == "unfused":
+            ops += _unfused_unpermute_ops(t, E, t_rows * copies, h, d, padded)
+        elif grouped and not fused_deepep:
             ops.append(mem_op("unpermute", "moe", (k * t * h + t * h) * d + t * k * FP32))
         elif not grouped:
             ops += _eager_combine_ops(t, k, h, d)
@@ -916,6 +1037,7 @@ def moe_backward_ops(
     router: str = "fused",
     multihot: str = "fused",
     regroup: str = "aranges",
+    permute_kind: str = "fused",
 ) -> list[Op | Comm]:
     """The forward reversed: each GEMM's dgrad and wgrad, every collective's conjugate (an
     all-to-all stays an all-to-all with the gradients, an all-gather becomes a reduce-scatter
@@ -933,7 +1055,7 @@ def moe_backward_ops(
     expert with ``regroup`` ``concat``)."""
     fwd = moe_forward_ops(
         model, loc, tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=grouped,
-        router=router, multihot=multihot, regroup=regroup,
+        router=router, multihot=multihot, regroup=regroup, permute_kind=permute_kind,
     )
     h, f = model.hidden, loc.ffn
     fc1_out = 2 * f if model.activation == "swiglu" else f
@@ -987,6 +1109,9 @@ def moe_backward_ops(
                                       loc.local_experts, sum(loc.expert_tokens) / etp, what)
         elif op.name.startswith("multihot_"):
             continue  # the map is boolean, the indices integers: no gradient
+        elif op.name.startswith(("permute_", "unpermute_")):  # PyTorch's permutation
+            rows = _sent_rows(loc, model.moe.experts, model.moe.top_k, dispatcher)
+            out += _unfused_permute_backward(op.name, loc.tokens, model.moe.experts, rows, h, d)
         elif op.name in NO_BACKWARD or op.name.startswith(NO_BACKWARD_PREFIXES):
             continue
         elif op.name in ("permute", "unpermute", "sort_chunks", "unsort_chunks"):

@@ -128,7 +128,8 @@ def layer_settings(training, ep: int, etp: int) -> dict:
                 wgrad_acc_bytes=moe.expert_wgrad_acc_bytes(training),
                 router=moe.router_kernels(training),
                 multihot=moe.multihot_kernels(training),
-                regroup=training.moe_regroup)  # fmt: skip
+                regroup=training.moe_regroup,
+                permute_kind=moe.permute_kernels(training))  # fmt: skip
 
 
 def layer_ops(
@@ -156,13 +157,15 @@ def layer_ops(
     router: str = "fused",
     multihot: str = "fused",
     regroup: str = "aranges",
+    permute_kind: str = "fused",
 ) -> list[Op]:
     """One layer's forward (or backward) on one rank of an MoE and/or MLA model: kernels and
     collectives over ``tp``, ``cp``, ``ep`` and ``etp`` (module docstring);
     ``wgrad_acc_bytes``: the grouped experts' wgrads add into ``main_grad`` buffers of that
     many bytes an element (:func:`simulator.model.moe.expert_wgrad_acc_bytes`); ``router``
     which router kernels run (:func:`simulator.model.moe.router_kernels`); ``regroup`` how
-    eager code arranges the received copies for its experts (``training.moe_regroup``)."""
+    eager code arranges the received copies for its experts (``training.moe_regroup``);
+    ``permute_kind`` how fused code permutes (:func:`simulator.model.moe.permute_kernels`)."""
     b, sp, d = micro_batch, sequence_parallel, precision_bytes
     local = mc.cp_local(model, cp)
     # the dense layer with its TP/CP collectives: its attention and MLP halves are reused
@@ -186,19 +189,19 @@ def layer_ops(
         res2 = [op for op in mlp if op.name.startswith("residual2")]
         body = _moe_body(local, b, tp, d, backward, kernels, param_dtype, ep, etp,
                          expert_load, dispatcher, dispatch_bytes, wgrad_acc_bytes,
-                         router, multihot, regroup)  # fmt: skip
+                         router, multihot, regroup, permute_kind)  # fmt: skip
         mlp = [*res2, *body, *norm2] if backward else [*norm2, *body, *res2]
     return [*mlp, *att] if backward else [*att, *mlp]
 
 
 def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, dispatcher,
               dispatch_bytes=None, wgrad_acc_bytes=0, router="fused",
-              multihot="fused", regroup="aranges") -> list[Op]:  # fmt: skip
+              multihot="fused", regroup="aranges", permute_kind="fused") -> list[Op]:  # fmt: skip
     """The MoE block between norm2 and residual2, its collectives as comm ops."""
     loc = moe.moe_local(model, b, tp, 1, ep, etp, load)
     kw = dict(tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=kernels == "fused",
               dispatch_bytes=dispatch_bytes, router=router, multihot=multihot,
-              regroup=regroup)  # fmt: skip
+              regroup=regroup, permute_kind=permute_kind)  # fmt: skip
     if backward:
         block = moe.moe_backward_ops(model, loc, wgrad_acc_bytes=wgrad_acc_bytes, **kw)
     else:
@@ -215,7 +218,11 @@ def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, di
     elif param_dtype == "fp32":
         casts = _expert_weight_casts(model, loc, d, backward)
         body = [*body, *casts] if backward else [*casts, *body]
-    if not backward:
+    # drop-and-pad (fused code, alltoall dispatcher): every split is the capacity, known
+    # before the step, so Megatron-Core never reads the counts on the host
+    # (token_dispatcher.py preprocess: cuda_sync_point "no_sync")
+    padded = kernels == "fused" and model.moe.pad_to_capacity and dispatcher == "alltoall"
+    if not backward and not padded:
         body.insert(_sync_at(body, kernels), Op("moe_counts_sync", HOST_SYNC, "moe"))
         if kernels == "eager" and ep > 1:
             # torch.bincount of the copies' expert ids (every eager script counts them so)
