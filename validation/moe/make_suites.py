@@ -57,7 +57,9 @@ MBRIDGE_RECIPES = {
         "has the table's layout (TP 1, PP 4, VP 4, EP 64; GBS 2,048 against the table's 4,096) "
         "and runs HybridEP without all-to-all overlap, recompute_modules [mla_up_proj] (which "
         "the row needs to fit: 181.9 GiB predicted without it, 147.9 with it, of 173.2) and CUDA "
-        "graphs of the router and the preprocess (not modelled)",
+        "graphs of the router and the preprocess (not modelled); no layout passed, so the "
+        "recipe's (PP 4, VP 4) one: the embedding and 4 layers, 4 a virtual stage, the last "
+        "1 layer and the loss (recipes/deepseek/deepseek_v3.py)",
     ),
     # The 25.11 scripts (Megatron-Bridge v0.2.0, 7af9601c9, 2025-11-26, and 1804c076f) have
     # no preset with these rows' layouts (their GB200 / GB300 presets are 64-GPU Qwen3 and
@@ -88,20 +90,40 @@ MBRIDGE_RECIPES = {
     # which adds MegatronTokenDropCallback (capacity factor 1.0, pad to capacity); the router
     # ran Megatron-Core's PyTorch code (no router fusion before c08d89bea0, 2025-08-17).
     "nemo-docs-": (
-        {"model.moe.capacity_factor": 1.0, "moe_routing": "balanced", "moe_router_fusion": False},
+        {"model.moe.capacity_factor": 1.0, "model.moe.pad_to_capacity": True,
+         "moe_routing": "balanced", "moe_router_fusion": False, "moe_permute_fusion": False,
+         "fp8_param_gather": True},
         "NVIDIA/NeMo scripts/llm/performance/pretrain_mixtral_*.py at v2.2.0 (7192a2c944, "
         "25.02) and scripts/performance/llm/ at v2.3.0 (2b03b748bb, 25.04): "
         "pretrain_recipe(performance_mode=True) (nemo/collections/llm/recipes/mixtral_8x*.py) "
         "adds MegatronTokenDropCallback: moe_expert_capacity_factor 1.0 with "
-        "moe_pad_expert_input_to_capacity, so every expert computes exactly its share "
-        "(model.moe.capacity_factor 1.0, moe_routing balanced); MixtralConfig: alltoall "
-        "dispatcher, aux-loss router, no moe_permute_fusion or moe_grouped_gemm (Megatron-Core "
-        "defaults off: PyTorch permutation, not modelled; one expert a rank), no router fusion "
-        "(moe_router_fusion false: Megatron-Core had none before 2025-08); DDP overlapped "
+        "moe_pad_expert_input_to_capacity, so every expert computes exactly its capacity and "
+        "no count is exchanged or read on the host (model.moe.capacity_factor 1.0, "
+        "pad_to_capacity); MixtralConfig: alltoall dispatcher, aux-loss router, no "
+        "moe_permute_fusion or moe_grouped_gemm (Megatron-Core defaults off: its PyTorch "
+        "permutation, training.moe_permute_fusion false; one expert a rank), no router fusion "
+        "(moe_router_fusion false: Megatron-Core had none before 2025-08); FP8 weights "
+        "gathered in FP8 (the scripts' FP8 plugins, recipes/precision/mixed_precision.py: "
+        "bf16_with_fp8_mixed fp8_params True in v2.2, fp8_param_gather True in every v2.3 FP8 "
+        "plugin: training.fp8_param_gather); DDP overlapped "
         "reduce-scatter and all-gather, bf16 gradient reduction, no recompute (as the rule); "
         "25.04 model_configs_gb200.csv: CUDA graphs for 8x7B",
     ),
 }  # fmt: skip
+
+#: DeepSeek-V3's pipeline layout by (PP, VP) when the performance script passes none
+#: (Megatron-Bridge src/megatron/bridge/recipes/deepseek/deepseek_v3.py, the same map at
+#: cac49dcd7 (25.09), v0.2.0 7af9601c9 and 1804c076f (25.11)): the embedding with the first
+#: stage's layers, the MTP module and the loss with the last's; as parallelism.stage_layers
+#: (decoder layers per virtual stage). Rows of another (PP, VP) keep the rule.
+MBRIDGE_DSV3_LAYOUTS = {
+    (4, 1): [16, 16, 16, 13],
+    (8, 1): [8] * 7 + [5],
+    (4, 2): [8] * 7 + [5],
+    (16, 1): [4] * 15 + [1],
+    (8, 2): [4] * 15 + [1],
+    (4, 4): [4] * 15 + [1],
+}
 
 #: Pipeline layouts the recipes of MBRIDGE_RECIPES set (Megatron-Core's
 #: --pipeline-model-parallel-layout: E embedding, t a layer, m the MTP module, L the loss, |
@@ -154,8 +176,10 @@ HYPOTHESES = {
         "2,048, recompute moe_act, attention in CUDA graphs) is not the table's PP 2, EP 32, "
         "GBS 4,096, so that row takes only its HybridEP"),
     "nemo-docs": (
-        "Blackwell FP8 GEMM efficiency is derived from B200's bf16 MAMF, not measured (the "
-        "dense Blackwell FP8 rows are -9 % too)"),
+        "Blackwell FP8 GEMM efficiency is derived from B200's FP8 MAMF and H100's measured "
+        "eta, not measured (the dense Blackwell FP8 rows are -9 % too); the 8x7B GB200 row, "
+        "which is compute-bound here (0.06 s of exchange and gathers exposed), runs 1.2x the "
+        "modelled compute"),
 }
 
 
@@ -258,6 +282,9 @@ def _case(row: dict, rules: dict) -> dict | None:
     modules = rules.get("recompute_modules", lambda p: None)(p)
     if modules:
         work["training"].update(recompute="selective", recompute_modules=modules)
+    if row["name"].startswith("mbridge-") and "deepseek-v3" in row["name"] \
+            and (pp, vpp) in MBRIDGE_DSV3_LAYOUTS:
+        work["parallelism"]["stage_layers"] = MBRIDGE_DSV3_LAYOUTS[(pp, vpp)]
     for prefix, layout in MBRIDGE_LAYOUTS.items():
         if row["name"].startswith(prefix):
             work["parallelism"]["stage_layers"] = layout
@@ -442,7 +469,7 @@ SOURCES = {
     },
     "nemo-mbridge-moe": {
         "summary": "NeMo / Megatron-Bridge MoE rows on H100, B200, GB200, GB300",
-        "note": "8 of 9 rows fast (Mixtral FP8 on Blackwell -9 to -27 %); Blackwell GEMM rates derived, not measured",
+        "note": "8 of 9 rows fast (Mixtral FP8 on Blackwell -17 to -28 %); Blackwell GEMM rates derived, not measured",
         "prefix": ("nemo-", "mbridge-"),
         "min_cases": 3,
         "metric": "step_time_s",
@@ -478,7 +505,8 @@ SOURCES = {
             "DeepSeek-V3 as the rows' model (MLA, 1 shared + 256 routed experts, first 3 "
             "layers dense); the H100 row with its multi-token-prediction module (MTP depth 1: "
             "model.mtp_depth) and its recipe's pipeline layout Et|(tt|)*30mL, the MTP and "
-            "the loss alone on the last virtual stage.",
+            "the loss alone on the last virtual stage; Megatron-Bridge DeepSeek-V3 rows of a "
+            "(PP, VP) the recipe maps take its layout (MBRIDGE_DSV3_LAYOUTS).",
         ],
         "recompute": lambda p: "none",
         "training": {"fp8_recipe": "current", "grad_reduce_dtype": "bf16", "moe_routing": "random",
