@@ -91,17 +91,18 @@ MBRIDGE_RECIPES = {
     # ran Megatron-Core's PyTorch code (no router fusion before c08d89bea0, 2025-08-17).
     "nemo-docs-": (
         {"model.moe.capacity_factor": 1.0, "model.moe.pad_to_capacity": True,
-         "moe_routing": "balanced", "moe_router_fusion": False, "moe_permute_fusion": False,
-         "fp8_param_gather": True},
+         "moe_routing": "balanced", "moe_router_fusion": False, "fp8_param_gather": True},
         "NVIDIA/NeMo scripts/llm/performance/pretrain_mixtral_*.py at v2.2.0 (7192a2c944, "
         "25.02) and scripts/performance/llm/ at v2.3.0 (2b03b748bb, 25.04): "
         "pretrain_recipe(performance_mode=True) (nemo/collections/llm/recipes/mixtral_8x*.py) "
         "adds MegatronTokenDropCallback: moe_expert_capacity_factor 1.0 with "
         "moe_pad_expert_input_to_capacity, so every expert computes exactly its capacity and "
         "no count is exchanged or read on the host (model.moe.capacity_factor 1.0, "
-        "pad_to_capacity); MixtralConfig: alltoall dispatcher, aux-loss router, no "
-        "moe_permute_fusion or moe_grouped_gemm (Megatron-Core defaults off: its PyTorch "
-        "permutation, training.moe_permute_fusion false; one expert a rank), no router fusion "
+        "pad_to_capacity; v2.3's DeepSeek-V3 and Llama 4 scripts add it too); MixtralConfig: "
+        "alltoall dispatcher, aux-loss router, no moe_permute_fusion or moe_grouped_gemm "
+        "(Megatron-Core defaults off: its PyTorch permutation, training.moe_permute_fusion "
+        "false, Mixtral only: v2.3's DeepSeek-V3 and Llama 4 scripts turn the fusion on; one "
+        "expert a rank), no router fusion "
         "(moe_router_fusion false: Megatron-Core had none before 2025-08); FP8 weights "
         "gathered in FP8 (the scripts' FP8 plugins, recipes/precision/mixed_precision.py: "
         "bf16_with_fp8_mixed fp8_params True in v2.2, fp8_param_gather True in every v2.3 FP8 "
@@ -110,6 +111,11 @@ MBRIDGE_RECIPES = {
         "25.04 model_configs_gb200.csv: CUDA graphs for 8x7B",
     ),
 }  # fmt: skip
+
+#: NeMo 2.x settings by model (a word of the row's name), beside the "nemo-docs-" recipe:
+#: MixtralConfig never sets moe_permute_fusion (Megatron-Core's default: off), where v2.3's
+#: scripts/performance/llm/pretrain_deepseek_v3.py and pretrain_llama4_e*.py set it True.
+NEMO2_MODEL_SETTINGS = {"mixtral": {"moe_permute_fusion": False}}
 
 #: DeepSeek-V3's pipeline layout by (PP, VP) when the performance script passes none
 #: (Megatron-Bridge src/megatron/bridge/recipes/deepseek/deepseek_v3.py, the same map at
@@ -301,6 +307,15 @@ def _case(row: dict, rules: dict) -> dict | None:
                     work["model"]["moe"][key.removeprefix("model.moe.")] = value
                 else:
                     work["training"][key] = value
+    if row["name"].startswith("nemo-docs-"):
+        for word, settings in NEMO2_MODEL_SETTINGS.items():
+            if word in row["name"]:
+                work["training"].update(settings)
+        if "deepseek-v3" in row["name"] and vpp == 1 and 1 < pp and 64 % pp == 0:
+            # v2.3 scripts/performance/llm/pretrain_deepseek_v3.py: 64 / PP layers a middle
+            # stage, one fewer on the first, two fewer on the last (61 = 64 - 3)
+            mid = 64 // pp
+            work["parallelism"]["stage_layers"] = [mid - 1] + [mid] * (pp - 2) + [mid - 2]
     if p.get("zero_or_fsdp") == "FSDP":
         work["training"].update(rules.get("fsdp_training", {}))
     if work["training"].get("overlap_moe_expert_parallel_comm"):
