@@ -231,8 +231,25 @@ def _model(row: dict) -> dict:
 
 
 def _precision(row: dict) -> str:
-    p = str(row.get("precision") or "")
-    return "fp8" if "fp8" in p or "fp8" in row["name"] else "bf16"
+    """The row's format: ``mxfp8`` where its name or its stated precision (before any ``;``
+    note) names MXFP8 (NeMo / Megatron-Bridge tables' FP8-MX), ``fp8`` for other FP8 rows,
+    else ``bf16``."""
+    p = str(row.get("precision") or "").split(";")[0].lower()
+    name = row["name"].lower()
+    if re.search(r"mxfp8|fp8[-_ ]?mx", p) or re.search(r"mxfp8|fp8[-_]?mx", name):
+        return "mxfp8"
+    return "fp8" if "fp8" in p or "fp8" in name else "bf16"
+
+
+def _fp8_recipe(row: dict) -> str | None:
+    """The per-tensor FP8 recipe a row states (before any ``;`` note), which wins over the
+    source's rule: ``delayed``, ``blockwise`` (DeepSeek-style 1x128 / 128x128), or None."""
+    p = str(row.get("precision") or "").split(";")[0].lower()
+    if "delayed" in p:
+        return "delayed"
+    if "blockwise" in p or "1x128" in p or "128x128" in p:
+        return "blockwise"
+    return None
 
 
 def _case(row: dict, rules: dict) -> dict | None:
@@ -299,6 +316,8 @@ def _case(row: dict, rules: dict) -> dict | None:
     for key, value in rules.get("training", {}).items():
         if key != "fp8_recipe" or work["training"]["precision"] == "fp8":
             work["training"][key] = value
+    if work["training"]["precision"] == "fp8" and _fp8_recipe(row):
+        work["training"]["fp8_recipe"] = _fp8_recipe(row)
     # what a row's recipe was read to set wins over the rule for unstated settings
     for prefix, (settings, _) in MBRIDGE_RECIPES.items():
         if row["name"].startswith(prefix):
@@ -508,7 +527,8 @@ SOURCES = {
             "gradient reduction, no activation recomputation, sequence parallelism with TP, "
             "interleaved 1F1B with the published VP (a layer count that does not divide: the "
             "extra layers on the virtual stages after the first, never the last), fused (Transformer Engine) kernels, FP8 rows "
-            "as per-tensor current scaling (the pages' FP8 recipe); expert TP 1, the NCCL "
+            "as per-tensor current scaling (the pages' FP8 recipe; a recipe or MXFP8 the row "
+            "states wins); expert TP 1, the NCCL "
             "all-to-all dispatcher (HybridEP / DeepEP where a row's recipe was read: its "
             "not_modelled cites it), no all-to-all overlap, random routes (the pages' "
             "forced-balanced routing footnote: Megatron-Core's forced load balancing draws "
