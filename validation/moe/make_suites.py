@@ -112,6 +112,17 @@ MBRIDGE_RECIPES = {
     ),
 }  # fmt: skip
 
+#: Megatron-Bridge settings a row's precision brings (the performance scripts at v0.2.0
+#: 7af9601c9 and 1804c076f, scripts/performance/configs/{deepseek,qwen3}/*_llm_pretrain.py):
+#: with fp8_mx their DeepSeek-V3 GB300 / GB200 and Qwen3-235B B200 configs turn the
+#: parameter all-gather overlap off ("keeping this enabled causes NaN grad norm"); per
+#: (row-name prefix, training.precision).
+MBRIDGE_PRECISION_RECIPES = {
+    ("mbridge-25.11-deepseek-v3-gb300", "mxfp8"): {"overlap_param_gather": False},
+    ("mbridge-25.11-deepseek-v3-gb200", "mxfp8"): {"overlap_param_gather": False},
+    ("mbridge-25.11-qwen3-235b-a22b-b200", "mxfp8"): {"overlap_param_gather": False},
+}
+
 #: NeMo 2.x settings by model (a word of the row's name), beside the "nemo-docs-" recipe:
 #: MixtralConfig never sets moe_permute_fusion (Megatron-Core's default: off), where v2.3's
 #: scripts/performance/llm/pretrain_deepseek_v3.py and pretrain_llama4_e*.py set it True.
@@ -326,6 +337,16 @@ def _case(row: dict, rules: dict) -> dict | None:
                     work["model"]["moe"][key.removeprefix("model.moe.")] = value
                 else:
                     work["training"][key] = value
+    prec = work["training"]["precision"]
+    if row["name"].startswith("mbridge-") and prec in ("fp8", "mxfp8") \
+            and work["training"].get("fp8_recipe") != "blockwise":
+        # Megatron-Bridge's FP8 precision configs (training/mixed_precision.py at cac49dcd7,
+        # v0.2.0 and 1804c076f): bf16_with_fp8_current_scaling_mixed and
+        # bf16_with_mxfp8_mixed set fp8_param_gather (the subchannel / blockwise one does not)
+        work["training"]["fp8_param_gather"] = True
+    for (prefix, fmt), settings in MBRIDGE_PRECISION_RECIPES.items():
+        if row["name"].startswith(prefix) and prec == fmt:
+            work["training"].update(settings)
     if row["name"].startswith("nemo-docs-"):
         for word, settings in NEMO2_MODEL_SETTINGS.items():
             if word in row["name"]:
@@ -542,6 +563,11 @@ SOURCES = {
             "model.mtp_depth) and its recipe's pipeline layout Et|(tt|)*30mL, the MTP and "
             "the loss alone on the last virtual stage; Megatron-Bridge DeepSeek-V3 rows of a "
             "(PP, VP) the recipe maps take its layout (MBRIDGE_DSV3_LAYOUTS).",
+            "Megatron-Bridge and NeMo 2.x FP8 rows keep their weights in FP8 and gather them so "
+            "(every FP8 precision config the scripts use sets fp8_param_gather, but the "
+            "blockwise one: training.fp8_param_gather); settings the scripts tie to a "
+            "row's precision (MBRIDGE_PRECISION_RECIPES: fp8_mx without the parameter "
+            "all-gather overlap) go with it.",
         ],
         "recompute": lambda p: "none",
         "training": {"fp8_recipe": "current", "grad_reduce_dtype": "bf16", "moe_routing": "random",
