@@ -23,10 +23,10 @@ BLOCK = 2 * (2 * H * H + 2 * H * KV + 3 * H * F + 2 * H)  # bytes: wq, wo, wk, w
 ROOT_BYTES = 2 * (2 * V * H + H)  # embedding, head, final norm
 
 
-def _run(mode: str, microbatches: int = 1, loss_in_model: bool = False):
+def _run(mode: str, microbatches: int = 1, loss_in_model: bool = False, version: int = 2):
     sets = {"training.fsdp_reshard_after_forward": mode,
             "training.global_batch": 8 * microbatches,
-            "training.loss_in_model": loss_in_model}
+            "training.loss_in_model": loss_in_model, "training.fsdp_version": version}
     return simulate(load_workload(WORK, sets), extrapolate=False)
 
 
@@ -49,6 +49,24 @@ def test_all_gathers_per_step(mode, backward_gathers):
         assert names.count("root param all_gather") == m * (2 if mode == "all" else 1)
         if mode == "all":
             assert names[1 + L] == "root param all_gather"  # the backward's first
+
+
+@pytest.mark.parametrize("mode", ["default", "all", "none"])
+def test_every_fsdp2_all_gather_is_copied_out_on_the_compute_stream(mode):
+    """FSDP2's ``wait_for_unshard`` splits each all-gather's output into the unit's parameters
+    (``split_with_sizes_copy``) on the compute stream before the unit runs: one copy-out per
+    all-gather, in the same order; FSDP1 (``fsdp_version: 1``) gathers into the flat
+    parameter in place and has none."""
+    res = _run(mode, 2)
+    gathers = [n.replace(" param all_gather", "") for n in _collectives(res, "param all_gather")]
+    ev = res.events
+    ev = ev[(ev["gpu"] == ev["gpu"].min()) & ev["name"].str.endswith("gather copy-out")]
+    copies = [n.replace(" gather copy-out", "") for n in ev.sort_values("start_s")["name"]]
+    assert copies == gathers
+    assert (ev["end_s"] > ev["start_s"]).all()
+    if mode == "default":
+        ev1 = _run(mode, 2, version=1).events
+        assert not ev1["name"].str.endswith("gather copy-out").any()
 
 
 def test_root_reduce_scattered_once_after_the_embedding():
@@ -97,3 +115,5 @@ def test_refused_outside_fsdp2_units():
     with pytest.raises(ConfigError, match="fsdp_reshard_after_forward"):
         simulate(load_workload(WORK, {"training.fsdp_reshard_after_forward": "none",
                                       "parallelism.zero": 1}))
+    with pytest.raises(ConfigError, match="fsdp_version"):  # FSDP1 keeps its root gathered
+        simulate(load_workload(WORK, {"training.fsdp_version": 1}))

@@ -289,17 +289,23 @@ def _check_deepspeed(work: WorkloadConfig, pp: int, fail) -> None:
 
 def _check_fsdp_reshard(work: WorkloadConfig, stages: int, fail) -> None:
     """``training.fsdp_reshard_after_forward`` other than ``default`` says how FSDP2 units are
-    resharded: it applies where the engine runs FSDP2's units (eager code, ZeRO-3 by units,
-    no pipeline stages)."""
+    resharded, ``training.fsdp_version: 1`` that they are FSDP1's: both apply where the engine
+    runs FSDP's units (eager code, ZeRO-3 by units, no pipeline stages)."""
     t, par = work.training, work.parallelism
-    if t.fsdp_reshard_after_forward == "default":
+    if t.fsdp_version == 1 and t.fsdp_reshard_after_forward == "all":
+        raise fail("training.fsdp_version", "FSDP1 never reshards the root after the forward "
+                   "(_post_forward_reshard): fsdp_reshard_after_forward all needs fsdp_version 2 "
+                   "(accepted with 1: default, none)")
+    if t.fsdp_reshard_after_forward == "default" and t.fsdp_version == 2:
         return
     if t.kernels != "eager" or par.zero != 3 or t.zero_impl != "unit" or stages > 1:
-        raise fail("training.fsdp_reshard_after_forward",
-                   f"{t.fsdp_reshard_after_forward} applies to PyTorch FSDP2's units: needs "
+        field, value = (("training.fsdp_version", "1") if t.fsdp_version == 1 else
+                        ("training.fsdp_reshard_after_forward", t.fsdp_reshard_after_forward))
+        raise fail(field,
+                   f"{value} applies to PyTorch FSDP's units: needs "
                    f"training.kernels: eager, parallelism.zero: 3, training.zero_impl: unit and "
                    f"no pipeline stages (got {t.kernels}, zero {par.zero}, {t.zero_impl}, "
-                   f"{stages} stages; accepted otherwise: default)")
+                   f"{stages} stages; accepted otherwise: the defaults)")
 
 
 def _check_dualpipe(par, pp: int, fail) -> None:

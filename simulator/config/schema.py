@@ -402,6 +402,15 @@ class TrainingConfig(Frozen):
         "FSDP1 SHARD_GRAD_OP): each unit gathered once in the forward, kept to the end of its "
         "backward, no all-gathers in backward",
     )
+    fsdp_version: Annotated[Literal[1, 2], BeforeValidator(_integer_choice)] = Field(
+        2,
+        description="eager ZeRO-3's PyTorch FSDP: 2, fully_shard (FSDP2: the all-gather lands "
+        "in one buffer that a copy-out kernel on the compute stream splits into the unit's "
+        "parameters, split_with_sizes_copy, before the unit runs); 1, FullyShardedDataParallel "
+        "(FSDP1: the all-gather writes the unit's flat parameter in place, no copy-out; the "
+        "root never resharded after the forward, so fsdp_reshard_after_forward is default or "
+        "none)",
+    )
     loss_in_model: Bool = Field(
         False,
         description="eager code whose model's forward computes the loss and returns it "

@@ -864,6 +864,27 @@ class _Builder:
         local = self.m.moe.experts // self.ep if moe else 0
         return eager.layer_param_tensors(self.m, moe, local)
 
+    def gather_copy_out(self) -> Callable[[float], tuple[Part, ...]] | None:
+        """FSDP2's all-gather copy-out (``foreach_all_gather_copy_out``: one
+        ``split_with_sizes_copy`` on the compute stream, after the all-gather and before the
+        unit runs) as a program of a unit's gathered bytes: reads the all-gather output and
+        writes the unit's parameters, memory-bound. None where it does not run (not FSDP2:
+        FSDP1's all-gather writes the flat parameter in place)."""
+        t = self.t
+        if not (t.kernels == "eager" and self.par.zero == 3 and t.zero_impl == "unit"
+                and t.fsdp_version == 2 and self.pp * self.v == 1):
+            return None
+        pr = Pricer(self.job.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
+        cache: dict[float, tuple[Part, ...]] = {}
+
+        def copy_out(nbytes: float) -> tuple[Part, ...]:
+            if nbytes not in cache:
+                cache[nbytes] = (pr.part(Op("gather_copy_out", "memory", "optimizer",
+                                            bytes=2 * nbytes)),)
+            return cache[nbytes]
+
+        return copy_out
+
     def grad_work(self) -> tuple[Callable, Callable]:
         t, gb = self.t, BYTES[self.t.grad_reduce_dtype]
         if t.kernels == "eager" and self.par.zero == 3:
@@ -965,6 +986,7 @@ class _Builder:
             fsdp2_grad_ratio=pb / gb,
             fsdp2_reshard=t.fsdp_reshard_after_forward,
             fsdp2_loss_in_root=t.loss_in_model,
+            fsdp2_copy_out=self.gather_copy_out(),
             ds=deepspeed_plan(m, t, tp=tp, world=self.shard, work_bytes=BYTES[t.param_dtype],
                               grad_bytes=gb) if t.zero_impl == "deepspeed" else None,
             comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),

@@ -189,6 +189,9 @@ class StepPlan:
     #: FSDP2: the root's forward returns the loss (``training.loss_in_model``), so its
     #: pre-backward hook (root gather, last block's prefetch) runs before the loss's backward
     fsdp2_loss_in_root: bool = False
+    #: FSDP2's all-gather copy-out on the compute stream, a program of a unit's gathered bytes
+    #: (``training.fsdp_version: 2``); None: none (FSDP1, not FSDP)
+    fsdp2_copy_out: Callable[[float], Program] | None = None
 
     def vs_of(self, stage: int, chunk: int) -> int:
         """The model (virtual) stage that chunk ``chunk`` of pipeline rank ``stage`` holds."""
@@ -786,6 +789,8 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
         # FSDP2's backward: gathered bytes held back until the loss's working set is freed
         deferred: list[float] = []
         defer = fs and kind == "bwd" and not plan.fsdp2_loss_in_root
+        copy_out = plan.fsdp2_copy_out if fs else None
+        fresh: dict[object, float] = {}  # units gathered in this pass, bytes to copy out
 
         def mem(delta: float, what: str) -> None:
             if delta:
@@ -812,6 +817,7 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
                 ev = self._issue(p, spec)
                 for r in (root_units if u in root_units else (u,)):
                     gathers[r] = ev
+                    fresh[r] = nbytes
                 hold(nbytes if u in root_units else nbytes * plan.gather_keep_fraction)
                 return
             layer = u if isinstance(u, int) else -1
@@ -836,6 +842,14 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
                 gather(order[idx + 1])
             if u in gathers:
                 yield gathers[u]
+            if copy_out is not None and u in fresh:  # FSDP2's wait_for_unshard: the copy-out
+                nbytes = fresh.pop(u)
+                for r in (root_units if u in root_units else ()):
+                    fresh.pop(r, None)
+                prog = copy_out(nbytes)
+                yield self._segments_folded(
+                    p, [(f"{'root' if u in root_units else name(u)} gather copy-out", -1, prog)],
+                    kind, mb, None)
             hook = "root" if fs and u in root_units else u  # FSDP2's root: one unit's hooks
             if (fsdp_s or tensor_s) and hook not in hooked:
                 hooked.add(hook)
