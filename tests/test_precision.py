@@ -81,3 +81,29 @@ def test_a_format_the_gpu_lacks_is_one_line_exit_2():
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert "training.precision" in out.stderr and "mxfp8" in out.stderr
+
+
+def test_block_scaled_gemms_swizzle_both_operands_scales_first():
+    """Transformer Engine 2.5-2.11 swizzles each MXFP8 / NVFP4 operand's scales in its own
+    kernel before the GEMM (reads and writes them: 1/32 or 1/16 byte an element); per-tensor
+    and blockwise FP8 run none."""
+    from simulator.engine.program import _op_time
+    from simulator.hardware.precision import swizzle_bytes
+    from simulator.model.ops import gemm_op
+
+    m, k, n = 8192, 4096, 14336
+    assert swizzle_bytes(recipe("mxfp8"), m, k, n) == pytest.approx(2 * (m * k + k * n) / 32)
+    assert swizzle_bytes(recipe("nvfp4"), m, k, n) == pytest.approx(2 * (m * k + k * n) / 16)
+    # a grouped GEMM's one kernel per operand covers every expert's weight
+    assert swizzle_bytes(recipe("mxfp8"), m, k, n, 4) == pytest.approx(
+        2 * (m * k + 4 * k * n) / 32)
+    for name in ("fp8", "fp8/current", "fp8/blockwise"):
+        p, _, r = name.partition("/")
+        assert swizzle_bytes(recipe(p, r or "delayed"), m, k, n) == 0.0
+    cm = ComputeModel(load_gpu("B200"))
+    op = gemm_op("fc1", "mlp", m, k, n, 2)
+    launch = cm.gpu.kernel_launch_s
+    quant = quantize_bytes(recipe("mxfp8"), m, k, n, False)
+    want = (cm.gemm_s(m, k, n, "mxfp8") + cm.memory_s(quant) + launch
+            + cm.memory_s(2 * (m * k + k * n) / 32) + 2 * launch + launch)
+    assert _op_time(cm, op, "mxfp8") == pytest.approx(want)

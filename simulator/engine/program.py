@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from simulator.hardware.compute import ComputeModel
-from simulator.hardware.precision import quantize_bytes, split_dtype
+from simulator.hardware.precision import quantize_bytes, split_dtype, swizzle_bytes
 from simulator.model import comm as mc
 from simulator.model import moe_layer as ml
 from simulator.model import mtp
@@ -123,6 +123,10 @@ def _op_time(
             q = quantize_bytes(rec, op.m, op.k, op.n, op.name.endswith("_wgrad"))
             if q:
                 t += cm.memory_s(q) + cm.gpu.kernel_launch_s
+            # block-scaled formats: the two operands' scales swizzled first (two kernels)
+            sw = swizzle_bytes(rec, m, op.k, op.n, op.serial)
+            if sw:
+                t += cm.memory_s(sw) + 2 * cm.gpu.kernel_launch_s
     elif op.kind == "attention":
         t = cm.attention_s(
             op.batch,

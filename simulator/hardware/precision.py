@@ -56,6 +56,9 @@ class Recipe:
     wgrad_extra_bytes: float
     weight_bytes: float
     source: str
+    #: scale bytes per operand element that Transformer Engine swizzles into cuBLAS's layout
+    #: before each GEMM (:func:`swizzle_bytes`); 0: none
+    swizzle_scale_bytes: float = 0.0
 
 
 RECIPES: dict[str, Recipe] = {
@@ -81,6 +84,7 @@ RECIPES: dict[str, Recipe] = {
         "mxfp8", "mxfp8", 1 + 1 / 32, 2 + 2 * (1 + 1 / 32), 0.0, 2 * (1 + 1 / 32),
         "OCP MX v1.0: an E8M0 scale per 32 elements along K; TE writes the row-wise and the "
         "column-wise (wgrad) copy in one pass",
+        1 / 32,
     ),
     "nvfp4": Recipe(
         "nvfp4", "nvfp4", 0.5 + 1 / 16, 2 + 2 + (0.5 + 1 / 16), 2 + (0.5 + 1 / 16),
@@ -89,6 +93,7 @@ RECIPES: dict[str, Recipe] = {
         "row-wise E2M1 copy with an E4M3 scale per 16 elements; the wgrad inputs are read "
         "again, passed through a random Hadamard transform and written column-wise; weights "
         "in 16x16 blocks (two orientations)",
+        1 / 16,
     ),
 }
 
@@ -118,6 +123,19 @@ def quantize_bytes(rec: Recipe, m: int, k: int, n: int, wgrad: bool) -> float:
     if wgrad:
         return rec.wgrad_extra_bytes * (m * k + k * n)
     return rec.quant_bytes * m * k
+
+
+def swizzle_bytes(rec: Recipe, m: int, k: int, n: int, experts: int = 1) -> float:
+    """HBM bytes of the two kernels Transformer Engine runs before a block-scaled GEMM
+    ``[m, k] @ [k, n]`` to swizzle each operand's scales into cuBLAS's layout (v2.5-v2.11
+    ``pytorch/csrc/extensions/gemm.cpp`` ``swizzle_scaling_factors``, one kernel per operand,
+    for MXFP8 and NVFP4 1-D scaling; a grouped GEMM's ``multi_tensor_swizzle_scaling_factors``
+    does all experts' in one kernel per operand, ``experts`` weights of ``[k, n]``): each
+    reads and writes the scales (:attr:`Recipe.swizzle_scale_bytes` per element). 0 for
+    per-tensor and blockwise FP8 (one scale, or scales cuBLAS takes as they are)."""
+    if rec.swizzle_scale_bytes <= 0:
+        return 0.0
+    return 2.0 * rec.swizzle_scale_bytes * (m * k + k * n * max(1, experts))
 
 
 def pricing_dtype(training) -> str:
