@@ -233,6 +233,26 @@ CASES13 = {
     "h13_moe_ep4_AB": dict(shape="AB", world=4, scheme="moe", mb=8, n_mb=2),
 }
 CASES.update(CASES13)
+# The fourteenth batch: new shapes, written 2026-11-27 14:25 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 16 GPT-2 blocks of width 2048 (16 heads of 128), GPT-2's padded vocabulary, 4K sequences.
+    "AE": dict(layers=16, hidden=2048, heads=16, vocab=50304, seq=4096),
+    # MoE: 6 blocks of width 2304 (18 heads of 128), 8 GELU experts of 4096, top-2, 1K sequences.
+    "AF": dict(layers=6, hidden=2304, heads=18, vocab=32768, seq=1024, experts=8, top_k=2,
+               expert_ffn=4096),
+})
+CASES14 = {
+    "h14_tp2sp_AE": dict(shape="AE", world=2, scheme="tp", sp=True, mb=1, n_mb=2),
+    "h14_moe_ep2_AF": dict(shape="AF", world=2, scheme="moe", mb=8, n_mb=2),
+    "h14_ddp4_AE_straggler": dict(shape="AE", world=4, scheme="ddp", mb=1, n_mb=2, straggler=1.2),
+    "h14_fsdp4_AE_ac": dict(shape="AE", world=4, scheme="fsdp", mb=2, n_mb=1, ac=True),
+    "h14_tp4sp_AE": dict(shape="AE", world=4, scheme="tp", sp=True, mb=2, n_mb=1),
+    "h14_pp4_1f1b_AE": dict(shape="AE", world=4, scheme="pp", schedule="1f1b", mb=1, n_mb=8),
+    "h14_pp4_int2_AE": dict(shape="AE", world=4, scheme="pp", schedule="interleaved", v=2, mb=1,
+                            n_mb=8),
+    "h14_moe_ep4_AF": dict(shape="AF", world=4, scheme="moe", mb=8, n_mb=2),
+}
+CASES.update(CASES14)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

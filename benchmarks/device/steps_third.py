@@ -215,7 +215,27 @@ CASES13 = {
     "h13t_pp4_1f1b_I": dict(shape="I", world=4, scheme="pp", mb=1, n_mb=8),
     "h13t_moe_ep4_O": dict(shape="O", world=4, scheme="moe", mb=2, n_mb=2),
 }
-CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12, **CASES13)
+# The fourteenth batch: new shapes, written 2026-11-27 14:25 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 12 blocks of width 3584, 28 query heads / 4 KV heads of 128, SwiGLU 9728, a 65536-token
+    # vocabulary, 2K sequences (about 2.1 B parameters).
+    "AC": dict(layers=12, hidden=3584, heads=28, kv_heads=4, ffn=9728, vocab=65536, seq=2048),
+    # MoE: 8 blocks of width 2048, 16 query / 4 KV heads of 128, 20 SwiGLU experts of 1792,
+    # top-2, a 32000-token vocabulary, 1K sequences.
+    "AD": dict(layers=8, hidden=2048, heads=16, kv_heads=4, ffn=1792, vocab=32000, seq=1024,
+               experts=20, top_k=2),
+})
+CASES14 = {
+    "h14t_single_AC": dict(shape="AC", world=1, scheme="single", mb=1, n_mb=2),
+    "h14t_fsdp2_AC": dict(shape="AC", world=2, scheme="fsdp", mb=2, n_mb=1),
+    "h14t_moe_ep2_AD": dict(shape="AD", world=2, scheme="moe", mb=4, n_mb=2),
+    "h14t_ddp4_AC": dict(shape="AC", world=4, scheme="ddp", mb=1, n_mb=2),
+    "h14t_fsdp4_AC_ac": dict(shape="AC", world=4, scheme="fsdp", mb=4, n_mb=1, ac=True),
+    "h14t_tp4_AC": dict(shape="AC", world=4, scheme="tp", mb=4, n_mb=1),
+    "h14t_pp4_1f1b_AC": dict(shape="AC", world=4, scheme="pp", mb=1, n_mb=8),
+    "h14t_moe_ep4_AD": dict(shape="AD", world=4, scheme="moe", mb=4, n_mb=2),
+}
+CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12, **CASES13, **CASES14)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

@@ -21,7 +21,8 @@ def _tables(var: str = "CASES8") -> tuple[dict, dict]:
 
 
 SHAPES, CASES8 = _tables()
-ORDINAL = {8: "eighth", 9: "ninth", 10: "tenth", 11: "eleventh", 12: "twelfth", 13: "thirteenth"}
+ORDINAL = {8: "eighth", 9: "ninth", 10: "tenth", 11: "eleventh", 12: "twelfth", 13: "thirteenth",
+           14: "fourteenth"}
 COMMON_NOT = "gradient clipping at 1.0 every step, RoPE as unfused cat/mul/add"
 # described by keys since the eighth batch's memory result (its memory suite a development set
 # since): no master copy, Meta-style RMSNorm, K/V repeated
@@ -103,7 +104,10 @@ def body(name: str, c: dict, batch: int = 8, shapes: dict = SHAPES) -> str:
     if sch == "moe":
         lines += ["  ddp_buckets: none", "  moe_dispatcher: alltoall", "  moe_routes: learned",
                   "  moe_routing: learned", "  moe_regroup: argsort"]
-    lines += ["  flash_attention: true", "  kernels: eager", "  measured_steps: [4, 9]",
+    lines += ["  flash_attention: true", "  kernels: eager"]
+    if sch == "fsdp":  # the script passes reshard_after_forward=True to every fully_shard
+        lines.append("  fsdp_reshard_after_forward: all")
+    lines += ["  measured_steps: [4, 9]",
               "  optimizer_impl: fused", "  optimizer_moments_dtype: bf16",
               "  master_weights: none", "  rmsnorm_gain: input_dtype", "  kv_repeat: true",
               "parallelism:", f"  tp: {world if sch == 'tp' else 1}",
