@@ -233,7 +233,7 @@ CASES13 = {
     "h13_moe_ep4_AB": dict(shape="AB", world=4, scheme="moe", mb=8, n_mb=2),
 }
 CASES.update(CASES13)
-# The fourteenth batch: new shapes, written 2026-11-27 14:25 UTC before its freeze (4-GPU box).
+# The fourteenth batch: new shapes, written 2026-11-27 14:27 UTC before its freeze (4-GPU box).
 SHAPES.update({
     # 16 GPT-2 blocks of width 2048 (16 heads of 128), GPT-2's padded vocabulary, 4K sequences.
     "AE": dict(layers=16, hidden=2048, heads=16, vocab=50304, seq=4096),

@@ -215,7 +215,7 @@ CASES13 = {
     "h13t_pp4_1f1b_I": dict(shape="I", world=4, scheme="pp", mb=1, n_mb=8),
     "h13t_moe_ep4_O": dict(shape="O", world=4, scheme="moe", mb=2, n_mb=2),
 }
-# The fourteenth batch: new shapes, written 2026-11-27 14:25 UTC before its freeze (4-GPU box).
+# The fourteenth batch: new shapes, written 2026-11-27 14:27 UTC before its freeze (4-GPU box).
 SHAPES.update({
     # 12 blocks of width 3584, 28 query heads / 4 KV heads of 128, SwiGLU 9728, a 65536-token
     # vocabulary, 2K sequences (about 2.1 B parameters).

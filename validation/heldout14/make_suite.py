@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import batch  # noqa: E402
 
 BATCH = batch.Batch(
-    n=14, cases_written='14:25 UTC (commit CASESCOMMIT',
+    n=14, cases_written='14:27 UTC (commit 1b1484a',
     shapes='steps_third.py on shapes AC and AD, steps_alt.py on shapes AE and AF',
     g4_sizes='a group of 4 and two pairs at once at 20 KiB x 4^k (5x the fitted sizes)',
     g3_sizes="a group of 3 at 30 KiB x 4^k (every rank's share 16-byte aligned)",
