@@ -12,6 +12,8 @@ import pytest
 
 from simulator.cli import main
 from simulator.engine.combined import (
+    EMBED,
+    HEAD,
     Item,
     chain_items,
     host_chain_items,
@@ -293,3 +295,20 @@ def test_delayed_weight_gradients_need_the_combined_schedule(tmp_path, capsys):
     assert main(["run", str(p), "--json", "--no-files"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "training.delay_wgrad_compute" in err
+
+
+def test_a_head_with_an_mtp_layer_is_paired_as_a_layer():
+    # DeepSeek-V3's last stage: the head segment (layer -1) holds the MTP layer's EP
+    # collectives: Megatron-Core schedules that layer like the others, so the two heads pair
+    # node by node, but the loss after the forward combine (and its gradient before the
+    # backward's) stays on the compute stream
+    f, b = _layer(), _layer()
+    order = megatron_order(f, b, [HEAD], [HEAD])
+    assert [(c, k) for c, k, _ in order] == [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (0, 3),
+                                             (1, 2), (1, 3), (1, 4), (0, 4)]  # fmt: skip
+    assert [s for _, _, s in order] == [f[k].comm if c else b[k].comm for c, k, _ in order]
+    # a head without EP collectives is issued whole: the backward's first, the forward's last
+    g = [Item(0, False, 1.0, 1.0)]
+    assert megatron_order(g, g, [HEAD], [HEAD]) == [(0, 0, False), (1, 0, False)]
+    # the embedding: the forward's first, the backward's last
+    assert megatron_order(g, g, [EMBED], [EMBED]) == [(1, 0, False), (0, 0, False)]

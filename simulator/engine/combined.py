@@ -185,6 +185,9 @@ def pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item], interference: float)
     return PairResult(t, comp, tuple(exposed.items()), segs(1), segs(0))
 
 
+#: :func:`megatron_order`'s layer of the embedding's and the head's segments
+EMBED, HEAD = -1, -2
+
 #: the count synchronisation Megatron-Core's dispatchers wait on at the EP dispatch
 COUNT_SYNC = "moe_counts_sync"
 
@@ -271,6 +274,12 @@ def _host_piece(seg: int, piece: tuple[Part, ...], slowdown: float, interference
                 syncs)
 
 
+def _layers(segs: Sequence[tuple[str, int, Program]]) -> list[int]:
+    """Each segment's layer for :func:`megatron_order` (the embedding and the head by label)."""
+    return [HEAD if label == "head" else EMBED if layer < 0 else layer
+            for label, layer, _ in segs]  # fmt: skip
+
+
 def _groups(items: Sequence[Item], segs: Sequence[int]) -> list[list[int]]:
     """The indices of ``items`` (those of segments ``segs``) in the five nodes of a layer as
     Megatron-Core splits it: GPU work, EP collective, GPU work, EP collective, GPU work
@@ -292,33 +301,43 @@ def megatron_order(fwd: Sequence[Item], bwd: Sequence[Item], f_layers: Sequence[
                    b_layers: Sequence[int]) -> list[tuple[int, int, bool]]:  # fmt: skip
     """The host's issue order of a combined step, as ``(chain, item, on the communication
     stream)`` with chain 0 the backward and 1 the forward (``f_layers`` / ``b_layers``: each
-    segment's layer, -1 for the embedding and the head). Megatron-Core's
+    segment's layer, :data:`EMBED` or :data:`HEAD`). Megatron-Core's
     ``TransformerModelChunkSchedulePlan.run`` (``megatron/core/models/common/
     model_chunk_schedule_plan.py``): the forward's embedding,
     the backward's head, then layer ``i`` of the forward with layer ``n - 1 - i`` of the
     backward by ``TransformerLayerSchedulePlan.run``: backward combine, forward attention and
     router, backward experts, forward dispatch, backward dispatch, forward experts, forward
     combine, backward attention; then the layers left of either pass, the forward's head and
-    the backward's embedding. The combine node runs the layer's last residual add after the
+    the backward's embedding. A head with EP collectives (its multi-token-prediction layer,
+    which Megatron-Core schedules as one more layer, before the loss) is paired as a layer.
+    The combine node runs the layer's last residual add after the
     combine (``mlp_bda``) on the communication stream, and so its gradient before the
     backward combine (``fine_grained_callables.py``): a layer's GPU work after its forward
     combine, and before its backward combine (but its recomputation), runs there too."""
 
-    def units(layers: Sequence[int]) -> tuple[list, list, list]:
+    def units(layers: Sequence[int], items: Sequence[Item],
+              first: int) -> tuple[list, list, list]:  # fmt: skip
         pre: list[list[int]] = []
         mid: list[list[int]] = []
         post: list[list[int]] = []
+        moe = {it.seg for it in items if it.comm}
         for s, layer in enumerate(layers):
-            if layer < 0:
-                (post if mid else pre).append([s])
+            if layer == HEAD and s in moe:  # the head with its MTP layer: paired as a layer
+                mid.append([s])
+                heads.add(s)
+            elif layer < 0:  # the embedding or the head: issued before or after the layers
+                (pre if layer == first else post).append([s])
             elif mid and layers[mid[-1][-1]] == layer:
                 mid[-1].append(s)  # a layer's recompute and its backward
             else:
                 mid.append([s])
         return pre, mid, post
 
-    fpre, fmid, fpost = units(f_layers)
-    bpre, bmid, bpost = units(b_layers)
+    heads: set[int] = set()  # (of either pass: a head is the last forward, first backward unit)
+    fpre, fmid, fpost = units(f_layers, fwd, EMBED)
+    fheads, heads = heads, set()
+    bpre, bmid, bpost = units(b_layers, bwd, HEAD)
+    bheads = heads
     order: list[tuple[int, int, bool]] = []
     # delayed weight gradients (``dw`` items): the experts' after the forward dispatch, the
     # attention's after the attention's backward, but the chunk's last backward layer's, which
@@ -334,8 +353,9 @@ def megatron_order(fwd: Sequence[Item], bwd: Sequence[Item], f_layers: Sequence[
     whole(0, bwd, bpre)
     for fu, bu in zip(fmid, bmid, strict=False):  # (the layers left: below)
         f, b = _groups(fwd, fu), _groups(bwd, bu)
-        f_bda = bool(f[3])  # the layer has a combine: its residual add runs beside it
-        b_bda = bool(b[1])
+        # the layer has a combine: its residual add runs beside it (not the head's loss)
+        f_bda = bool(f[3]) and fu[-1] not in fheads
+        b_bda = bool(b[1]) and bu[-1] not in bheads
         b2 = [k for k in b[2] if not bwd[k].dw]
         b2w = [k for k in b[2] if bwd[k].dw]
         b4 = [k for k in b[4] if not bwd[k].dw or k not in tail]
@@ -517,7 +537,7 @@ class CombinedSteps:
             if hit is None:  # (keeps the segment lists alive, so their ids are not reused)
                 cf = host_chain_items(fs, slow, i, plan.host)
                 cb = host_chain_items(bs, slow, i, plan.host, plan.delay_wgrad)
-                order = megatron_order(cf, cb, [s[1] for s in fs], [s[1] for s in bs])
+                order = megatron_order(cf, cb, _layers(fs), _layers(bs))
                 hit = self._pair_cache[key] = (fs, bs, cf, cb, order)
             _, _, cf, cb, order = hit
             res = host_pair_schedule(cf, cb, order, ie, plan.host.sync_s, p.host_s - t0)
