@@ -18,6 +18,7 @@ from simulator.engine.combined import (
     chain_items,
     host_chain_items,
     host_pair_schedule,
+    megatron_nodes,
     megatron_order,
     pair_schedule,
 )
@@ -312,3 +313,25 @@ def test_a_head_with_an_mtp_layer_is_paired_as_a_layer():
     assert megatron_order(g, g, [HEAD], [HEAD]) == [(0, 0, False), (1, 0, False)]
     # the embedding: the forward's first, the backward's last
     assert megatron_order(g, g, [EMBED], [EMBED]) == [(1, 0, False), (0, 0, False)]
+
+
+def test_shared_experts_run_in_the_experts_node():
+    # Megatron-Core's combined 1F1B computes the shared experts in the experts' node (compute
+    # stream) and only adds their output in the combine node: before the forward combine,
+    # after the backward one
+    def parts(*names):
+        return tuple(Part(n, "comm" if n.startswith("moe_") else "compute", 1.0,
+                          dim="ep" if n.startswith("moe_") else None) for n in names)  # fmt: skip
+
+    fwd = parts("attn", "moe_dispatch", "expert_fc1", "moe_combine", "shared_fc1",
+                "shared_fc2", "shared_add", "residual2")  # fmt: skip
+    assert [q.name for q in megatron_nodes(fwd, True)] == [
+        "attn", "moe_dispatch", "expert_fc1", "shared_fc1", "shared_fc2", "moe_combine",
+        "shared_add", "residual2"]  # fmt: skip
+    bwd = parts("residual2", "shared_fc2_dgrad", "shared_fc1_dgrad", "moe_combine",
+                "expert_fc1_dgrad", "moe_dispatch", "attn")  # fmt: skip
+    assert [q.name for q in megatron_nodes(bwd, False)] == [
+        "residual2", "moe_combine", "shared_fc2_dgrad", "shared_fc1_dgrad", "expert_fc1_dgrad",
+        "moe_dispatch", "attn"]  # fmt: skip
+    plain = parts("attn", "moe_dispatch", "expert_fc1", "moe_combine", "residual2")
+    assert megatron_nodes(plain, True) is plain

@@ -274,6 +274,24 @@ def _host_piece(seg: int, piece: tuple[Part, ...], slowdown: float, interference
                 syncs)
 
 
+def megatron_nodes(prog: Program, forward: bool) -> Program:
+    """A layer's program with its shared experts where Megatron-Core's combined 1F1B runs
+    them: in the experts' node (``experts_compute`` computes ``shared_expert_output`` beside
+    the routed experts on the compute stream; the combine node only adds it, with
+    ``combine``'s ``shared_expert_output``, ``fine_grained_callables.py``), so before the
+    forward combine and after the backward one rather than after and before it."""
+    names = [q.name for q in prog]
+    if "moe_combine" not in names:
+        return prog
+    shared = [q for q in prog if q.name.startswith("shared_") and q.name != "shared_add"]
+    if not shared:
+        return prog
+    moved = {id(q) for q in shared}
+    rest = [q for q in prog if id(q) not in moved]
+    at = [q.name for q in rest].index("moe_combine") + (0 if forward else 1)
+    return tuple(rest[:at] + shared + rest[at:])
+
+
 def _layers(segs: Sequence[tuple[str, int, Program]]) -> list[int]:
     """Each segment's layer for :func:`megatron_order` (the embedding and the head by label)."""
     return [HEAD if label == "head" else EMBED if layer < 0 else layer
@@ -535,8 +553,10 @@ class CombinedSteps:
             key = (id(fs), id(bs), slow)
             hit = self._pair_cache.get(key)
             if hit is None:  # (keeps the segment lists alive, so their ids are not reused)
-                cf = host_chain_items(fs, slow, i, plan.host)
-                cb = host_chain_items(bs, slow, i, plan.host, plan.delay_wgrad)
+                nf = [(lb, ly, megatron_nodes(pr, True)) for lb, ly, pr in fs]
+                nb = [(lb, ly, megatron_nodes(pr, False)) for lb, ly, pr in bs]
+                cf = host_chain_items(nf, slow, i, plan.host)
+                cb = host_chain_items(nb, slow, i, plan.host, plan.delay_wgrad)
                 order = megatron_order(cf, cb, _layers(fs), _layers(bs))
                 hit = self._pair_cache[key] = (fs, bs, cf, cb, order)
             _, _, cf, cb, order = hit
