@@ -6,6 +6,10 @@ own measurement) and ``data/measured/h200x1`` (H200's own): ``elementwise.jsonl`
 tensors) and ``rowwise.jsonl`` ([8192, width] rows), written by
 ``benchmarks/device/elementwise.py``. Medians over model widths 2,048..16,384 (rows) or the
 two largest sizes (flat).
+
+The row-indexed bf16 classes of Megatron-Core's PyTorch MoE permutation (H100, defaults):
+``data/measured/moe-permute-h100x1/permute.jsonl`` (``benchmarks/device/moe_permute.py``), each
+case's pieces against its own copy of the permuted rows (:func:`permute_ratios`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,53 @@ def ratios(folder: Path) -> dict[str, float]:
 
 
 
+PERMUTE = REPO / "data/measured/moe-permute-h100x1/permute.jsonl"
+I64, BF16 = 8, 2
+
+
+def permute_ratios(path: Path = PERMUTE) -> dict[str, float]:
+    """Bandwidth relative to a copy of the permuted rows (``copy_Rh_ref``: ``R`` rows of ``h``
+    bf16, read and written) of the three row-indexed kernels of Megatron-Core's PyTorch
+    permutation, with the bytes :mod:`simulator.model.moe` gives them; medians over the cases
+    of at least 8,192 rows. The pieces are chains of kernels: the others in a chain are taken
+    at the copy's rate and removed.
+
+    * ``index_add``: ``index_select``'s backward, a zero ``[t, h]`` gradient and ``index_add_``
+      of the rows' gradients (an atomic add per row, ``3 R h d + 8 R`` bytes)
+      (``permute_gather_bwd`` less the zeros).
+    * ``scatter_add``: ``scatter_add_`` of the scaled rows into the zero output, expanded
+      index (``3 R h d + 8 R``) (``unpermute_fwd`` less the weights' gather and index
+      arithmetic, the scaling and the zeros; drop-and-pad cases only: the dropless one's
+      ``masked_select`` waits for the host every call).
+    * ``index_gather``: ``scatter_add_``'s backward, ``gather`` of the output gradient by the
+      expanded index (``2 R h d + 8 R``) (``unpermute_bwd``, the rows' gradient only, less
+      the product with the weights).
+    """
+    by: dict[str, dict[str, dict]] = {}
+    for r in load(path):
+        if "case" in r:
+            by.setdefault(r["case"], {})[r["piece"]] = r
+    got: dict[str, list[float]] = {"index_add": [], "scatter_add": [], "index_gather": []}
+    for p in by.values():
+        ref = p["copy_Rh_ref"]
+        R, h, t, E = ref["rows"], ref["hidden"], ref["tokens"], ref["experts"]
+        if R < 8192:
+            continue
+        rows = R * h * BF16
+        bw = 2 * rows / ref["time_s"]
+        zeros = t * h * BF16 / bw
+        t_ia = p["permute_gather_bwd"]["time_s"] - zeros
+        got["index_add"].append((3 * rows + R * I64) / t_ia / bw)
+        if ref["drop_and_pad"]:
+            small = (2 * t * E * BF16 + 5 * R * I64 + R * (I64 + 2 * BF16)) / bw
+            scale = (2 * rows + R * BF16) / bw
+            t_sa = p["unpermute_fwd"]["time_s"] - small - scale - zeros
+            got["scatter_add"].append((3 * rows + R * I64) / t_sa / bw)
+        t_g = p["unpermute_bwd"]["time_s"] - (2 * rows + R * BF16) / bw
+        got["index_gather"].append((2 * rows + R * I64) / t_g / bw)
+    return {k: round(statistics.median(v), 3) for k, v in got.items()}
+
+
 def refit() -> dict[str, tuple[float, float]]:
     """{GPU.class: (refitted, shipped)}, rounded to 3 decimals as shipped."""
     out = {}
@@ -63,4 +114,7 @@ def refit() -> dict[str, tuple[float, float]]:
         for k, v in ratios(folder).items():
             if k != "copy_GBps":
                 out[f"{gpu}.{k}"] = (v, float(shipped[k]))
+    shipped = load_gpu("H100-SXM-80GB").memory_access
+    for k, v in permute_ratios().items():
+        out[f"H100-SXM-80GB.{k}"] = (v, float(shipped[k]))
     return out

@@ -73,6 +73,12 @@ class StagePrograms:
         return self.layer_fwd, self.layer_bwd, self.layer_recompute
 
 
+#: the row-indexed bf16 kernels of Megatron-Core's PyTorch permutation and their access class
+#: (gpus.yaml ``memory_access``; measured, data/measured/moe-permute-h100x1)
+ROW_INDEXED = {"permute_gather_index_add": "index_add", "unpermute_scatter_add": "scatter_add",
+               "unpermute_scatter_add_grad": "index_gather"}
+
+
 def memory_access(name: str, kernels: str = "fused", param_dtype: str = "bf16") -> str:
     """The access class of a memory-bound kernel, by what the kernel does (see
     ``memory_access`` in the hardware catalog): the measured bandwidth of fused norms,
@@ -88,6 +94,8 @@ def memory_access(name: str, kernels: str = "fused", param_dtype: str = "bf16") 
         return "cat"
     if "upcast" in name or name.endswith("_gcast") or name.endswith("_bgcast"):
         return "upcast"
+    if name in ROW_INDEXED:  # Megatron-Core's PyTorch permutation (simulator/model/moe.py)
+        return ROW_INDEXED[name]
     if kernels == "eager":
         if name.endswith("_gain") or name.endswith("_scale") or name.endswith(("_cos", "_sin")):
             return "broadcast"

@@ -811,7 +811,7 @@ def _unfused_permute_backward(name: str, t: int, E: int, R: float, h: int, d: in
     transpose small copies; ``index_select``'s, a zero ``[t, h]`` gradient and ``index_add_``
     of the ``R`` rows' gradients into it (atomic read-modify-writes)."""
     if name == "unpermute_scatter_add":
-        return [mem_op(name, "moe", 2 * R * h * d + R * I64, True)]
+        return [mem_op(name + "_grad", "moe", 2 * R * h * d + R * I64, True)]
     if name == "unpermute_scale":
         return [mem_op("unpermute_scale_dx", "moe", 2 * R * h * d + R * d, True),
                 mem_op("unpermute_scale_dprobs", "moe", 3 * R * h * d, True),
