@@ -54,12 +54,23 @@ def test_a_fixed_count_is_new_once():
     assert expected_distinct([Stream(100, 1.0, 0.0, 8), Stream(200, 1.0, 0.0, 8)], 5) == 2.0
 
 
+def test_a_call_of_no_rows_is_never_new():
+    """One token that reaches the expert with probability 1/2: only the count 1 launches a
+    GEMM, so a call is new with probability 1/2 x (1/2)^(earlier calls), D(s) = 1 - 2^-s; a
+    stream that never reaches the expert has no new call at all."""
+    s = [Stream(1, 0.5, 0.0, 1)]
+    assert expected_distinct(s, 3) == pytest.approx(1 - 0.5**3)
+    assert new_share(s, 1, 1) == pytest.approx(0.5)
+    assert new_share(s, 2, 3) == pytest.approx((0.25 + 0.125) / 2)
+    assert new_share([Stream(64, 0.0, 0.0, 8)], 1, 9) == 0.0
+
+
 def test_the_sum_over_calls_form():
     """A call after n draws of one distribution is new with probability sum_m p(m)(1-p(m))^n:
     summed over the calls of steps 4..9 it is D(9) - D(3)."""
     n, p, rho, calls = 2000, 0.25, 1e-3, 5
     pm = count_pmf(n, p, rho)
-    direct = sum(float(pm @ (1 - pm) ** k) for k in range(3 * calls, 9 * calls))
+    direct = sum(float(pm[1:] @ (1 - pm[1:]) ** k) for k in range(3 * calls, 9 * calls))
     assert new_share([Stream(n, p, rho, calls)], 4, 9) == pytest.approx(direct / (6 * calls))
 
 
@@ -80,7 +91,7 @@ def _monte_carlo(rng, T, E, k, local, calls, draw_shares=None, runs=150):
                 else:  # top-1 with the call's expert shares drawn from a Dirichlet
                     counts = rng.multinomial(T, draw_shares(rng))
                 for m in counts[:local]:
-                    if int(m) not in seen:
+                    if m > 0 and int(m) not in seen:
                         seen.add(int(m))
                         new += step >= 4
         shares.append(new / (6 * calls * local))

@@ -90,7 +90,8 @@ def correlation_of(case: Case) -> float:
 
 def new_flags(case: Case) -> np.ndarray:
     """``[rank][layer][call][expert]``: whether that expert GEMM's row count was new to the
-    rank, in the order the rank ran them (call by call, layer by layer, expert by expert)."""
+    rank, in the order the rank ran them (call by call, layer by layer, expert by expert); a
+    call of no rows never is (it launches no GEMM)."""
     ranks, layers, calls, local = case.rows.shape
     out = np.zeros(case.rows.shape, dtype=bool)
     for r in range(ranks):
@@ -99,7 +100,7 @@ def new_flags(case: Case) -> np.ndarray:
             for layer in range(layers):
                 for e in range(local):
                     m = int(case.rows[r, layer, c, e])
-                    out[r, layer, c, e] = m not in seen
+                    out[r, layer, c, e] = m > 0 and m not in seen
                     seen.add(m)
     return out
 

@@ -27,9 +27,13 @@ probability ``1 - prod_s (1 - p_s(m))^n_s``, so the expected number of distinct 
 
     D = sum_m [1 - prod_s (1 - p_s(m))^n_s]
 
-and the expected number of new calls among the draws of steps ``first..last`` is
-``D(last) - D(first - 1)`` (each step adds ``c_s`` draws per stream); equivalently a call is
-new with probability ``sum_m p(m) (1 - p(m))^n`` after ``n`` draws of one distribution.
+over ``m >= 1``, and the expected number of new calls among the draws of steps ``first..last``
+is ``D(last) - D(first - 1)`` (each step adds ``c_s`` draws per stream); equivalently a call
+is new with probability ``sum_{m >= 1} p(m) (1 - p(m))^n`` after ``n`` draws of one
+distribution. A call of no rows is never new: an expert that received no tokens launches no
+GEMM (PyTorch's ``mm`` / ``addmm`` return an empty product, or fill a weight gradient of
+``K = 0`` with zeros, without calling cuBLAS), whether the code calls it on its empty input
+(``steps_alt.py``, ``steps_third.py``) or skips it.
 Limits: counts spread over far more values than calls give every call new (the upper bound);
 one fixed count gives one new call, then none.
 
@@ -81,7 +85,8 @@ def count_pmf(n: int, p: float, rho: float) -> np.ndarray:
 
 
 def expected_distinct(streams: Sequence[Stream], steps: float) -> float:
-    """Expected number of distinct counts among ``steps`` steps' draws of every stream."""
+    """Expected number of distinct non-zero counts among ``steps`` steps' draws of every
+    stream (a zero-row call launches no GEMM: never new)."""
     if steps <= 0 or not streams:
         return 0.0
     size = max(s.n for s in streams) + 1
@@ -90,12 +95,13 @@ def expected_distinct(streams: Sequence[Stream], steps: float) -> float:
         for s in streams:
             pmf = count_pmf(s.n, s.p, s.rho)
             log_miss[: s.n + 1] += s.calls * steps * np.log1p(-np.minimum(pmf, 1.0))
-    return float(np.sum(-np.expm1(log_miss)))
+    return float(np.sum(-np.expm1(log_miss[1:])))
 
 
 def new_share(streams: Sequence[Stream], first: int, last: int) -> float:
     """Expected share of the calls of steps ``first..last`` (1-based, of a fresh process) whose
-    row count no earlier call had: ``(D(last) - D(first - 1)) / calls``."""
+    row count is not zero and no earlier call had: ``(D(last) - D(first - 1)) / calls`` (the
+    calls of no rows stay in the denominator: the share is charged per expert GEMM call)."""
     calls = (last - first + 1) * sum(s.calls for s in streams)
     if calls <= 0:
         return 0.0
