@@ -1,7 +1,7 @@
 """Reproducible calibration: every fitted constant set of the catalog, refitted from the
 measurement files in the repository, printed beside the value the catalog ships.
 
-    python -m simulator.calibrate [network|alltoall|p2p|unaligned|launch|interference|memory|compute|host|routes|sync|deepep|host_spread|all]
+    python -m simulator.calibrate [network|alltoall|p2p|unaligned|launch|interference|memory|compute|host|routes|sync|deepep|host_spread|host_barrier|all]
 
 | set | module | data | catalog |
 |---|---|---|---|
@@ -18,6 +18,7 @@ measurement files in the repository, printed beside the value the catalog ships.
 | the spread of GPUs' sustained speed that a group meeting at every layer pays (expected maximum of normals) | :mod:`.sync` | ``data/measured/sustained-h100x4/sustained-gpu*.jsonl`` (4x H100 at once, 65 ms windows) | ``gpus.yaml`` ``sync_jitter`` |
 | the share of the modelled link rate DeepEP's normal dispatch and combine kernels reach | :mod:`.deepep` | ``data/published/deepep-v1-h800/normal.jsonl`` (DeepEP's README figures, H800) | ``simulator/engine/dispatch.py`` ``DEEPEP_RATE`` |
 | the spread of per-process host speed that a host-bound step of n ranks pays (expected maximum of normals); the host rates fitted on steps of several ranks are divided by it (:mod:`.host`) | :mod:`.host_spread` | ``data/measured/host-spread-h100x4/*/host_spread-rank*.jsonl`` (1, 2 and 4 processes of one 4x H100 box, 0.2 s windows) | ``gpus.yaml`` ``host_jitter`` |
+| what a host read after a collective of n ranks (an MoE layer's count synchronisations: a barrier of the EP group's hosts) costs beyond one process's read (expected maximum of normals) | :mod:`.host_barrier` | ``data/measured/sync-segments-h100x4/segments.jsonl.gz`` (1, 2 and 4 processes of one 4x H100 box, a host-bound stream cut into 4-256 segments by uneven all-to-alls, sizes read on the host or not) | ``gpus.yaml`` ``host_barrier_s`` |
 
 Each module has ``refit() -> dict[name, (refitted, shipped)]``; ``tests/test_calibration.py``
 checks that every shipped constant equals its refit within the rounding stated there. No

@@ -56,6 +56,7 @@ from simulator.model.ops import Op
 from simulator.model.pipeline_memory import TorchPipelineMemory, runtime_memory
 from simulator.model.sync import (
     group_sync_factor,
+    host_barrier_s,
     host_group_factor,
     host_group_size,
     sync_group_size,
@@ -785,8 +786,11 @@ class _Builder:
         rates = self.one_host_rates()
         if rates is None:
             return None
-        return rates.scaled(host_group_factor(host_group_size(self.lay.n_gpus),
-                                              self.job.machine.gpu.host_jitter))
+        gpu = self.job.machine.gpu
+        rates = rates.scaled(host_group_factor(host_group_size(self.lay.n_gpus), gpu.host_jitter))
+        # each count synchronisation of an MoE layer is a barrier of its EP group's hosts
+        group = self.ep * self.etp if self.m.moe is not None else 1
+        return replace(rates, barrier_s=host_barrier_s(group, gpu.host_barrier_s))
 
     def one_host_rates(self) -> HostRates | None:
         """Eager code: the host's time per kernel, per collective call and per MoE count

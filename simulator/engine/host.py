@@ -33,6 +33,7 @@ from types import MappingProxyType
 
 from simulator.model.moe import MULTIHOT_KERNELS, engine_op, routing_op
 from simulator.model.ops import HOST_SYNC
+from simulator.model.sync import BARRIER_SYNCS
 
 NEG = -math.inf
 
@@ -71,6 +72,11 @@ class HostRates:
     #: plain aten calls on integer tensors, measured as a call, :func:`multihot_op_s`);
     #: 0: ``op_s``
     multihot_op_s: float = 0.0
+    #: more host time on each synchronisation that follows a collective of the EP group (a
+    #: barrier of its hosts, :data:`simulator.model.sync.BARRIER_SYNCS`), beyond ``sync_s``:
+    #: :func:`simulator.model.sync.host_barrier_s` of the group; not scaled by
+    #: :meth:`scaled` (already a group's figure)
+    barrier_s: float = 0.0
 
     def scaled(self, factor: float) -> HostRates:
         """Every host time ``factor`` times as long (a group paced by its slowest host,
@@ -78,10 +84,15 @@ class HostRates:
         if factor == 1.0:
             return self
         times = {f.name: getattr(self, f.name) * factor for f in fields(self)
-                 if isinstance(getattr(self, f.name), (int, float))}
+                 if isinstance(getattr(self, f.name), (int, float)) and f.name != "barrier_s"}
         return replace(self, **times,
                        extra=MappingProxyType({k: v * factor for k, v in self.extra.items()}),
                        expert_gemm_s=tuple(x * factor for x in self.expert_gemm_s))
+
+    def sync_part_s(self, part) -> float:
+        """Host time of a synchronisation part once the GPU has drained: ``sync_s``, and
+        ``barrier_s`` more where it is a barrier of the EP group's hosts."""
+        return self.sync_s + (self.barrier_s if part.name in BARRIER_SYNCS else 0.0)
 
     def part_s(self, part) -> float:
         """Host time to issue one part of a program."""
@@ -231,5 +242,5 @@ def program_matrix(prog: Sequence, rates: HostRates, gpu_time) -> Matrix:
             m = compose(m, piece_matrix([rates.part_s(q) for q in piece], suffix))
             piece = []
         if p is not None:
-            m = compose(m, sync_matrix(rates.sync_s))
+            m = compose(m, sync_matrix(rates.sync_part_s(p)))
     return m

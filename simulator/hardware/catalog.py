@@ -165,6 +165,10 @@ class GPUSpec:
     #: scale of the expected maximum of normals a host-bound step of ``n`` ranks pays
     #: (:func:`simulator.model.sync.host_group_factor`)
     host_jitter: float = 0.0
+    #: what a host read after a collective of ``n`` ranks (an MoE layer's count
+    #: synchronisation: a barrier of the hosts) costs beyond one process's, as the scale of the
+    #: expected maximum of ``n`` normals (:func:`simulator.model.sync.host_barrier_s`)
+    host_barrier_s: float = 0.0
     #: host time PyTorch DTensor adds to ``torch.optim.AdamW(foreach=True)``'s step beyond the
     #: same step on plain tensors: per step and per DTensor parameter tensor of the rank
     #: (gpus.yaml; :func:`simulator.engine.host.dtensor_opt_s`)
@@ -475,7 +479,8 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
                 "host_fsdp_call_s", "host_fsdp_tensor_s", "host_fused_op_s",
                 "host_fused_collective_s", "host_multihot_s", "host_gemm_new_shape_fwd_s",
                 "host_gemm_new_shape_dgrad_s", "host_gemm_new_shape_wgrad_s",
-                "host_events_call_s", "sync_jitter", "host_jitter", "host_dtensor_opt_step_s",
+                "host_events_call_s", "sync_jitter", "host_jitter", "host_barrier_s",
+                "host_dtensor_opt_step_s",
                 "host_dtensor_opt_tensor_s", "host_dtensor_opt_tensor_nosp_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,
                                 field=f"{field}.{key}", zero_ok=True)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from simulator.model.moe import expected_max_normal  # one quadrature for every E[max] of normals
 
-__all__ = ["expected_max_normal", "group_sync_factor", "host_group_factor", "host_group_size",
-           "sync_group_size"]
+__all__ = ["BARRIER_SYNCS", "expected_max_normal", "group_sync_factor", "host_barrier_s",
+           "host_group_factor", "host_group_size", "sync_group_size"]
 
 
 def group_sync_factor(n: int, jitter: float) -> float:
@@ -69,3 +69,31 @@ def host_group_size(gpus: int) -> int:
     GPU by the end of the step: a host ``Z`` that is persistent over the step costs the same
     whether the ranks meet every layer or once."""
     return max(1, gpus)
+
+
+# ---- a host read after a collective: a barrier of the hosts
+#
+# An MoE layer reads its token counts on the host after exchanging them with its EP group
+# (``.tolist()`` / ``.cpu()``; CUDA ``bincount``'s read of the ids' range waits for the GPU,
+# which waited in the previous layer's combine): each host waits there for its GPU, which
+# waits in the exchange for the slowest host of the group. So every such read is a barrier of
+# the group's hosts, and a step cut by them pays, per segment between two barriers, that
+# segment's slowest host, where a continuous issue pays the slowest host over the step
+# (``host_group_factor``): a process's lag is partly drawn afresh at each barrier (woken after
+# its wait, it resumes on whichever core, at whichever pace). Measured
+# (``data/measured/sync-segments-h100x4``): the same host-bound stream cut into 4-256 segments
+# by an uneven ``all_to_all_single`` whose sizes are or are not read on the host, 1, 2 and 4
+# processes: the sum of the segments' maxima exceeds the largest sum by a roughly fixed time
+# a barrier (not a share of the segment), and the read costs more than one process's by about
+# as much again; together ``e_n x host_barrier_s`` a barrier (``e_n`` the expected maximum of
+# ``n`` standard normals: the slowest of ``n`` fresh lags; ``python -m simulator.calibrate
+# host_barrier``).
+
+#: the host synchronisations that follow a collective of the EP group (a barrier of its hosts)
+BARRIER_SYNCS = frozenset({"moe_bincount_sync", "moe_counts_sync", "moe_regroup_sync"})
+
+
+def host_barrier_s(n: int, scale: float) -> float:
+    """What one host read after a collective of ``n`` ranks costs beyond one process's
+    synchronisation: ``scale x e_n`` (0 for one rank)."""
+    return scale * expected_max_normal(n)
