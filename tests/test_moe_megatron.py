@@ -112,8 +112,9 @@ MOE = {"layers": 3, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "kv_heads":
 def test_each_moe_forward_waits_for_its_counts(tmp_path, capsys):
     """The host is ahead (no host time per fused kernel), so each MoE layer forward idles the
     GPU exactly ``host_sync_s`` after the count exchange: 3 layers x 1 micro-batch per replica
-    (global batch 8 over dp 8) x the difference."""
-    ahead = {"host_fused_op_s": 0.0, "host_fused_collective_s": 0.0}
+    (global batch 8 over dp 8) x the difference (no barrier cost, ``host_barrier_s`` 0: that is
+    tests/test_host_barrier.py's)."""
+    ahead = {"host_fused_op_s": 0.0, "host_fused_collective_s": 0.0, "host_barrier_s": 0.0}
     base = {"base": "H100-SXM-80GB", "host_jitter": 0.0, "host_sync_s": 0.0, **ahead}
     slow = {"base": "H100-SXM-80GB", "host_jitter": 0.0, "host_sync_s": 1e-3, **ahead}
     a = _step(tmp_path, capsys, MOE, base, dp=8, ep=4)

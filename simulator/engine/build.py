@@ -803,8 +803,8 @@ class _Builder:
         models: nothing makes their host wait, so it stays ahead of the GPU)."""
         gpu = self.job.machine.gpu
         if self.t.kernels != "eager":
-            if self.m.moe is None or max(gpu.host_sync_s, gpu.host_fused_op_s,
-                                         gpu.host_fused_collective_s) <= 0.0:
+            if self.m.moe is None or max(gpu.host_sync_s, gpu.host_barrier_s,
+                                         gpu.host_fused_op_s, gpu.host_fused_collective_s) <= 0.0:
                 return None
             multihot = 0.0
             if gpu.host_multihot_s > 0.0:
