@@ -48,6 +48,7 @@ from simulator.engine.program import (
     Pricer,
     StagePrograms,
     build_stage_programs,
+    embed_grad,
     program_time,
 )
 from simulator.hardware.precision import pricing_dtype, weight_bytes
@@ -309,7 +310,8 @@ class Estimator:
 
     def programs(self, cand: Candidate, res: Resolved) -> StagePrograms:
         key = (cand.tp, cand.cp, cand.sequence_parallel, cand.micro_batch, cand.recompute,
-               cand.ep, cand.etp, res.sizes if cand.ep is not None else None)  # fmt: skip
+               cand.ep, cand.etp, res.sizes if cand.ep is not None else None,
+               cand.pp == 1)  # fmt: skip
         hit = self._progs.get(key)
         if hit is None:
             t = self.work.training
@@ -330,6 +332,7 @@ class Estimator:
                     t.model_copy(update={"recompute": cand.recompute})),
                 tp_input_dtype=self.work.parallelism.tp_input_dtype,
                 tp_impl=self.work.parallelism.tp_impl, tp_loss=self.work.parallelism.tp_loss,
+                embed_grad=embed_grad(t, self.work.model, cand.pp),
             )  # fmt: skip
             self._progs[key] = hit
         return hit

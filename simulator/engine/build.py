@@ -35,7 +35,13 @@ from simulator.engine.host import (
     dtensor_param_tensors,
     multihot_op_s,
 )
-from simulator.engine.program import Part, Pricer, StagePrograms, build_stage_programs
+from simulator.engine.program import (
+    Part,
+    Pricer,
+    StagePrograms,
+    build_stage_programs,
+    embed_grad,
+)
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.errors import ConfigError
 from simulator.hardware.catalog import GPUSpec
@@ -327,7 +333,7 @@ class _Builder:
                 moe_kw=self.moe_kw(), recompute_modules=moe_sizes.recompute_modules(t),
                 tp_input_dtype=self.par.tp_input_dtype,
                 tp_impl=self.par.tp_impl, grad_accumulation=self.grad_accumulation(),
-                tp_loss=self.par.tp_loss,
+                tp_loss=self.par.tp_loss, embed_grad=embed_grad(t, self.m, self.pp),
             )  # fmt: skip
             if self.pp > 1 and self.tp > 1 and self.par.pp_scatter_gather and not self.sp:
                 # Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1): each TP rank

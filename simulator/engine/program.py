@@ -227,6 +227,19 @@ def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pr
     return ()
 
 
+def embed_grad(training, model, pp: int) -> dict:
+    """Where the word embedding's dense gradient goes with fused kernels (``embed_grad`` of
+    :func:`build_stage_programs`; :func:`simulator.model.transformer.embedding_weight_grad_ops`):
+    Megatron-Core's DDP hook adds it into ``main_grad`` (``grad_reduce_dtype``) with 16-bit
+    weights; with tied embeddings and one pipeline stage the LM head on the same rank hands
+    autograd a zero-filled dummy gradient of the shared weight (``zero_out_wgrad``)."""
+    t = training
+    if t.kernels != "fused":
+        return {}
+    acc = tf.DTYPE_BYTES[t.grad_reduce_dtype] if t.param_dtype == "bf16" else 0
+    return dict(main_grad_bytes=acc, tied_head=bool(model.tied_embeddings) and pp == 1)
+
+
 def build_stage_programs(
     *,
     model,
@@ -248,6 +261,7 @@ def build_stage_programs(
     tp_impl: str = "megatron",
     grad_accumulation: tuple[int, float] | None = None,
     tp_loss: str = "vocab_parallel",
+    embed_grad: dict | None = None,
 ) -> StagePrograms:
     """Price every program of one stage.
 
@@ -261,6 +275,9 @@ def build_stage_programs(
     layers' programs and ``first_*`` those of the leading dense layers. ``grad_accumulation``
     ``(acc_bytes, share)`` adds an unfused gradient accumulation after every weight-gradient
     GEMM of the backward programs (:func:`simulator.model.transformer.unfused_grad_accumulation`).
+    ``embed_grad`` (``main_grad_bytes``, ``tied_head``): where the word embedding's dense
+    gradient goes (:func:`simulator.model.transformer.embedding_weight_grad_ops`); an MTP
+    module's embedding adds its own dense gradient into ``main_grad`` likewise.
     """
     pr = Pricer(cm, dtype, kernels, param_dtype)
 
@@ -302,6 +319,8 @@ def build_stage_programs(
     hkw = dict(kw, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl, tp_loss=tp_loss)
     head_f = mc.head_ops(model, backward=False, **hkw)
     head_b = bwd(mc.head_ops(model, backward=True, **hkw))
+    egrad = dict(embed_grad or {})
+    mtp_grad = {k: v for k, v in egrad.items() if k != "tied_head"}
     if model.mtp_depth:  # MTP modules after the main head (simulator.model.mtp)
         d = BYTES.get(dtype, 2)
 
@@ -316,7 +335,7 @@ def build_stage_programs(
                  *mtp_layer(False), *head_f]  # fmt: skip
         one_b = bwd([*mc.head_ops(model, backward=True, **hkw), *mtp_layer(True),
                      *mtp.proj_ops(model, backward=True, d=d, **_proj_kw(kw)),
-                     *mc.embedding_ops(model, backward=True, **kw)])  # fmt: skip
+                     *mc.embedding_ops(model, backward=True, **kw, **mtp_grad)])  # fmt: skip
         head_f = head_f + one_f * model.mtp_depth
         head_b = one_b * model.mtp_depth + head_b
     return StagePrograms(
@@ -324,7 +343,7 @@ def build_stage_programs(
         layer_bwd,
         layer_re,
         price(mc.embedding_ops(model, backward=False, **kw), pr, comm_cost),
-        price(mc.embedding_ops(model, backward=True, **kw), pr, comm_cost),
+        price(mc.embedding_ops(model, backward=True, **kw, **egrad), pr, comm_cost),
         price(head_f, pr, comm_cost),
         price(head_b, pr, comm_cost),
         **first,

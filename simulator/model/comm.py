@@ -168,15 +168,18 @@ def layer_ops(
 def embedding_ops(
     model: ModelConfig, *, micro_batch: int, tp: int, sequence_parallel: bool,
     backward: bool, cp: int = 1, kernels: str = "fused", param_dtype: str = "bf16",
+    main_grad_bytes: int = 0, tied_head: bool = False,
 ) -> list[Op]:  # fmt: skip
     """The embedding on one rank. Its output is summed across the vocab-parallel TP ranks
     (all-reduce, or reduce-scatter into the sequence-parallel region); its backward needs no
-    collective."""
+    collective (``main_grad_bytes``, ``tied_head``: see
+    :func:`simulator.model.transformer.embedding_weight_grad_ops`)."""
     local = cp_local(model, cp)
     kw = dict(micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
               kernels=kernels, param_dtype=param_dtype)  # fmt: skip
     if backward:
-        return tf.embedding_backward_ops(local, **kw)
+        return tf.embedding_backward_ops(local, main_grad_bytes=main_grad_bytes,
+                                         tied_head=tied_head, **kw)
     ops = tf.embedding_forward_ops(local, **kw)
     if tp > 1:
         c = "reduce_scatter" if sequence_parallel else "all_reduce"

@@ -338,11 +338,14 @@ def embedding_backward_ops(
     dtype_bytes: int = 2,
     kernels: str = "fused",
     param_dtype: str = "bf16",
+    main_grad_bytes: int = 0,
+    tied_head: bool = False,
 ) -> list[Op]:
     """Dropout backward, position-embedding gradient (read dY, write the summed rows), and
-    the word-embedding gradient: read the full dY and read-modify-write the rows of the local
-    shard (about 1/tp of the tokens), which is the accumulation itself (no ``.grad`` sum is
-    added for fp32 parameters). ``kernels="eager"``: :func:`eager.embedding_backward`."""
+    the word-embedding gradient as Megatron-Core's ``VocabParallelEmbedding`` produces it
+    (:func:`embedding_weight_grad_ops`: a dense ``[V/tp, h]`` gradient, then its addition
+    into ``main_grad`` of ``main_grad_bytes`` an element; ``tied_head``: the LM head on the
+    same rank shares the weight). ``kernels="eager"``: :func:`eager.embedding_backward`."""
     P = _modes(kernels, param_dtype)
     if kernels == "eager":
         return eager.embedding_backward(model, micro_batch, tp, sequence_parallel, P)
@@ -353,7 +356,61 @@ def embedding_backward_ops(
         ops.append(mem_op("embed_dropout", "embed", L.norm_tokens * h * (2 * d + MASK), True))
     if A.learned_positions:
         ops.append(mem_op("pos_embed", "embed", 2 * L.norm_tokens * h * d, True))
-    ops.append(mem_op("embed", "embed", L.tokens * h * d * (1 + 2 / tp), True))
+    g = FP32 if P == FP32 else d  # F.embedding of fp32 weights is not autocast: fp32 dY
+    return ops + embedding_weight_grad_ops(L.tokens, L.vocab, h, tp, g, P == FP32,
+                                           main_grad_bytes, tied_head)
+
+
+#: ``embedding_dense_backward``'s rows per partial sum (``NROWS_PER_THREAD``, PyTorch
+#: aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu).
+EMBED_ROWS_PER_PARTIAL = 10
+#: Bytes of a token id (int64) and of a boolean mask element.
+ID_BYTES, BOOL_BYTES = 8, 1
+
+
+def embedding_weight_grad_ops(tokens: int, rows: int, h: int, tp: int, g: int, fp32_grad: bool,
+                              main_grad_bytes: int, tied_head: bool) -> list[Op]:
+    """The word-embedding weight gradient of one micro-batch on one TP rank (fused kernels).
+
+    Megatron-Core's ``VocabParallelEmbedding`` (tp > 1) maps the ids of other shards to row 0,
+    looks up with ``F.embedding`` and zeroes their output rows (``output_parallel[input_mask,
+    :] = 0.0``). Backward: that ``index_put_``'s gradient clones dY and writes zeros into the
+    ``(1 - 1/tp)`` foreign rows (boolean mask -> int64 indices); then PyTorch's
+    ``embedding_dense_backward`` over all ``tokens`` ids (Embedding.cu, sort path for more
+    than 3,072 ids): a CUB radix sort of the int64 ids with their positions (8 passes of 8
+    bits, reading and writing keys and values), ``at::zeros`` of the dense ``[rows, h]``
+    gradient in dY's dtype ``g``, ``compute_grad_weight`` (read every token's dY row, write
+    one fp32 partial sum per run of up to 10 equal ids: about ``tokens/tp`` distinct rows
+    plus ``(1 - 1/tp) tokens / 10`` partials for row 0), ``sum_and_scatter`` (read the
+    partials, write the ``tokens/tp`` rows). The dense gradient then reaches the optimizer's
+    buffer in full, whatever the tokens touched: Megatron-Core's DDP hook on the parameter
+    runs ``param.main_grad.add_(param.grad)`` (``g + 2 * main_grad_bytes`` bytes an
+    element, every micro-batch: the hook sets ``.grad`` to None after it); with fp32
+    weights (autocast) autograd adds it into ``.grad`` (12 bytes an element, steady state).
+    ``tied_head`` (the LM head shares the weight on this rank, Megatron's ``zero_out_wgrad``
+    at PP 1): the head's fused wgrad has gone into ``main_grad`` already and it hands
+    autograd a zero-filled ``[rows, h]`` dummy (``torch.zeros``, ``g`` bytes an element),
+    which autograd's input buffer adds to the embedding's (``3 g``)."""
+    mine = tokens / tp
+    partials = mine + (tokens - mine) / EMBED_ROWS_PER_PARTIAL
+    ops = []
+    if tp > 1:
+        foreign = tokens - mine
+        ops.append(mem_op("embed_mask", "embed", 2 * tokens * h * g + tokens * BOOL_BYTES
+                          + foreign * (h * g + 2 * ID_BYTES), True))
+    ops += [
+        mem_op("embed_sort", "embed", 8 * 2 * 2 * tokens * ID_BYTES, True),
+        mem_op("embed_zero", "embed", rows * h * g, True),
+        mem_op("embed_partial", "embed", tokens * h * g + partials * h * FP32, True),
+        mem_op("embed_scatter", "embed", partials * h * FP32 + mine * h * g, True),
+    ]
+    if tied_head:
+        ops += [mem_op("head_wgrad_zero", "embed", rows * h * g, True),
+                accumulate_op("embed_gsum", "embed", rows * h, g)]
+    if fp32_grad:
+        ops.append(accumulate_op("embed_gacc", "embed", rows * h))
+    elif main_grad_bytes:
+        ops.append(mem_op("embed_gacc", "embed", rows * h * (g + 2 * main_grad_bytes), True))
     return ops
 
 
