@@ -53,6 +53,8 @@ class Batch:
     g3_sizes: str  # "a group of 3 at 42 KiB x 4^k (every rank's share 16-byte aligned)"
     notes: dict = field(default_factory=dict)  # suite, memory, g4, g3: the main miss of each
     band_tolerances: tuple = (0.8, 0.6)  # the <= 1 MiB and 1-96 MiB bands' (>= 96 MiB: 0.5)
+    cases_when: str = "before any helper landed"  # when the shapes were fixed, helpers-wise
+    comm_call: str = "B"  # the call of call_heldoutN.sh that measured the collectives
 
     @property
     def here(self) -> Path:
@@ -60,8 +62,8 @@ class Batch:
 
     @property
     def role_note(self) -> str:
-        return (f"Pre-registered: cases written at {self.cases_written}, shapes fixed before any "
-                f"helper landed), model frozen at tag heldout-freeze-{self.n} after every helper of "
+        return (f"Pre-registered: cases written at {self.cases_written}, shapes fixed "
+                f"{self.cases_when}), model frozen at tag heldout-freeze-{self.n} after every helper of "
                 "the session had landed, predictions for 4x H100 and 4x H200 committed (tag "
                 f"heldout-predictions-{self.n}) before the measurement.")
 
@@ -127,7 +129,7 @@ def write_collectives(b: Batch, box: str, tag: str, what: str, result: str, note
                        {"name": ">= 96 MiB", "min_bytes": 100663297, "tolerance_mape": 0.5}]}
     head = (f"# HELD OUT, pre-registered (issue 12), {ORDINAL[b.n]} batch: NCCL collectives, "
             f"{what}, 4x {box.upper()} NVSwitch, bf16,\n# CUDA events between back-to-back calls "
-            f"(benchmarks/device/comm.py via call_heldout{b.n}.sh B); all-to-all uniform, rotated "
+            f"(benchmarks/device/comm.py via call_heldout{b.n}.sh {b.comm_call}); all-to-all uniform, rotated "
             f"and hot.\n# Predicted once at tag heldout-freeze-{b.n}. Result as it came out: "
             f"{result}\n# Band tolerances set after the measurement: regression guards only.\n")
     (b.here / f"collectives-{tag}.yaml").write_text(head + yaml.safe_dump(suite, sort_keys=False,
