@@ -208,7 +208,7 @@ class Estimator:
                                                     ep=res.ep, etp=res.etp)  # fmt: skip
                 dense, expert = dense + a, expert + b
         if vs == 0:
-            dense += self.emb / tp
+            dense += self.emb / self._embed_tp(tp)
         if vs == pp * res.virtual_stages - 1:
             dense += self.head / tp
             m = self.work.model
@@ -221,6 +221,11 @@ class Estimator:
                 dense += m.mtp_depth * a + mtp.mtp_params(m, 0) / tp
                 expert += m.mtp_depth * b
         return dense, expert
+
+    def _embed_tp(self, tp: int) -> int:
+        """The word embedding's TP split (``_Builder.embed_tp``): 1 where
+        ``parallelism.tp_embedding: replicated`` keeps it whole on every rank."""
+        return 1 if self.work.parallelism.tp_embedding == "replicated" else tp
 
     def _stage_params(self, res: Resolved, stage: int) -> float:
         pp = res.size("pp")
@@ -333,6 +338,7 @@ class Estimator:
                 tp_input_dtype=self.work.parallelism.tp_input_dtype,
                 tp_impl=self.work.parallelism.tp_impl, tp_loss=self.work.parallelism.tp_loss,
                 embed_grad=embed_grad(t, self.work.model, cand.pp),
+                embed_tp=self._embed_tp(cand.tp),
             )  # fmt: skip
             self._progs[key] = hit
         return hit
@@ -364,7 +370,9 @@ class Estimator:
         act_layer = mem.activation_bytes_per_layer(
             m, recompute=cand.recompute, flash_attention=t.flash_attention, **kw, **impl, **code
         )
-        act_embed = mem.embedding_activation_bytes(m, **kw, **impl)
+        etp = self._embed_tp(cand.tp)
+        act_embed = mem.embedding_activation_bytes(
+            m, **dict(kw, tp=etp, sequence_parallel=cand.sequence_parallel and etp > 1), **impl)
         act_head = mem.head_activation_bytes(m, norm_gain=t.rmsnorm_gain,
                                              tp_loss=self.work.parallelism.tp_loss, **kw, **impl)
         # a recomputed layer's activations, held again during its backward (as the engine)

@@ -52,6 +52,7 @@ def _run(tmp_path: Path, name: str, jitter: float | None, tp: int) -> dict:
     w["parallelism"]["dp"] = 4 // tp
     w["training"]["global_batch"] = 8 * (4 // tp)
     w["parallelism"]["tp_loss"] = "vocab_parallel"
+    w["parallelism"]["tp_embedding"] = "vocab_parallel"
     topo = yaml.safe_load((TP4.parent / w["cluster"]["topology"]).read_text())
     if jitter is not None:
         topo["gpu"] = {"base": topo["gpu"], "sync_jitter": jitter}

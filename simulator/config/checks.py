@@ -153,6 +153,10 @@ def resolve(
         raise fail("parallelism.tp_loss", "gathered models eager code that all-gathers the "
                    "LM head's logits: needs training.kernels: eager and parallelism.tp_impl: "
                    "megatron (accepted otherwise: vocab_parallel)")
+    if par.tp_embedding == "replicated" and t.kernels != "eager":
+        raise fail("parallelism.tp_embedding", "replicated models eager code that keeps a whole "
+                   "nn.Embedding on every TP rank: needs training.kernels: eager (accepted "
+                   "otherwise: vocab_parallel)")
     _check_deepspeed(work, pp, fail)
     _check_fsdp_reshard(work, pp * par.virtual_stages, fail)
     if t.master_weights == "remainder" and (t.param_dtype != "bf16" or t.optimizer_impl != "fused"):

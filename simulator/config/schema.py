@@ -692,6 +692,15 @@ class ParallelismConfig(Frozen):
         "every rank runs an ordinary cross-entropy over the whole vocabulary, its gradient "
         "sliced back to the rank's shard (benchmarks/device/steps_third.py)",
     )
+    tp_embedding: Literal["vocab_parallel", "replicated"] = Field(
+        "vocab_parallel",
+        description="how the word embedding meets tensor parallelism (tp > 1). vocab_parallel: "
+        "its rows split over the TP ranks, the looked-up rows all-reduced (Megatron-LM's "
+        "VocabParallelEmbedding, DTensor's RowwiseParallel on it). replicated: eager code only: "
+        "a whole nn.Embedding on every TP rank (weight, gradient and optimizer moments of all "
+        "vocab x hidden rows, a plain lookup without collective, the dense gradient over the "
+        "whole vocabulary; benchmarks/device/steps_third.py)",
+    )
     pp_runtime: Literal["megatron", "torch"] = Field(
         "megatron",
         description="how the pipeline's sends and receives are issued. megatron: each transfer "

@@ -287,6 +287,8 @@ class _Builder:
         for d in GRAD_DIMS:
             self.shard *= lay.size(d)
         self.sp = self.par.sequence_parallel and self.tp > 1
+        # the word embedding's TP split: none where eager code keeps it whole on every rank
+        self.embed_tp = 1 if self.par.tp_embedding == "replicated" else self.tp
         self.local_model = mc.cp_local(self.m, lay.size("cp"))
         # MoE Parallel Folding: experts split ep x etp ways, their states sharded over edp
         self.ep = job.layout_of("ep").size("ep")
@@ -334,6 +336,7 @@ class _Builder:
                 tp_input_dtype=self.par.tp_input_dtype,
                 tp_impl=self.par.tp_impl, grad_accumulation=self.grad_accumulation(),
                 tp_loss=self.par.tp_loss, embed_grad=embed_grad(t, self.m, self.pp),
+                embed_tp=self.embed_tp,
             )  # fmt: skip
             if self.pp > 1 and self.tp > 1 and self.par.pp_scatter_gather and not self.sp:
                 # Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1): each TP rank
@@ -456,8 +459,8 @@ class _Builder:
         for layer in range(start, start + self.lay.stage_layers[vs]):
             a, b = self.layer_local(layer)
             dense, expert = dense + a, expert + b
-        if vs == 0:
-            dense += tf.embedding_params(self.m) / self.tp
+        if vs == 0:  # (whole on every TP rank with parallelism.tp_embedding: replicated)
+            dense += tf.embedding_params(self.m) / self.embed_tp
         if vs == self.pp * self.v - 1:
             dense += (tf.head_params(self.m) + tf.final_norm_params(self.m)) / self.tp
             if self.m.mtp_depth:  # MTP modules: a layer of the last kind, eh_proj, norms
@@ -599,7 +602,8 @@ class _Builder:
                     if m.moe is not None or m.attention_kind == "mla" else layer)
             proj = 4 * t.micro_batch * m.seq_len * m.hidden * 2 / (self.tp if self.sp else 1)
             head += m.mtp_depth * (last + mem.head_activation_bytes(m, norm_gain=t.rmsnorm_gain, **mkw) + proj)
-        return layer, mem.embedding_activation_bytes(m, **mkw), head, max(0.0, whole - layer)
+        ekw = dict(mkw, tp=self.embed_tp, sequence_parallel=self.sp and self.embed_tp > 1)
+        return layer, mem.embedding_activation_bytes(m, **ekw), head, max(0.0, whole - layer)
 
     def torch_memory(self) -> TorchPipelineMemory | None:
         """What ``torch.distributed.pipelining`` holds beside the saved activations, where it
@@ -980,8 +984,8 @@ class _Builder:
                         "edp": self.edp, "egather": self.edp},
             grad_prep=grad_prep,
             unit_bytes=lambda u: (
-                (emb if u == "embed" else head) / tp * pb,
-                (emb if u == "embed" else head) / tp * gb,
+                (emb / self.embed_tp if u == "embed" else head / tp) * pb,
+                (emb / self.embed_tp if u == "embed" else head / tp) * gb,
             ),
             grad_finalize=grad_finalize,
             interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),

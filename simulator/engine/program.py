@@ -262,6 +262,7 @@ def build_stage_programs(
     grad_accumulation: tuple[int, float] | None = None,
     tp_loss: str = "vocab_parallel",
     embed_grad: dict | None = None,
+    embed_tp: int | None = None,
 ) -> StagePrograms:
     """Price every program of one stage.
 
@@ -278,6 +279,9 @@ def build_stage_programs(
     ``embed_grad`` (``main_grad_bytes``, ``tied_head``): where the word embedding's dense
     gradient goes (:func:`simulator.model.transformer.embedding_weight_grad_ops`); an MTP
     module's embedding adds its own dense gradient into ``main_grad`` likewise.
+    ``embed_tp``: the word embedding's TP split (``tp`` unless ``parallelism.tp_embedding:
+    replicated``: 1, a whole ``nn.Embedding`` looked up without collective, its dense
+    gradient over the whole vocabulary, the output whole on every rank).
     """
     pr = Pricer(cm, dtype, kernels, param_dtype)
 
@@ -293,6 +297,7 @@ def build_stage_programs(
     )  # fmt: skip
     lkw = dict(kw, flash_attention=flash_attention, cp_comm=cp_comm, tp_input_dtype=tp_input_dtype,
                tp_impl=tp_impl)
+    ekw = kw if embed_tp in (None, tp) else dict(kw, tp=embed_tp, sequence_parallel=False)
     first: dict = {}
     if model.moe is not None or model.attention_kind == "mla":
         # activations stay 16-bit under the low-precision recipes (their GEMMs are priced in
@@ -342,8 +347,8 @@ def build_stage_programs(
         layer_fwd,
         layer_bwd,
         layer_re,
-        price(mc.embedding_ops(model, backward=False, **kw), pr, comm_cost),
-        price(mc.embedding_ops(model, backward=True, **kw, **egrad), pr, comm_cost),
+        price(mc.embedding_ops(model, backward=False, **ekw), pr, comm_cost),
+        price(mc.embedding_ops(model, backward=True, **ekw, **egrad), pr, comm_cost),
         price(head_f, pr, comm_cost),
         price(head_b, pr, comm_cost),
         **first,

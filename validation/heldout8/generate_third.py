@@ -55,7 +55,7 @@ NOT = {
     "single": "",
     "ddp": "",
     "fsdp": "",
-    "tp": "; replicated embedding",
+    "tp": "",
     "pp": "; the scalar all-reduce of the distributed clip",
     "moe": "; one all-reduce per replicated parameter (no bucketing; described as ddp_buckets "
            "none after backward with 25 MiB buckets), the host sort of received rows by "
@@ -114,7 +114,8 @@ def body(name: str, c: dict, batch: int = 8, shapes: dict = SHAPES) -> str:
               f"  pp: {world if sch == 'pp' else 1}", f"  dp: {dp}",
               f"  zero: {3 if sch == 'fsdp' else 0}", "  sequence_parallel: false"]
     if sch == "tp":
-        lines += ["  tp_input_dtype: compute", "  tp_impl: megatron", "  tp_loss: gathered"]
+        lines += ["  tp_input_dtype: compute", "  tp_impl: megatron", "  tp_loss: gathered",
+                  "  tp_embedding: replicated"]
     if sch == "pp":
         lines += ["  pp_schedule: 1f1b", "  virtual_stages: 1", "  pp_scatter_gather: false"]
     if sch == "moe":
