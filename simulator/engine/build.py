@@ -594,7 +594,7 @@ class _Builder:
         # eager: the loss's working set too (the head's peak, from its forward to its backward)
         head = mem.head_activation_bytes(
             m, include_transient=t.kernels == "eager", norm_gain=t.rmsnorm_gain,
-            tp_loss=self.par.tp_loss, **mkw
+            tp_loss=self.par.tp_loss, tp_impl=self.par.tp_impl, **mkw
         )
         if m.mtp_depth:  # each MTP module keeps a layer's and a head's activations, and
             # its norms' and projection's inputs (h, h and 2h per token, 16-bit)
@@ -623,7 +623,7 @@ class _Builder:
             return 0.0
         return mem.head_transient_bytes(
             self.local_model, micro_batch=t.micro_batch, tp=self.tp, sequence_parallel=self.sp,
-            kernels=t.kernels, tp_loss=self.par.tp_loss,
+            kernels=t.kernels, tp_loss=self.par.tp_loss, tp_impl=self.par.tp_impl,
         )  # fmt: skip
 
     # ---- communication: folded costs, or full-detail executors

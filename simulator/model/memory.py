@@ -599,6 +599,7 @@ def head_transient_bytes(
     dtype_bytes: int = 2,
     kernels: str = "fused",
     tp_loss: str = "vocab_parallel",
+    tp_impl: str = "megatron",
 ) -> float:
     """The largest working set of the loss beyond what the head keeps (bytes).
 
@@ -611,6 +612,14 @@ def head_transient_bytes(
     logits and their fp32 copy while ``logits - max`` is written (``x (d + 4)``); the backward
     works in place on the kept softmax and casts it to ``d`` (``d x``). With fp32 compute the
     ``.float()`` casts are no-ops. ``tp_loss: gathered``: as tp = 1 over the whole vocabulary.
+
+    ``tp_impl="dtensor"`` (tp > 1, eager): PyTorch's ``loss_parallel`` (its handlers in
+    ``torch/distributed/tensor/parallel/loss.py``). Forward, ``_log_softmax``: beside the
+    ``d``-byte logits and their fp32 copy, ``shifted = x - max`` and ``exp(shifted)`` (summed,
+    then freed) before the kept ``result`` is written: ``x (d + up + 4)`` beyond it. Backward,
+    ``_nll_loss_and_log_softmax_backward`` (nll_loss and log-softmax backward in one):
+    ``zeros_like`` of the input, ``exp(x)`` of the kept log-softmax, their sum and its product
+    with the incoming gradient, three fp32 tensors at once beside the kept one (``12 x``).
     """
     _check_kernels(kernels)
     L = local_dims(model, micro_batch, tp, sequence_parallel)
@@ -621,6 +630,8 @@ def head_transient_bytes(
         return float(x * (d + FP32))
     if whole:
         return float(max(x * (d + up), 2 * x * FP32))
+    if tp_impl == "dtensor" and tp > 1:
+        return float(max(x * (d + up + FP32), 3 * x * FP32))
     return float(max(x * (d + up), x * d if up else 0))
 
 
@@ -636,6 +647,7 @@ def head_activation_bytes(
     param_dtype: str = "bf16",
     norm_gain: str = "fp32",
     tp_loss: str = "vocab_parallel",
+    tp_impl: str = "megatron",
 ) -> float:
     """Bytes the head keeps per micro-batch (sum of :func:`head_activation_tensors`);
     ``include_transient`` adds the loss's working set (:func:`head_transient_bytes`), the
@@ -652,5 +664,5 @@ def head_activation_bytes(
         head_activation_tensors(model, param_dtype=param_dtype, norm_gain=norm_gain, **kw).values()
     )
     if include_transient:
-        kept += head_transient_bytes(model, **kw)
+        kept += head_transient_bytes(model, tp_impl=tp_impl, **kw)
     return float(kept)
