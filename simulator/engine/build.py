@@ -543,6 +543,23 @@ class _Builder:
         return (mem.model_state_bytes(dense, dp=self.shard, **kw).gradients
                 + mem.model_state_bytes(expert, dp=self.edp, **kw).gradients)  # fmt: skip
 
+    def optimizer_temp(self, p: Proc) -> float:
+        """Bytes ``torch.optim.AdamW(foreach=True)`` allocates during its step
+        (``training.optimizer_impl: foreach``): ``_multi_tensor_adam`` writes
+        ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``, a new list as large as the
+        second moments of the rank's parameters (torch/optim/adam.py), divides and adds eps
+        in place and frees it after the ``addcdiv_``; every ``.grad`` is alive then. The
+        fused step (one kernel a tensor chunk) allocates nothing. Counted over all the rank's
+        parameters (one ``(device, dtype)`` group; a script's second parameter group of a few
+        replicated tensors runs after the first and is smaller)."""
+        t = self.t
+        if t.optimizer_impl != "foreach":
+            return 0.0
+        dense, expert = self.stage_local(p.stage)
+        z = self.par.zero >= 1
+        local = dense / (self.shard if z else 1) + expert / (self.edp if z else 1)
+        return local * BYTES[t.optimizer_moments_dtype]
+
     def optimizer_program(self, p: Proc) -> tuple[Part, ...]:
         t = self.t
         dense, expert = self.stage_local(p.stage)
@@ -973,6 +990,7 @@ class _Builder:
             lazy_grad_mem=self.lazy_grads,
             first_steps_mem=self.first_steps_extra,
             optimizer_program=self.optimizer_program,
+            optimizer_temp=self.optimizer_temp,
             pp_bytes=self.pp_bytes(),
             participants=self.participants,
             peer=self.peer,

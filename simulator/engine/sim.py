@@ -132,6 +132,8 @@ class StepPlan:
     #: of ``act_bytes_head``: the loss's working set, alive only while one micro-batch's head
     #: backward runs (not kept for every micro-batch in flight)
     act_bytes_head_transient: float = 0.0
+    #: bytes the optimizer step allocates for itself while it runs (foreach Adam's sqrt list)
+    optimizer_temp: Callable[[Proc], float] | None = None
     # what a recomputed layer holds again from its recompute to the end of its backward
     act_bytes_recompute: float = 0.0
     #: gradient bytes of a process not in ``static_mem``: allocated by its step's first
@@ -646,7 +648,12 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
                 yield self._segments_folded(p, [("grad finalize", -1, fin)], "bwd", -1, None)
         # Optimizer step on this GPU's shard.
         opt = plan.optimizer_program(p)
+        temp = plan.optimizer_temp(p) if plan.optimizer_temp is not None else 0.0
+        if temp:  # (beside every gradient: the step's peak where activations are small)
+            self.mem.append((env.now, p.pid, temp, "optimizer"))
         yield self._segments_folded(p, [("optimizer", -1, opt)], "optimizer", -1, None)
+        if temp:
+            self.mem.append((env.now, p.pid, -temp, "optimizer"))
         if plan.zero in (1, 2) and not plan.overlap_param_gather:
             evs = []
             for c in by_vs:
