@@ -58,6 +58,26 @@ from simulator.model.ops import (
 
 I64 = 8  # token ids, labels
 BOOL = 1
+#: Shared memory a block of PyTorch's softmax kernels may use by default (CUDA's 48 KiB static
+#: limit, ``sharedMemPerBlock``). ``host_softmax`` in aten/src/ATen/native/cuda/SoftMax.cu keeps
+#: a row there (``cunn_SoftMaxForwardSmem``: read once, write once) only while the row fits;
+#: a wider row (an fp32 vocabulary of more than 12,288 logits: every LLM's) runs the multi-pass
+#: ``cunn_SoftMaxForward`` / ``cunn_SoftMaxBackward`` (see :func:`log_softmax_passes`).
+SOFTMAX_SMEM_BYTES = 48 * 1024
+
+
+def log_softmax_passes(row_elements: int, backward: bool, itemsize: int = FP32) -> int:
+    """Passes over the logits (each reads or writes every element once) of PyTorch's CUDA
+    ``log_softmax`` and its backward over rows of ``row_elements``. A row that fits
+    :data:`SOFTMAX_SMEM_BYTES`: forward read and write (2), backward read the gradient and the
+    output, write the input's gradient (3). A wider row, from global memory each time:
+    forward the row's max, the sum of exponentials, then read again and write (4); backward
+    the gradient's sum, then read the gradient and the output and write (4). Measured on one
+    H100 (data/measured/acgemm-h100x1: fp32 rows of 32,000 and 65,536 at 2,048 tokens): the
+    forward 319 / 713 us and the backward 368 / 738 us, 4 passes at 2.9-3.3 TB/s."""
+    if row_elements * itemsize <= SOFTMAX_SMEM_BYTES:
+        return 3 if backward else 2
+    return 4
 
 
 def _tiny(name: str, block: str, count: int, nbytes: float, bwd: bool = False) -> list[Op]:
@@ -372,8 +392,8 @@ def embedding_backward(model: ModelConfig, b: int, tp: int, sp: bool, P: int) ->
 def head_forward(model: ModelConfig, b: int, tp: int, sp: bool, d: int, P: int,
                  gathered: bool = False) -> list[Op]:
     """Final norm, LM head, and the loss on fp32 logits (``logits.float()``): with tp = 1
-    ``F.cross_entropy`` (log_softmax, one kernel that keeps a row in shared memory, then
-    nll_loss on the target logits); with tp > 1 the vocab-parallel cross-entropy of
+    ``F.cross_entropy`` (log_softmax, one kernel of :func:`log_softmax_passes` passes over
+    the logits, then nll_loss on the target logits); with tp > 1 the vocab-parallel cross-entropy of
     Megatron-LM / measure.py (max, subtract, exp, sum, divide; each a kernel over the logits).
     ``gathered`` (tp > 1, ``parallelism.tp_loss``): the vocabulary shards are all-gathered
     (the collective is :func:`simulator.model.comm.head_ops`'s), ``dist.all_gather`` into a
@@ -389,8 +409,9 @@ def head_forward(model: ModelConfig, b: int, tp: int, sp: bool, d: int, P: int,
         ops.append(mem_op("logits_cat", "head", 2 * x * d))
     ops.append(cast_op("ce_upcast", "head", x, d, FP32))
     if tp == 1 or gathered:
+        row = L.vocab * (tp if gathered else 1)
         return ops + [
-            mem_op("ce_log_softmax", "head", 2 * x * FP32),
+            mem_op("ce_log_softmax", "head", log_softmax_passes(row, False) * x * FP32),
             mem_op("ce_nll", "head", T * (I64 + 2 * FP32)),
         ]
     return ops + [
@@ -418,10 +439,11 @@ def head_backward(model: ModelConfig, b: int, tp: int, sp: bool, d: int, P: int,
     if gathered and tp > 1:
         x *= tp
     if tp == 1 or gathered:
+        row = L.vocab * (tp if gathered else 1)
         ops = [
             mem_op("ce_nll_fill", "head", x * FP32, True),
             mem_op("ce_nll_scatter", "head", T * (I64 + FP32), True),
-            mem_op("ce_log_softmax", "head", 3 * x * FP32, True),
+            mem_op("ce_log_softmax", "head", log_softmax_passes(row, True) * x * FP32, True),
         ]
     else:
         ops = _tiny("ce_target", "head", 3, 2 * T * I64, True)  # ~mask, cast, neg
