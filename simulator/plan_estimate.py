@@ -350,7 +350,7 @@ class Estimator:
             ops = tf.optimizer_ops(
                 local_params, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
                 moments_dtype=t.optimizer_moments_dtype, impl=t.optimizer_impl,
-                master_weights=t.master_weights,
+                master_weights=t.master_weights, grad_clip=t.grad_clip,
             )
             pr = Pricer(self.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
             hit = sum(pr.time(op) for op in ops)

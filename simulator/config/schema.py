@@ -433,6 +433,15 @@ class TrainingConfig(Frozen):
         "passes (weight decay, lerp of m, two of v, sqrt into a new list, divide, add eps, "
         "addcdiv), about 80 bytes per fp32 parameter instead of 28",
     )
+    grad_clip: Literal["norm", "foreach", "none"] = Field(
+        "norm",
+        description="global-norm gradient clipping before the optimizer step: norm, the "
+        "norm only (one read of every gradient; Megatron-Core scales the fp32 main grads "
+        "only when the coefficient is below 1); foreach, torch.nn.utils.clip_grad_norm_ "
+        "(or a hand-written equivalent) in eager code: _foreach_norm, then _foreach_mul_ "
+        "of every gradient by the clamped coefficient whatever its value (a read and a "
+        "write more); none, no clipping and no norm",
+    )
     optimizer_moments_dtype: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="dtype of Adam's first and second moments; the master weights stay fp32 "

@@ -567,7 +567,8 @@ class _Builder:
         local = dense / (self.shard if z else 1) + expert / (self.edp if z else 1)
         ops = tf.optimizer_ops(local, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
                                moments_dtype=t.optimizer_moments_dtype, impl=t.optimizer_impl,
-                               master_weights=t.master_weights)
+                               master_weights=t.master_weights,
+                               grad_clip=t.grad_clip)
         pr = Pricer(self.job.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
         return tuple(pr.part(op) for op in ops)
 

@@ -501,10 +501,13 @@ def optimizer_ops(
     moments_dtype: str = "fp32",
     impl: str = "fused",
     master_weights: str = "fp32",
+    grad_clip: str = "norm",
 ) -> list[Op]:
     """The optimizer step of the parameters this rank updates, memory-bound.
 
-    ``grad_norm`` (for gradient clipping) reads every gradient once. ``adam`` (a multi-tensor
+    ``grad_norm`` (for gradient clipping) reads every gradient once. ``grad_clip="foreach"``
+    (:func:`clip_ops`) adds ``grad_clip_mul``, PyTorch's ``_foreach_mul_`` of every gradient
+    by the clamped coefficient (read and written once); ``"none"`` drops the norm. ``adam`` (a multi-tensor
     fused Adam) with bf16/fp16 working weights reads grad, fp32 master, m, v and writes
     master, m, v and the working copy: g + 12 + 12 + p bytes per parameter (Rajbhandari et al.
     2020, ZeRO, Section 3.1: 16 bytes of state per parameter); with fp32 weights (AMP) there
@@ -536,10 +539,32 @@ def optimizer_ops(
         per = g + 2 * (p + mv)
     else:
         per = g + 2 * (FP32 + mv) + p
-    return [
-        mem_op("grad_norm", "optimizer", n_params_local * g),
-        mem_op("adam", "optimizer", n_params_local * per),
-    ]
+    return [*clip_ops(n_params_local, g, grad_clip),
+            mem_op("adam", "optimizer", n_params_local * per)]
+
+
+def clip_ops(n_params_local: float, g: int, grad_clip: str = "norm") -> list[Op]:
+    """Global-norm gradient clipping over this rank's ``n_params_local`` gradients of ``g``
+    bytes. ``"norm"``: the norm only, one read of every gradient (Megatron-Core's
+    ``multi_tensor_l2norm`` over the main grads; its ``multi_tensor_scale`` runs only when the
+    clip coefficient is below 1, not priced). ``"foreach"``:
+    ``torch.nn.utils.clip_grad_norm_`` as PyTorch 2.11 runs it (torch/nn/utils/clip_grad.py,
+    foreach path): ``_get_total_norm`` reads every gradient once (``_foreach_norm`` per
+    device and dtype, then ``stack`` and ``vector_norm`` of the per-tensor norms, a few
+    scalars), ``_clip_grads_with_norm_`` multiplies every gradient in place by
+    ``clamp(max_norm / (norm + 1e-6), max=1)`` whatever its value (``_foreach_mul_``: read and
+    write): ``3g`` bytes a parameter in two ops; no host synchronisation. ``"none"``: nothing.
+    The scalar kernels between the two and a distributed clip's scalar all-reduce (FSDP2's
+    ``full_tensor()``, a pipeline's hand-written clip) are not priced."""
+    if grad_clip == "none":
+        return []
+    if grad_clip not in ("norm", "foreach"):
+        raise ConfigError(f"grad_clip={grad_clip!r} (accepted: norm, foreach, none)",
+                          field="training.grad_clip")
+    ops = [mem_op("grad_norm", "optimizer", n_params_local * g)]
+    if grad_clip == "foreach":
+        ops.append(mem_op("grad_clip_mul", "optimizer", 2 * n_params_local * g))
+    return ops
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ def _tables(var: str = "CASES8") -> tuple[dict, dict]:
 SHAPES, CASES8 = _tables()
 ORDINAL = {8: "eighth", 9: "ninth", 10: "tenth", 11: "eleventh", 12: "twelfth", 13: "thirteenth",
            14: "fourteenth"}
-COMMON_NOT = "gradient clipping at 1.0 every step, RoPE as unfused cat/mul/add"
+COMMON_NOT = "RoPE as unfused cat/mul/add"
 # described by keys since the eighth batch's memory result (its memory suite a development set
 # since): no master copy, Meta-style RMSNorm, K/V repeated
 COMMON_DOES = ("No fp32 master weights, the bf16 parameters updated in place by AdamW(fused) "
@@ -54,10 +54,10 @@ DOES = {
 NOT = {
     "single": "",
     "ddp": "",
-    "fsdp": "",
+    "fsdp": "; the scalar all-reduce of the norm over DTensors",
     "tp": "",
     "pp": "; the scalar all-reduce of the distributed clip",
-    "moe": "; one all-reduce per replicated parameter (no bucketing; described as ddp_buckets "
+    "moe": "; the scalar all-reduce of the distributed clip, one all-reduce per replicated parameter (no bucketing; described as ddp_buckets "
            "none after backward with 25 MiB buckets), the host sort of received rows by "
            "local expert",
 }
@@ -108,7 +108,8 @@ def body(name: str, c: dict, batch: int = 8, shapes: dict = SHAPES) -> str:
     if sch == "fsdp":  # the script passes reshard_after_forward=True to every fully_shard
         lines.append("  fsdp_reshard_after_forward: all")
     lines += ["  measured_steps: [4, 9]",
-              "  optimizer_impl: fused", "  optimizer_moments_dtype: bf16",
+              "  grad_clip: foreach", "  optimizer_impl: fused",
+              "  optimizer_moments_dtype: bf16",
               "  master_weights: none", "  rmsnorm_gain: input_dtype", "  kv_repeat: true",
               "parallelism:", f"  tp: {world if sch == 'tp' else 1}",
               f"  pp: {world if sch == 'pp' else 1}", f"  dp: {dp}",
