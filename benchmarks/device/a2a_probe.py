@@ -74,6 +74,13 @@ PATTERNS = {
     2: {"uniform": _delta([1, 1]), "cross3": _delta([1, 3]), "self5": _delta([5, 1]),
         "cross3_u": _delta([1, 3])},
 }
+# ports (2026-11-27 afternoon): a port loaded one way against both ways at the same bytes
+# (incast: every rank sends its whole buffer to rank 0; incast_back: rank 0 also sends one part
+# to each; oneway: in a pair, rank 1 to rank 0 only), and comm.py's receiver-hot split (HOT_H
+# 55:15:15:15 = 11:3:3:3, pairs 7:3) with 16-byte aligned parts
+PATTERNS[4].update({"hot": _recv([11, 3, 3, 3]), "incast": _recv([1, 0, 0, 0]),
+                    "incast_back": [[1, 1, 1, 1], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0]]})
+PATTERNS[2].update({"hot": _recv([7, 3]), "oneway": [[1, 0], [1, 1]]})
 
 HOST_CASES = ["all_reduce", "all_gather", "reduce_scatter", "a2a_plain", "a2a_equal_lists",
               "a2a_uneven", "a2a_sparse"]
@@ -295,8 +302,8 @@ class Probe:
         for label, (g, pg, conc) in self.groups.items():
             if label.endswith("solo"):
                 continue
-            for pattern in PATTERNS[g]:
-                if a.patterns and pattern not in a.patterns.split(","):
+            for pattern in (a.patterns.split(",") if a.patterns else PATTERNS[g]):
+                if pattern not in PATTERNS[g]:  # in --patterns' order
                     continue
                 for nbytes in sizes:
                     stop.fill_(1.0 if time.time() - t0 > a.budget_s else 0.0)
