@@ -17,6 +17,7 @@ from simulator.calibrate import (
     launch,
     memory,
     network,
+    ports,
     routes,
     sync,
 )
@@ -80,6 +81,36 @@ def test_network_constants_are_a_minimum_of_the_fit():
 def test_alltoall_constants_equal_their_refit():
     for name, (refit, shipped) in alltoall.refit().items():
         assert refit == pytest.approx(shipped, abs=1e-12), name
+
+
+def test_reverse_load_equals_its_refit():
+    for name, (refit, shipped) in ports.refit().items():
+        assert refit == pytest.approx(shipped, abs=1e-12), name
+
+
+def test_reverse_load_is_the_slope_ratio_of_two_way_to_one_way_ports():
+    """Worked rows: a port receiving 3 p from three peers at 1 / R s a byte plus a fixed 20 us,
+    and the same port sending 3 p back at (1 + a) / R plus 30 us: the slopes between two
+    sizes cancel the fixed parts and give a back. Pairs likewise (one part each way)."""
+    R, a, MiB = 375e9, 0.125, 2**20
+
+    def row(label, g, pattern, mib, table, fixed, load):
+        return {"label": label, "group": g, "pattern": pattern, "bytes": mib * MiB,
+                "table_bytes": table, "time_s": fixed + load / R}
+
+    rows = []
+    for mib in (64, 256):  # incast: every rank sends its whole buffer to rank 0
+        p = mib * MiB
+        rows.append(row("x", 4, "incast", mib, [[p, 0, 0, 0]] * 4, 20e-6, 3 * p))
+    for mib in (256, 1024):  # incast_back: parts of a quarter, rank 0 sends one to each peer
+        p = mib * MiB // 4
+        t = [[p] * 4] + [[p, 0, 0, 0]] * 3
+        rows.append(row("x", 4, "incast_back", mib, t, 30e-6, 3 * p * (1 + a)))
+    for mib in (256, 1024):
+        p = mib * MiB // 2
+        rows.append(row("x", 2, "oneway", mib, [[p, 0], [p, p]], 15e-6, p))
+        rows.append(row("x", 2, "uniform", mib, [[p, p], [p, p]], 25e-6, p * (1 + a)))
+    assert ports.estimates(rows) == pytest.approx([a, a], rel=1e-9)
 
 
 def test_alltoall_fit_uses_device_bound_rows_and_the_model_itself():

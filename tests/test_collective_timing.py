@@ -112,6 +112,29 @@ def test_a_receiver_hot_all_to_all_pays_the_fill_once_at_its_busiest_port(nbytes
     assert t == pytest.approx(min(0.75 * nbytes, fill) / rate, rel=1e-6)
 
 
+@pytest.mark.parametrize("nbytes", [256 * 2**20, 2**30])
+def test_a_port_loaded_one_way_runs_faster_by_the_reverse_load(nbytes):
+    """comm.py's ``hot`` split in a group of 4 (every rank 55 % of S to rank 0, 15 % to each
+    other): rank 0's port receives 1.65 S and sends 0.45 S, the others receive 0.45 S and
+    send 0.85 S. With reverse load a, the busiest port carries 1.65 S + 0.45 a S against a
+    uniform exchange's (1 + a) x its bytes, which bandwidth_fraction was fitted on: the wire
+    part, 1.65 S / (NVLink rate x Simple's fraction x bandwidth_fraction), is scaled by
+    (1.65 + 0.45 a) / (1.65 (1 + a)); everything else (launch, fill, copy-out) stays. A
+    uniform split, loaded alike both ways, is unchanged."""
+    topo = _topo("h100x4-nvswitch")
+    on, off = CollectiveModel(topo), CollectiveModel(topo)
+    a = on.a2a_reverse_load = 0.1
+    off.a2a_reverse_load = 0.0
+    g, hot = [[0, 1, 2, 3]], [0.55, 0.15, 0.15, 0.15]
+    rate = topo.nvlink_Bps * load_fabrics()["links"]["nvlink"]["efficiency"]
+    simple = next(p for p in on.protocols if p.name == "Simple").fraction
+    wire = 1.65 * nbytes / (rate * simple * on.a2a_bw_fraction)
+    got = on.all_to_all_v(g, nbytes, hot).time_s - off.all_to_all_v(g, nbytes, hot).time_s
+    assert got == pytest.approx(wire * ((1.65 + 0.45 * a) / (1.65 * (1 + a)) - 1), rel=1e-6)
+    uni = [0.25] * 4
+    assert on.all_to_all_v(g, nbytes, uni).time_s == off.all_to_all_v(g, nbytes, uni).time_s
+
+
 def _suite(tmp_path: Path, timing: str, rows: list[dict]) -> Path:
     (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     suite = {"kind": "collectives", "name": "t", "role": "development", "timing": timing,

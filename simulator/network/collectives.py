@@ -160,6 +160,9 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         self.a2a_bw_fraction = float(a2a.get("bandwidth_fraction", 1.0))
         #: p2p Simple's pipeline fill: bytes per peer whose time is not overlapped
         self.a2a_fill_bytes = float(a2a.get("simple_fill_bytes", 0.0))
+        #: what a port direction's data costs the opposite direction of the same port, as a
+        #: share of its bytes (:meth:`_port_factor`; ``nccl.all_to_all.reverse_load``)
+        self.a2a_reverse_load = float(a2a.get("reverse_load", 0.0))
         ring_fill = fab.get("ring_simple_fill", {})
         #: NCCL's ring / Simple pipeline fill within one NVLink domain: its channel count, the
         #: bytes of one chunk per channel and the share of the first chunk's step not overlapped
@@ -416,12 +419,32 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         # the busiest rank's local work: what it receives and its own share (copied by the
         # same kernel, src/device/sendrecv.h)
         local = max(sum(nbytes * rows[i][j] for i in range(n)) for j in range(n))
-        ph = self._direct_phase(self._pxn(tuple(tr)), local, self.a2a_bw_fraction)
+        ph = self._direct_phase(self._pxn(tuple(tr)), local,
+                                self.a2a_bw_fraction / self._port_factor(rows))
         fluid = self._fluid(ph)
         peer = max(nbytes * rows[i][j] for i in range(n) for j in range(n) if i != j)
         proto = self._p2p_protocol(groups[0], peer)
         fill = self._p2p_fill(ph, fluid, proto)
         return (replace(ph, path_s=ph.path_s + fill) if fill else ph), fluid, proto
+
+    def _port_factor(self, rows) -> float:
+        """The busiest port's load with the reverse direction's share, against a uniform
+        exchange's: a rank's port carries what it receives plus ``reverse_load`` x what it
+        sends (and the other direction the converse), and ``bandwidth_fraction`` was fitted on
+        uniform exchanges, whose ranks send what they receive, so it holds ``1 + reverse_load``
+        already. Returns max_r max(in + a x out, out + a x in) / ((1 + a) x max_r max(in, out)),
+        group ranks' shares of ``rows``; 1 for any exchange whose busiest port is loaded the same
+        both ways, below 1 where it is loaded mostly one way (a receiver-hot split)."""
+        a = self.a2a_reverse_load
+        n = len(rows)
+        ins = [sum(rows[i][j] for i in range(n) if i != j) for j in range(n)]
+        outs = [sum(rows[i][j] for j in range(n) if j != i) for i in range(n)]
+        plain = max(max(ins), max(outs))
+        if a <= 0 or plain <= 0:
+            return 1.0
+        busy = max(max(x + a * y, y + a * x) for x, y in zip(ins, outs, strict=True))
+        f = busy / ((1 + a) * plain)
+        return 1.0 if abs(f - 1.0) < 1e-12 else f
 
     def _p2p_protocol(self, group: Sequence[int], peer_bytes: float) -> _Proto:
         """The protocol NCCL 2.28 runs a send/receive pair with (``enqueue.cc``
