@@ -10,6 +10,9 @@ shapes, sizes and notes):
   and two pairs at once) and ``collectives-g3.yaml``, every all-to-all split included.
 - ``collectives_main(here, plan, doc)``: pre-register the batch's collective predictions
   (``heldoutN/predict_collectives.py``) once, and score a measurement against them.
+- ``predict_all(n, checkout)``: every prediction of the batch at its frozen tag, once, before
+  the measurement (``heldoutN/predict_all.sh``; since the fourteenth): each case on both box
+  kinds at its GPU count (the cases read from the scripts' tables), then the collectives.
 - ``generate_workloads(n)``: the batch's workloads (``heldoutN/generate.py``; since the ninth):
   ``hN_*.yaml`` for the cases of ``CASESN`` in ``benchmarks/device/steps_alt.py`` (the rule of
   ``heldout7/generate.py``) and ``hNt_*.yaml`` for those of ``steps_third.py``
@@ -20,6 +23,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,3 +184,61 @@ def collectives_main(here: Path, plan: tuple, doc: str) -> None:
     raise SystemExit(
         prereg.score(out, a.score, lambda r: f"{r['op']} g{r['group']} {r.get('splits', '-')}")
         if a.score else predict_collectives(here, plan, a.box))
+
+
+#: the boxes a case of each GPU count is predicted on (``name=topology`` in the frozen checkout)
+PREDICT_BOXES = {1: "h100x1=validation/heldout6/h100x1.yaml,h200x1=validation/heldout6/h200x1.yaml",
+                 2: "h100x2=topologies/h100x2-nvswitch.yaml,h200x2=topologies/h200x2-nvswitch.yaml",
+                 4: "h100x4=topologies/h100x4-nvswitch.yaml,h200x4=topologies/h200x4-nvswitch.yaml"}
+
+
+def cases_by_world(n: int) -> dict[int, list[str]]:
+    """The batch's cases (both scripts' ``CASESN``) by GPU count, in the scripts' order."""
+    tables = _load(VALIDATION / "heldout7" / "generate.py", "generate_alt").tables
+    out: dict[int, list[str]] = {}
+    for script in ("steps_third.py", "steps_alt.py"):
+        for name, c in tables(f"CASES{n}", script)[1].items():
+            out.setdefault(c["world"], []).append(name)
+    return dict(sorted(out.items()))
+
+
+def predict_all(n: int, checkout: str) -> None:
+    """Predict every case of batch ``n`` at ``heldout-freeze-N`` in ``checkout`` (a worktree of
+    the tag) on both box kinds of its GPU count (``heldout/predict.py``), then the collectives
+    (``heldoutN/predict_collectives.py`` in the checkout, copied back), and check that every case
+    and every collective row has a prediction on both boxes and none is an error."""
+    here, tag = VALIDATION / f"heldout{n}", f"heldout-freeze-{n}"
+    predict = VALIDATION / "heldout" / "predict.py"
+    by_world = cases_by_world(n)
+    for world, cases in by_world.items():
+        subprocess.run([sys.executable, str(predict), "--checkout", checkout, "--tag", tag,
+                        "--dir", str(here), "--glob", f"h{n}*.yaml", "--only", ",".join(cases),
+                        f"--suffix=-x{world}", "--boxes", PREDICT_BOXES[world]], check=True)
+    plan = _load(here / "predict_collectives.py", f"predict_collectives{n}").PLAN
+    for box in sorted(COLLECTIVE_TOPOLOGY):
+        subprocess.run([sys.executable, f"validation/heldout{n}/predict_collectives.py", "--box",
+                        box], cwd=checkout, check=True)
+        shutil.copy(Path(checkout) / "validation" / f"heldout{n}" /
+                    f"predictions-collectives-{box}.yaml", here)
+    seen = set()
+    for f in here.glob(f"predictions-{tag}-*.yaml"):
+        for case, boxes in yaml.safe_load(f.read_text())["cases"].items():
+            assert all("error" not in b for b in boxes.values()), (f, case, boxes)
+            assert len(boxes) == 2, (f, case, sorted(boxes))
+            seen.add(case)
+    cases = {c for cs in by_world.values() for c in cs}
+    assert seen == cases, sorted(cases ^ seen)
+    rows = sum(len(sizes) for *_, sizes in plan) * (len(OPS) - 1 + len(SPLITS))
+    for box in sorted(COLLECTIVE_TOPOLOGY):
+        got = yaml.safe_load((here / f"predictions-collectives-{box}.yaml").read_text())["rows"]
+        assert len(got) == rows, (box, len(got), rows)
+    print(f"every one of the {len(seen)} cases predicted on both boxes, and the collectives")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="validation/batch.py predict-all N CHECKOUT")
+    ap.add_argument("command", choices=["predict-all"])
+    ap.add_argument("n", type=int)
+    ap.add_argument("checkout")
+    a = ap.parse_args()
+    predict_all(a.n, a.checkout)
