@@ -4,7 +4,10 @@ write) whatever the coefficient; worked by hand in bytes."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import yaml
 
 from simulator.config.load import load_workload
 from simulator.errors import ConfigError
@@ -64,3 +67,41 @@ def test_step_adds_twice_the_norm():
     # the norm's time is 2n bytes at the H100's copy bandwidth (2.5-3.35 TB/s: HBM3 at a
     # fraction a memory-bound kernel reaches)
     assert 2.5e12 < 2 * n / norm < 3.35e12
+
+
+SCRIPT = re.compile(r"\b(steps|steps_alt|steps_third|measure)\.py\b|data/measured/([\w-]+)/")
+
+
+def _measuring_script(path) -> str | None:
+    """The device script whose step a workload describes: the first one its header comments
+    name, or the one that wrote the data file it names (the data directory's README says)."""
+    head = "\n".join(ln for ln in path.read_text().splitlines() if ln.startswith("#"))
+    m = SCRIPT.search(head)
+    if m is None:
+        return None
+    if m.group(1):
+        return m.group(1)
+    readme = (ROOT / "data/measured" / m.group(2) / "README.md").read_text()
+    return re.search(r"benchmarks/device/(\w+)\.py", readme).group(1)
+
+
+def test_eager_workloads_clip_as_their_script_does():
+    """Every workload of a step measured by steps.py, steps_alt.py, steps_third.py or measure.py
+    says what its script does: foreach where the script's source calls clip_grad_norm_ (or its
+    hand-written distributed clip), none where it never clips (no norm read either)."""
+    clips = {s: bool(re.search(r"clip_grad_norm_|clip_distributed",
+                               (ROOT / f"benchmarks/device/{s}.py").read_text()))
+             for s in ("steps", "steps_alt", "steps_third", "measure")}
+    assert clips == {"steps": False, "steps_alt": False, "steps_third": True, "measure": False}
+    seen = {s: 0 for s in clips}
+    for path in sorted((ROOT / "validation").rglob("*.yaml")):
+        text = path.read_text()
+        if not re.search(r"^training:", text, re.M):
+            continue
+        script = _measuring_script(path)
+        if script is None:
+            continue
+        seen[script] += 1
+        want = "foreach" if clips[script] else "none"
+        assert yaml.safe_load(text)["training"].get("grad_clip") == want, path
+    assert min(seen.values()) > 0, seen

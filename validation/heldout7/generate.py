@@ -85,6 +85,7 @@ def main(batch: int = 7, out: Path = HERE) -> None:
         if "ep" in p:
             p["ep"] = world
         t["micro_batch"], t["global_batch"] = c["mb"], c["mb"] * c["n_mb"] * dp
+        t["grad_clip"] = "none"  # steps_alt.py clips nothing (no clip_grad_norm_)
         w["name"] = f"heldout{batch}-{name}"
         w["cluster"]["topology"] = TOPOLOGY[world]
         if c.get("straggler"):
