@@ -92,3 +92,24 @@ def test_eager_unchanged_and_settings():
     assert embed_grad(SimpleNamespace(**{**t.__dict__, "param_dtype": "fp32"}), M, 1)[
         "main_grad_bytes"] == 0
     assert embed_grad(SimpleNamespace(**{**t.__dict__, "kernels": "eager"}), M, 1) == {}
+
+
+def test_sequence_parallel_backward_gathers_the_gradient():
+    """With SP the embedding's output is reduce-scattered into the sequence-parallel region,
+    whose backward all-gathers the ``[b, s, h]`` gradient (bf16 with fused kernels) before the
+    lookup's backward; without SP the all-reduce's backward is the identity; forward keeps one
+    collective either way."""
+    from simulator.model import comm as mc
+
+    b, s, h = 2, 8192, 4096
+    kw = dict(micro_batch=b, tp=4, main_grad_bytes=4)
+    sp = mc.embedding_ops(M, sequence_parallel=True, backward=True, **kw)
+    assert sp[0].name == "tp_all_gather" and (sp[0].dim, sp[0].collective) == ("tp", "all_gather")
+    assert sp[0].bytes == b * s * h * 2
+    assert [o.name for o in sp[1:]] == [o.name for o in tf.embedding_backward_ops(
+        M, micro_batch=b, tp=4, sequence_parallel=True, main_grad_bytes=4)]
+    no_sp = mc.embedding_ops(M, sequence_parallel=False, backward=True, **kw)
+    assert not any(o.name.startswith("tp_") for o in no_sp)
+    kw.pop("main_grad_bytes")
+    fwd = [o.name for o in mc.embedding_ops(M, sequence_parallel=True, backward=False, **kw)]
+    assert fwd.count("tp_reduce_scatter") == 1 and "tp_all_gather" not in fwd

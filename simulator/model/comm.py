@@ -171,15 +171,23 @@ def embedding_ops(
     main_grad_bytes: int = 0, tied_head: bool = False,
 ) -> list[Op]:  # fmt: skip
     """The embedding on one rank. Its output is summed across the vocab-parallel TP ranks
-    (all-reduce, or reduce-scatter into the sequence-parallel region); its backward needs no
-    collective (``main_grad_bytes``, ``tied_head``: see
+    (all-reduce, or reduce-scatter into the sequence-parallel region). In backward the
+    all-reduce's gradient is the identity, but the reduce-scatter's is an all-gather of the
+    sequence-parallel gradient before the lookup's backward (Megatron-Core's
+    ``_ReduceScatterToSequenceParallelRegion.backward``; DTensor's ``RowwiseParallel`` with
+    ``Shard(1)`` output, whose backward redistributes the gradient to ``Replicate``)
+    (``main_grad_bytes``, ``tied_head``: see
     :func:`simulator.model.transformer.embedding_weight_grad_ops`)."""
     local = cp_local(model, cp)
     kw = dict(micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
               kernels=kernels, param_dtype=param_dtype)  # fmt: skip
     if backward:
-        return tf.embedding_backward_ops(local, main_grad_bytes=main_grad_bytes,
-                                         tied_head=tied_head, **kw)
+        ops = tf.embedding_backward_ops(local, main_grad_bytes=main_grad_bytes,
+                                        tied_head=tied_head, **kw)
+        if tp > 1 and sequence_parallel:
+            nbytes = residual_comm_bytes(local, micro_batch, kernels, param_dtype)
+            ops = [comm_op("tp_all_gather", "all_gather", "tp", nbytes), *ops]
+        return ops
     ops = tf.embedding_forward_ops(local, **kw)
     if tp > 1:
         c = "reduce_scatter" if sequence_parallel else "all_reduce"
