@@ -49,6 +49,7 @@ from simulator.engine.program import (
     StagePrograms,
     build_stage_programs,
     embed_grad,
+    embed_tp,
     program_time,
 )
 from simulator.hardware.precision import pricing_dtype, weight_bytes
@@ -223,9 +224,7 @@ class Estimator:
         return dense, expert
 
     def _embed_tp(self, tp: int) -> int:
-        """The word embedding's TP split (``_Builder.embed_tp``): 1 where
-        ``parallelism.tp_embedding: replicated`` keeps it whole on every rank."""
-        return 1 if self.work.parallelism.tp_embedding == "replicated" else tp
+        return embed_tp(self.work.parallelism, tp)
 
     def _stage_params(self, res: Resolved, stage: int) -> float:
         pp = res.size("pp")

@@ -41,6 +41,7 @@ from simulator.engine.program import (
     StagePrograms,
     build_stage_programs,
     embed_grad,
+    embed_tp,
 )
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.errors import ConfigError
@@ -287,8 +288,7 @@ class _Builder:
         for d in GRAD_DIMS:
             self.shard *= lay.size(d)
         self.sp = self.par.sequence_parallel and self.tp > 1
-        # the word embedding's TP split: none where eager code keeps it whole on every rank
-        self.embed_tp = 1 if self.par.tp_embedding == "replicated" else self.tp
+        self.embed_tp = embed_tp(self.par, self.tp)
         self.local_model = mc.cp_local(self.m, lay.size("cp"))
         # MoE Parallel Folding: experts split ep x etp ways, their states sharded over edp
         self.ep = job.layout_of("ep").size("ep")
@@ -555,17 +555,18 @@ class _Builder:
         t = self.t
         if t.optimizer_impl != "foreach":
             return 0.0
+        return self.optimizer_params(p) * BYTES[t.optimizer_moments_dtype]
+
+    def optimizer_params(self, p: Proc) -> float:
+        """Parameters the rank's optimizer step updates: its stage's, sharded over dp x cp
+        (experts over edp) from ZeRO-1 up."""
         dense, expert = self.stage_local(p.stage)
         z = self.par.zero >= 1
-        local = dense / (self.shard if z else 1) + expert / (self.edp if z else 1)
-        return local * BYTES[t.optimizer_moments_dtype]
+        return dense / (self.shard if z else 1) + expert / (self.edp if z else 1)
 
     def optimizer_program(self, p: Proc) -> tuple[Part, ...]:
         t = self.t
-        dense, expert = self.stage_local(p.stage)
-        z = self.par.zero >= 1
-        local = dense / (self.shard if z else 1) + expert / (self.edp if z else 1)
-        ops = tf.optimizer_ops(local, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
+        ops = tf.optimizer_ops(self.optimizer_params(p), param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
                                moments_dtype=t.optimizer_moments_dtype, impl=t.optimizer_impl,
                                master_weights=t.master_weights,
                                grad_clip=t.grad_clip)
@@ -961,6 +962,7 @@ class _Builder:
         grad_prep, grad_finalize = self.grad_work()
         full = self.detail == "full"
         sizes = {d: self.lay.size(d) for d in self.lay.dims}
+        ep_overlap = moe_sizes.ep_overlap(self.job.work)
         return StepPlan(
             procs=self.procs,
             pp=self.pp,
@@ -969,8 +971,8 @@ class _Builder:
             schedule_name=par.pp_schedule,
             pp_runtime=par.pp_runtime,
             torch_memory=torch_mem,
-            ep_overlap=moe_sizes.ep_overlap(self.job.work),
-            delay_wgrad=moe_sizes.ep_overlap(self.job.work) and t.delay_wgrad_compute,
+            ep_overlap=ep_overlap,
+            delay_wgrad=ep_overlap and t.delay_wgrad_compute,
             straggler_scope=self.job.work.faults.straggler_scope,
             layers_of=self.layers_of,
             zero=par.zero,
@@ -1002,10 +1004,8 @@ class _Builder:
             group_size={**sizes, "dp": self.shard, "gather": self.shard,
                         "edp": self.edp, "egather": self.edp},
             grad_prep=grad_prep,
-            unit_bytes=lambda u: (
-                (emb / self.embed_tp if u == "embed" else head / tp) * pb,
-                (emb / self.embed_tp if u == "embed" else head / tp) * gb,
-            ),
+            unit_bytes=lambda u: tuple(
+                (emb / self.embed_tp if u == "embed" else head / tp) * b for b in (pb, gb)),
             grad_finalize=grad_finalize,
             interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
             ep_interference=beside_ep_slowdown(

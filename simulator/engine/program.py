@@ -240,6 +240,12 @@ def embed_grad(training, model, pp: int) -> dict:
     return dict(main_grad_bytes=acc, tied_head=bool(model.tied_embeddings) and pp == 1)
 
 
+def embed_tp(parallelism, tp: int) -> int:
+    """The word embedding's TP split: 1 where ``parallelism.tp_embedding: replicated`` keeps
+    it whole on every rank (eager code that never splits its ``nn.Embedding``), else ``tp``."""
+    return 1 if parallelism.tp_embedding == "replicated" else tp
+
+
 def build_stage_programs(
     *,
     model,
