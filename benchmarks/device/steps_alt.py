@@ -253,6 +253,27 @@ CASES14 = {
     "h14_moe_ep4_AF": dict(shape="AF", world=4, scheme="moe", mb=8, n_mb=2),
 }
 CASES.update(CASES14)
+# The fifteenth batch: new shapes, written 2026-11-27 17:05 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 8 GPT-2 blocks of width 4096 (32 heads of 128), GPT-2's padded vocabulary, 2K sequences.
+    "AI": dict(layers=8, hidden=4096, heads=32, vocab=50304, seq=2048),
+    # MoE: 4 blocks of width 2816 (22 heads of 128), 8 GELU experts of 5632, top-1, 1K sequences.
+    "AJ": dict(layers=4, hidden=2816, heads=22, vocab=32768, seq=1024, experts=8, top_k=1,
+               expert_ffn=5632),
+})
+CASES15 = {
+    "h15_tp2sp_AI": dict(shape="AI", world=2, scheme="tp", sp=True, mb=1, n_mb=2),
+    "h15_moe_ep2_AJ": dict(shape="AJ", world=2, scheme="moe", mb=8, n_mb=2),
+    "h15_ddp4_AI_straggler": dict(shape="AI", world=4, scheme="ddp", mb=1, n_mb=2,
+                                  straggler=1.25),
+    "h15_fsdp4_AI": dict(shape="AI", world=4, scheme="fsdp", mb=2, n_mb=1),
+    "h15_tp4sp_AI": dict(shape="AI", world=4, scheme="tp", sp=True, mb=2, n_mb=1),
+    "h15_pp4_gpipe_AI": dict(shape="AI", world=4, scheme="pp", schedule="gpipe", mb=1, n_mb=8),
+    "h15_pp4_int2_AI": dict(shape="AI", world=4, scheme="pp", schedule="interleaved", v=2, mb=1,
+                            n_mb=8),
+    "h15_moe_ep4_AJ": dict(shape="AJ", world=4, scheme="moe", mb=8, n_mb=2),
+}
+CASES.update(CASES15)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

@@ -235,7 +235,27 @@ CASES14 = {
     "h14t_pp4_1f1b_AC": dict(shape="AC", world=4, scheme="pp", mb=1, n_mb=8),
     "h14t_moe_ep4_AD": dict(shape="AD", world=4, scheme="moe", mb=4, n_mb=2),
 }
-CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12, **CASES13, **CASES14)
+# The fifteenth batch: new shapes, written 2026-11-27 17:05 UTC before its freeze (4-GPU box).
+SHAPES.update({
+    # 8 blocks of width 4608, 36 query heads / 4 KV heads of 128, SwiGLU 12288, a 40960-token
+    # vocabulary, 1.5K sequences (about 2.1 B parameters).
+    "AG": dict(layers=8, hidden=4608, heads=36, kv_heads=4, ffn=12288, vocab=40960, seq=1536),
+    # MoE: 6 blocks of width 2304, 18 query / 6 KV heads of 128, 12 SwiGLU experts of 2048,
+    # top-3, a 32000-token vocabulary, 1K sequences.
+    "AH": dict(layers=6, hidden=2304, heads=18, kv_heads=6, ffn=2048, vocab=32000, seq=1024,
+               experts=12, top_k=3),
+})
+CASES15 = {
+    "h15t_single_AG": dict(shape="AG", world=1, scheme="single", mb=1, n_mb=2),
+    "h15t_tp2_AG": dict(shape="AG", world=2, scheme="tp", mb=2, n_mb=1),
+    "h15t_moe_ep2_AH": dict(shape="AH", world=2, scheme="moe", mb=4, n_mb=2),
+    "h15t_ddp4_AG": dict(shape="AG", world=4, scheme="ddp", mb=1, n_mb=2),
+    "h15t_fsdp4_AG": dict(shape="AG", world=4, scheme="fsdp", mb=2, n_mb=1),
+    "h15t_tp4_AG": dict(shape="AG", world=4, scheme="tp", mb=4, n_mb=1),
+    "h15t_pp4_1f1b_AG": dict(shape="AG", world=4, scheme="pp", mb=1, n_mb=8),
+    "h15t_moe_ep4_AH": dict(shape="AH", world=4, scheme="moe", mb=4, n_mb=2),
+}
+CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12, **CASES13, **CASES14, **CASES15)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 
