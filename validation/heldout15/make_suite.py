@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import batch  # noqa: E402
 
 BATCH = batch.Batch(
-    n=15, cases_written='17:05 UTC (commit CASES_COMMIT',
+    n=15, cases_written='17:05 UTC (commit 4704dd3',
     shapes='steps_third.py on shapes AG and AH, steps_alt.py on shapes AI and AJ',
     g4_sizes='a group of 4 and two pairs at once at 24 KiB x 4^k (6x the fitted sizes)',
     g3_sizes="a group of 3 at 36 KiB x 4^k (every rank's share 16-byte aligned)",
