@@ -191,3 +191,16 @@ def test_inline_mapping_missing_fields_is_a_config_error():
         load_gpu({"peak_tflops": {"bf16": 100}})
     with pytest.raises(ConfigError, match="expected a GPU name or a mapping"):
         load_gpu(42)  # type: ignore[arg-type]
+
+
+def test_b200_hbm_rate_is_its_bus_times_its_memory_clock():
+    """A B200's HBM3e interface as the driver reports it: a 7,680-bit bus at 3,996 MHz, double
+    data rate (pytorch/ao PR #4002), 7.672 TB/s; NVIDIA's HGX B200 table gives 7.7 TB/s; a
+    streaming kernel moves bytes at that rate times the copy efficiency."""
+    from simulator.hardware.compute import ComputeModel
+
+    gpu = load_gpu("B200")
+    assert gpu.hbm_TBps * 1e12 == pytest.approx(7680 / 8 * 3.996e9 * 2, rel=1e-3)
+    assert round(gpu.hbm_TBps, 1) == 7.7
+    cm = ComputeModel(gpu)
+    assert cm.memory_s(1e9) == pytest.approx(1e9 / (7.672e12 * gpu.hbm_efficiency), rel=1e-3)

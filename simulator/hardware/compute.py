@@ -560,6 +560,15 @@ def calibration_sets(gpu: GPUSpec, kind: str, role: str = "fit") -> list[Dataset
                              c.get("min_time_s", 0.0), "fp8" if kind == "gemm_fp8" else "bf16")
         else:
             rows = attention_rows(recs, kind.endswith("bwd"))
+        # timings of a GPU at its burst clocks (one call from an idle GPU): the sustained time
+        # under the power cap, which a training step runs at, is the burst time over the rate
+        # ratio the entry gives (``sustained_rate``: sustained / burst throughput, cited there)
+        r = float(c.get("sustained_rate", 1.0))
+        if not 0.0 < r <= 1.0:
+            raise ValueError(f"{gpu.name} calibration {c['file']}: sustained_rate {r!r} "
+                             "not in (0, 1]")
+        if r != 1.0:
+            rows = [(*row[:-1], row[-1] / r) for row in rows]
         ov = c.get("timing_overhead_s", 0.0)
         label = f"{gpu.name}:{c['file']}" + (f"[{c['tag']}]" if c.get("tag") else "")
         label += f"({c['time_key']})" if "time_key" in c else ""
