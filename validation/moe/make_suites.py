@@ -524,7 +524,7 @@ SOURCES = {
     },
     "nemo-mbridge-moe": {
         "summary": "NeMo / Megatron-Bridge MoE rows on H100, B200, GB200, GB300",
-        "note": "8 of 9 rows fast (Mixtral FP8 on Blackwell -14 to -27 %); Blackwell GEMM rates derived, not measured",
+        "note": "7 of 9 rows fast (Mixtral FP8 on Blackwell -12 to -21 %); Blackwell GEMM rates derived, not measured",
         "prefix": ("nemo-", "mbridge-"),
         "min_cases": 3,
         "metric": "step_time_s",
