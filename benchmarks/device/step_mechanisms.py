@@ -134,7 +134,7 @@ def phase_clocks(a, dev, emit) -> None:
     t_add = timed_alone(add, dev)
     t_g = [timed_alone(fn, dev) for _, fn in gemms]
     emit({"op": "reference", "t0": time.time(), "add_elems": n_add, "add_s": t_add,
-          "gemm_s": {nm: t for (nm, _), t in zip(gemms, t_g)}, "sum_gemm_s": sum(t_g),
+          "gemm_s": {nm: t for (nm, _), t in zip(gemms, t_g, strict=True)}, "sum_gemm_s": sum(t_g),
           "timing": "CUDA events around 20 calls back to back after 3 warm-ups"})
     use_sleep = dev.type == "cuda"
 
@@ -158,7 +158,7 @@ def phase_clocks(a, dev, emit) -> None:
         rounds = []  # per round: [(start_event, end_event) per GEMM], wall time issued
         while time.time() - t0 < a.hold_s:
             evs = []
-            for (nm, fn), fl in zip(gemms, fills):
+            for (_nm, fn), fl in zip(gemms, fills, strict=True):
                 if dev.type == "cuda":
                     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     e0.record()
@@ -191,7 +191,7 @@ def phase_clocks(a, dev, emit) -> None:
                 "gemm_sum_s_median_round": statistics.median(sum(p[2]) for p in per),
                 "gemm_sum_s_median_late_half": statistics.median(sum(p[2]) for p in late),
                 "round_span_s_median": statistics.median(p[1] - p[0] for p in per),
-                "gemm_s_median": {nm: t for (nm, _), t in zip(gemms, med)},
+                "gemm_s_median": {nm: t for (nm, _), t in zip(gemms, med, strict=True)},
                 # time series: (GPU time since the first GEMM, GEMM seconds of the round)
                 "series": [[round(p[0], 5), round(sum(p[2]), 7)] for p in per[:: max(1, n // 200)]],
             })

@@ -353,16 +353,28 @@ class _Builder:
 
     def grad_accumulation(self) -> tuple[int, float] | None:
         """``(buffer bytes, share of micro-batches)`` of an unfused gradient accumulation
-        (``training.grad_accumulation_fusion: false``; fused kernels with 16-bit weights only:
-        eager code and fp32 master weights already add into ``.grad``). A 16-bit buffer is
+        (``training.grad_accumulation_fusion: false``, fused kernels with 16-bit weights; eager
+        code with 16-bit weights, see below; fp32 master weights already add into ``.grad``
+        in their op lists). A 16-bit buffer is
         autograd's ``.grad``, which the first micro-batch fills without an addition; an fp32
         one is LocalDDP's ``main_grad``, added to every micro-batch
         (:func:`simulator.model.transformer.unfused_grad_accumulation`)."""
         t = self.t
+        m = self.job.microbatches
+        if t.kernels == "eager":
+            # eager code with 16-bit parameters: autograd's AccumulateGrad adds each fresh
+            # weight gradient into ``.grad`` (``.grad += g``, read both, write the sum) on every
+            # micro-batch after the first (data/measured/acgemm-h100x1: the profiled step has one add
+            # kernel per weight, in the second micro-batch's backward only). fp32 parameters add in
+            # the eager op list itself (``_linear_bwd``); sharded gradients (ZeRO-2/3, FSDP)
+            # and MoE layers are not covered here.
+            if (t.param_dtype == "fp32" or m < 2 or self.par.zero >= 2
+                    or self.m.moe is not None):
+                return None
+            return tf.DTYPE_BYTES[t.param_dtype], (m - 1) / m
         if t.grad_accumulation_fusion or t.kernels != "fused" or t.param_dtype != "bf16":
             return None
         acc = tf.DTYPE_BYTES[t.grad_reduce_dtype]
-        m = self.job.microbatches
         return acc, 1.0 if acc > 2 else (m - 1) / m
 
     def moe_kw(self) -> dict | None:

@@ -19,7 +19,7 @@ from simulator.model import moe_layer as ml
 from simulator.model import mtp
 from simulator.model import transformer as tf
 from simulator.model.ops import DTYPE_BYTES as BYTES
-from simulator.model.ops import HOST_SYNC
+from simulator.model.ops import HOST_SYNC, mem_op
 from simulator.model.transformer import Op
 
 
@@ -349,12 +349,21 @@ def build_stage_programs(
                      *mc.embedding_ops(model, backward=True, **kw, **mtp_grad)])  # fmt: skip
         head_f = head_f + one_f * model.mtp_depth
         head_b = one_b * model.mtp_depth + head_b
+    embed_b = mc.embedding_ops(model, backward=True, **ekw, **egrad)
+    if grad_accumulation is not None and kernels == "eager":
+        # eager code: the word embedding's dense gradient is added into ``.grad`` like a
+        # weight's (``.grad += g`` after the first micro-batch)
+        acc, share = grad_accumulation
+        rows = -(-model.vocab // ekw["tp"])
+        d = 4 if dtype == "fp32" else 2
+        embed_b = [*embed_b, mem_op("embed_gacc", "embed", rows * model.hidden * (d + 2 * acc)
+                                    * share, True)]
     return StagePrograms(
         layer_fwd,
         layer_bwd,
         layer_re,
         price(mc.embedding_ops(model, backward=False, **ekw), pr, comm_cost),
-        price(mc.embedding_ops(model, backward=True, **ekw, **egrad), pr, comm_cost),
+        price(embed_b, pr, comm_cost),
         price(head_f, pr, comm_cost),
         price(head_b, pr, comm_cost),
         **first,
