@@ -50,6 +50,7 @@ from simulator.engine.program import (
     build_stage_programs,
     embed_grad,
     embed_tp,
+    optimizer_access,
     program_time,
 )
 from simulator.hardware.precision import pricing_dtype, weight_bytes
@@ -352,7 +353,7 @@ class Estimator:
                 master_weights=t.master_weights, grad_clip=t.grad_clip,
             )
             pr = Pricer(self.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
-            hit = sum(pr.time(op) for op in ops)
+            hit = sum(pr.time(op, optimizer_access(t, op.name)) for op in ops)
             self._opt[local_params] = hit
         return hit
 

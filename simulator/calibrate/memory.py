@@ -10,6 +10,11 @@ two largest sizes (flat).
 The row-indexed bf16 classes of Megatron-Core's PyTorch MoE permutation (H100, defaults):
 ``data/measured/moe-permute-h100x1/permute.jsonl`` (``benchmarks/device/moe_permute.py``), each
 case's pieces against its own copy of the permuted rows (:func:`permute_ratios`).
+
+PyTorch's multi-tensor optimizer kernels over bf16 tensors (H100, defaults; eager code only):
+``data/measured/stepmech-h100x4/adam.jsonl`` (``benchmarks/device/step_mechanisms.py --phase
+adam``), the fused AdamW and ``clip_grad_norm_`` over AC-shaped parameter lists against the
+catalog's copy (:func:`optimizer_ratios`).
 """
 
 from __future__ import annotations
@@ -106,6 +111,36 @@ def permute_ratios(path: Path = PERMUTE) -> dict[str, float]:
     return {k: round(statistics.median(v), 3) for k, v in got.items()}
 
 
+OPTIMIZER = REPO / "data/measured/stepmech-h100x4/adam.jsonl"
+#: bytes a parameter of bf16 parameters, gradients and moments: fused AdamW reads g, p, m, v and
+#: writes p, m, v (simulator.model.transformer.optimizer_ops, master_weights none);
+#: clip_grad_norm_ (foreach) reads every gradient for the norm, reads and writes it for the
+#: multiply (clip_ops)
+ADAM_BF16_BYTES, CLIP_BF16_BYTES = 14, 6
+#: parameter lists at least this large (the step's sizes: hundreds of millions and more)
+OPTIMIZER_MIN_NUMEL = 250_000_000
+
+
+def optimizer_ratios(path: Path = OPTIMIZER, copy_GBps: float | None = None) -> dict[str, float]:
+    """Bandwidth of PyTorch's multi-tensor kernels over bf16 tensors relative to a streaming
+    copy: ``adam_fused`` (``AdamW(fused=True)`` stepping bf16 parameters and moments in place)
+    and ``foreach`` (``clip_grad_norm_``'s ``_foreach_norm`` and ``_foreach_mul_``), with the
+    bytes :func:`simulator.model.transformer.optimizer_ops` gives them over the measured time,
+    median over the AC-shaped parameter lists of at least :data:`OPTIMIZER_MIN_NUMEL`
+    (``benchmarks/device/step_mechanisms.py --phase adam``); the copy is data/measured/h100x1's."""
+    copy = (copy_GBps or ratios(FOLDERS["H100-SXM-80GB"])["copy_GBps"]) * 1e9
+    got: dict[str, list[float]] = {"adam_fused": [], "foreach": []}
+    for r in load(path):
+        if (r.get("dtype") != "bfloat16" or r.get("numel", 0) < OPTIMIZER_MIN_NUMEL
+                or not str(r.get("params", "")).startswith("AC_")):
+            continue
+        if r["op"] == "adamw_fused":
+            got["adam_fused"].append(ADAM_BF16_BYTES * r["numel"] / r["time_s"] / copy)
+        elif r["op"] == "clip_grad_norm":
+            got["foreach"].append(CLIP_BF16_BYTES * r["numel"] / r["time_s"] / copy)
+    return {k: round(statistics.median(v), 3) for k, v in got.items()}
+
+
 def refit() -> dict[str, tuple[float, float]]:
     """{GPU.class: (refitted, shipped)}, rounded to 3 decimals as shipped."""
     out = {}
@@ -116,5 +151,7 @@ def refit() -> dict[str, tuple[float, float]]:
                 out[f"{gpu}.{k}"] = (v, float(shipped[k]))
     shipped = load_gpu("H100-SXM-80GB").memory_access
     for k, v in permute_ratios().items():
+        out[f"H100-SXM-80GB.{k}"] = (v, float(shipped[k]))
+    for k, v in optimizer_ratios().items():
         out[f"H100-SXM-80GB.{k}"] = (v, float(shipped[k]))
     return out

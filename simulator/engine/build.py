@@ -42,6 +42,7 @@ from simulator.engine.program import (
     build_stage_programs,
     embed_grad,
     embed_tp,
+    optimizer_access,
 )
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.errors import ConfigError
@@ -327,6 +328,7 @@ class _Builder:
                 return cache[k]
 
             t = self.t
+
             hit = build_stage_programs(
                 model=self.m, micro_batch=t.micro_batch, tp=self.tp, sp=self.sp,
                 recompute=t.recompute, dtype=pricing_dtype(t), cm=self.job.machine.compute,
@@ -583,7 +585,7 @@ class _Builder:
                                master_weights=t.master_weights,
                                grad_clip=t.grad_clip)
         pr = Pricer(self.job.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
-        return tuple(pr.part(op) for op in ops)
+        return tuple(pr.part(op, optimizer_access(t, op.name)) for op in ops)
 
     def layer_activation(self, layer: int) -> float:
         """Bytes a micro-batch keeps for global layer ``layer`` of an MoE or MLA model

@@ -107,7 +107,8 @@ def memory_access(name: str, kernels: str = "fused", param_dtype: str = "bf16") 
 
 
 def _op_time(
-    cm: ComputeModel, op: Op, dtype: str, kernels: str = "fused", param_dtype: str = "bf16"
+    cm: ComputeModel, op: Op, dtype: str, kernels: str = "fused", param_dtype: str = "bf16",
+    access: str | None = None,
 ) -> float:
     gemm_dtype, rec = split_dtype(dtype)
     if op.kind == "gemm":
@@ -148,9 +149,25 @@ def _op_time(
             kv_seq=op.kv_seq or None,
         )
     else:
-        t = cm.memory_s(op.bytes, memory_access(op.name, kernels, param_dtype))
+        t = cm.memory_s(op.bytes, access or memory_access(op.name, kernels, param_dtype))
     # kernel_launch_s: the measured gap between back-to-back kernels on one stream.
     return t + cm.gpu.kernel_launch_s
+
+
+def optimizer_access(t, name: str) -> str | None:
+    """The access class of an optimizer-step kernel (None: by its name). PyTorch's
+    multi-tensor kernels over 16-bit tensors -- ``AdamW(fused=True)`` stepping bf16 parameters
+    and moments in place, ``clip_grad_norm_``'s ``_foreach_norm`` and ``_foreach_mul_`` of bf16
+    gradients -- run slower than a streaming copy (``adam_fused`` and ``foreach`` in gpus.yaml,
+    measured: data/measured/stepmech-h100x4, simulator/calibrate/memory.py). Other optimizers (fp32 master weights, foreach AdamW,
+    Megatron's) are not measured here and keep the copy's rate."""
+    if t.param_dtype == "fp32" or t.kernels != "eager":
+        return None
+    if name == "adam" and t.optimizer_impl == "fused" and t.master_weights == "none":
+        return "adam_fused"
+    if name in ("grad_norm", "grad_clip_mul") and t.grad_clip == "foreach":
+        return "foreach"
+    return None
 
 
 @dataclass(frozen=True)
@@ -162,11 +179,12 @@ class Pricer:
     kernels: str = "fused"
     param_dtype: str = "bf16"
 
-    def time(self, op: Op) -> float:
-        return _op_time(self.cm, op, self.dtype, self.kernels, self.param_dtype)
+    def time(self, op: Op, access: str | None = None) -> float:
+        return _op_time(self.cm, op, self.dtype, self.kernels, self.param_dtype, access)
 
-    def part(self, op: Op) -> Part:
-        return Part(op.name, "compute", self.time(op), op.flops, block=op.block)
+    def part(self, op: Op, access: str | None = None) -> Part:
+        """``access``: the memory-bound op's access class, instead of the one its name gives."""
+        return Part(op.name, "compute", self.time(op, access), op.flops, block=op.block)
 
 
 #: ``comm_cost(dim, collective, nbytes)``: seconds of a collective on a stage's groups of ``dim``.
