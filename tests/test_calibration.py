@@ -18,13 +18,15 @@ from simulator.calibrate import (
     memory,
     network,
     ports,
+    power,
     routes,
     sync,
 )
 from simulator.hardware.catalog import default_kernel_params
 
 
-@pytest.mark.parametrize("mod", [deepep, interference, launch, memory, routes, sync, host_spread],
+@pytest.mark.parametrize("mod", [deepep, interference, launch, memory, routes, sync, host_spread,
+                                 power],
                          ids=lambda m: m.__name__)
 def test_closed_form_sets_equal_their_refit(mod):
     for name, (refit, shipped) in mod.refit().items():

@@ -7,7 +7,7 @@ import argparse
 import importlib
 
 SETS = ("network", "alltoall", "p2p", "unaligned", "launch", "interference", "memory", "compute",
-        "host", "routes", "sync", "deepep", "host_spread", "host_barrier", "ports")
+        "host", "routes", "sync", "deepep", "host_spread", "host_barrier", "ports", "power")
 
 
 def main(argv=None) -> int:

@@ -433,6 +433,15 @@ class TrainingConfig(Frozen):
         "passes (weight decay, lerp of m, two of v, sqrt into a new list, divide, add eps, "
         "addcdiv), about 80 bytes per fp32 parameter instead of 28",
     )
+    gemm_clock: Literal["sustained", "power_limited"] = Field(
+        "sustained",
+        description="the SM clock GEMMs are priced at: sustained, the power-capped clock of "
+        "GEMMs back to back that the GEMM calibration ran at; power_limited, the clock the "
+        "power cap leaves for the stage's mix of GEMMs and memory-bound kernels "
+        "(simulator/hardware/power.py; measured on H100, 1 elsewhere). Off by default: on "
+        "its own it moves the eager steps' bias fast while their host-bound gaps and the "
+        "third script's memory-bound kernels are still priced low (docs/DESIGN_NOTES.md)",
+    )
     grad_clip: Literal["norm", "foreach", "none"] = Field(
         "norm",
         description="global-norm gradient clipping before the optimizer step: norm, the "

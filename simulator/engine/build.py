@@ -46,6 +46,7 @@ from simulator.engine.program import (
 )
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.errors import ConfigError
+from simulator.hardware import power
 from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import pricing_dtype, weight_bytes
@@ -329,17 +330,22 @@ class _Builder:
 
             t = self.t
 
-            hit = build_stage_programs(
-                model=self.m, micro_batch=t.micro_batch, tp=self.tp, sp=self.sp,
-                recompute=t.recompute, dtype=pricing_dtype(t), cm=self.job.machine.compute,
-                comm_cost=comm_cost, flash_attention=t.flash_attention, kernels=t.kernels,
-                param_dtype=t.param_dtype, cp=self.lay.size("cp"), cp_comm=self.par.cp_comm,
-                moe_kw=self.moe_kw(), recompute_modules=moe_sizes.recompute_modules(t),
-                tp_input_dtype=self.par.tp_input_dtype,
-                tp_impl=self.par.tp_impl, grad_accumulation=self.grad_accumulation(),
-                tp_loss=self.par.tp_loss, embed_grad=embed_grad(t, self.m, self.pp),
-                embed_tp=self.embed_tp,
-            )  # fmt: skip
+            def build(scale: float) -> StagePrograms:
+                return build_stage_programs(
+                    model=self.m, micro_batch=t.micro_batch, tp=self.tp, sp=self.sp,
+                    recompute=t.recompute, dtype=pricing_dtype(t), cm=self.job.machine.compute,
+                    comm_cost=comm_cost, flash_attention=t.flash_attention, kernels=t.kernels,
+                    param_dtype=t.param_dtype, cp=self.lay.size("cp"), cp_comm=self.par.cp_comm,
+                    moe_kw=self.moe_kw(), recompute_modules=moe_sizes.recompute_modules(t),
+                    tp_input_dtype=self.par.tp_input_dtype,
+                    tp_impl=self.par.tp_impl, grad_accumulation=self.grad_accumulation(),
+                    tp_loss=self.par.tp_loss, embed_grad=embed_grad(t, self.m, self.pp),
+                    embed_tp=self.embed_tp, gemm_scale=scale,
+                )  # fmt: skip
+            hit = build(1.0)
+            scale = self.gemm_clock_scale(p, hit)
+            if scale != 1.0:
+                hit = build(scale)
             if self.pp > 1 and self.tp > 1 and self.par.pp_scatter_gather and not self.sp:
                 # Megatron's scatter/gather (Narayanan et al. 2021, Sec. 4.1): each TP rank
                 # sends 1/tp of the boundary tensor; the receiver all-gathers it over its TP
@@ -352,6 +358,37 @@ class _Builder:
                 hit = replace(hit, pp_gather=(gather,))
             self._progs[key] = hit
         return hit
+
+    def gemm_clock_scale(self, p: Proc, sp: StagePrograms) -> float:
+        """``training.gemm_clock: power_limited``: GEMM time relative to its calibration at the
+        SM clock this stage's kernel mix keeps under the GPU's power cap
+        (:func:`simulator.hardware.power.gemm_clock_factor`): the
+        tensor-core share of the stage's compute time in a step (layers, recompute, the head on
+        the last stage and the embedding on the first, every micro-batch; the optimizer step)."""
+        gpu = self.job.machine.gpu
+        pc = getattr(gpu, "power_clock", None)
+        if not pc or self.t.gemm_clock != "power_limited":
+            return 1.0
+        m = self.job.microbatches
+        layers = self.m.layers / self.pp
+        progs = [(sp.layer_fwd, layers * m), (sp.layer_bwd, layers * m),
+                 (sp.layer_recompute, layers * m), (self.optimizer_program(p), 1.0)]
+        if p.stage == 0:
+            progs += [(sp.embed_fwd, m), (sp.embed_bwd, m)]
+        if p.stage == self.pp - 1:
+            progs += [(sp.head_fwd, m), (sp.head_bwd, m)]
+        tc = mem = 0.0
+        for prog, w in progs:
+            for part in prog:
+                if part.kind != "compute":
+                    continue
+                if part.flops > 0:
+                    tc += part.dur * w
+                else:
+                    mem += part.dur * w
+        if tc + mem <= 0:
+            return 1.0
+        return power.gemm_clock_factor(pc, gpu.power_W, tc / (tc + mem))
 
     def grad_accumulation(self) -> tuple[int, float] | None:
         """``(buffer bytes, share of micro-batches)`` of an unfused gradient accumulation

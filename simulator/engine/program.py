@@ -108,7 +108,7 @@ def memory_access(name: str, kernels: str = "fused", param_dtype: str = "bf16") 
 
 def _op_time(
     cm: ComputeModel, op: Op, dtype: str, kernels: str = "fused", param_dtype: str = "bf16",
-    access: str | None = None,
+    access: str | None = None, gemm_scale: float = 1.0,
 ) -> float:
     gemm_dtype, rec = split_dtype(dtype)
     if op.kind == "gemm":
@@ -124,6 +124,10 @@ def _op_time(
             # a GEMM adding into a buffer in place (ComputeModel.gemm_s's acc_bytes)
             t = (cm.gemm_s(m, op.k, op.n, gemm_dtype, op.acc_bytes) if op.acc_bytes
                  else cm.gemm_s(m, op.k, op.n, gemm_dtype))
+        if gemm_dtype in ("bf16", "fp16") and rec is None:
+            # the SM clock of the step's kernel mix against the GEMM calibration's
+            # (simulator.hardware.power; measured on bf16 GEMMs)
+            t *= gemm_scale
         if rec is not None and not op.batch:
             # Transformer Engine's low-precision GEMMs take quantised operands: the
             # activation-side operands are quantised from bf16 first (a memory-bound kernel,
@@ -178,9 +182,13 @@ class Pricer:
     dtype: str
     kernels: str = "fused"
     param_dtype: str = "bf16"
+    #: GEMM time relative to the calibration (the power-limited SM clock of the step's kernel
+    #: mix, :func:`simulator.hardware.power.gemm_clock_factor`)
+    gemm_scale: float = 1.0
 
     def time(self, op: Op, access: str | None = None) -> float:
-        return _op_time(self.cm, op, self.dtype, self.kernels, self.param_dtype, access)
+        return _op_time(self.cm, op, self.dtype, self.kernels, self.param_dtype, access,
+                        self.gemm_scale)
 
     def part(self, op: Op, access: str | None = None) -> Part:
         """``access``: the memory-bound op's access class, instead of the one its name gives."""
@@ -287,6 +295,7 @@ def build_stage_programs(
     tp_loss: str = "vocab_parallel",
     embed_grad: dict | None = None,
     embed_tp: int | None = None,
+    gemm_scale: float = 1.0,
 ) -> StagePrograms:
     """Price every program of one stage.
 
@@ -305,9 +314,10 @@ def build_stage_programs(
     module's embedding adds its own dense gradient into ``main_grad`` likewise.
     ``embed_tp``: the word embedding's TP split (``tp`` unless ``parallelism.tp_embedding:
     replicated``: 1, a whole ``nn.Embedding`` looked up without collective, its dense
-    gradient over the whole vocabulary, the output whole on every rank).
+    gradient over the whole vocabulary, the output whole on every rank). ``gemm_scale``: the
+    GEMMs' time relative to their calibration (:class:`Pricer`).
     """
-    pr = Pricer(cm, dtype, kernels, param_dtype)
+    pr = Pricer(cm, dtype, kernels, param_dtype, gemm_scale)
 
     def bwd(ops: list[Op]) -> list[Op]:
         if grad_accumulation is None:

@@ -133,6 +133,9 @@ class GPUSpec:
     #: bandwidth of each class of memory-bound kernel relative to a streaming copy
     #: (``hbm_efficiency``); see ``memory_access`` in gpus.yaml
     memory_access: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    #: the SM clock a power-limited GPU keeps for a mix of GEMMs and memory-bound kernels
+    #: (:func:`simulator.hardware.power.gemm_clock_factor`; empty: not modelled), gpus.yaml
+    power_clock: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     #: HBM a training process holds beyond its tensors: CUDA context, NCCL communicators and
     #: buffers, library workspaces, caching-allocator slack (see gpus.yaml)
     runtime_reserved_GiB: float = 0.0
@@ -466,6 +469,19 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
                 field=f"{field}.memory_access.{key}",
             )
     values["memory_access"] = MappingProxyType({str(k): float(v) for k, v in access.items()})
+    pc = entry.get("power_clock") or {}
+    keys = ("clock_max_MHz", "P_idle_W", "P_gemm_max_W", "P_mem_W", "slope_W_per_MHz",
+            "clock_share")
+    if pc:
+        if not isinstance(pc, Mapping):
+            raise ConfigError("expected a mapping", file=file, field=f"{field}.power_clock")
+        _no_unknown(pc, list(keys), file=file, field=f"{field}.power_clock")
+        for key in keys:
+            if key not in pc:
+                raise ConfigError(f"power_clock lacks {key}", file=file,
+                                  field=f"{field}.power_clock")
+            _positive(pc[key], file=file, field=f"{field}.power_clock.{key}")
+    values["power_clock"] = MappingProxyType({str(k): float(v) for k, v in pc.items()})
     reserved = entry.get("runtime_reserved_GiB", defaults.get("runtime_reserved_GiB", 0.0))
     if not isinstance(reserved, (int, float)) or reserved < 0:
         raise ConfigError(
