@@ -14,7 +14,8 @@ from simulator.config.load import load_workload
 from simulator.engine.host import HostRates
 from simulator.engine.program import Part
 from simulator.hardware.catalog import load_gpu
-from simulator.model.moe import load_spec, moe_local, new_shape_share
+from simulator.model import kernel_first
+from simulator.model.moe import first_launch_drains, load_spec, moe_local, new_shape_share
 from simulator.model.shape_cache import slowest_share
 from simulator.model.sync import host_group_factor
 
@@ -103,7 +104,8 @@ def _step(ms: str) -> float:
 def test_a_host_bound_benchmark_step_pays_the_expected_new_shapes():
     """Shrunk to hidden 256 the eager MoE step is its host's time, so a benchmark of a fresh
     process ([4, 9]) is slower than the steady state by exactly the new-shape time of its
-    expected new expert GEMMs: 6 layers x 2 micro-batches x 4 local experts, each fc1 and fc2
+    expected new expert GEMMs (and the host time after each first launch of a cuBLAS kernel,
+    :mod:`simulator.model.kernel_first`): 6 layers x 2 micro-batches x 4 local experts, each fc1 and fc2
     with a forward, a data-gradient and a weight-gradient GEMM, times the share new at the
     slower of the 2 EP ranks (each layer's forward; each micro-batch's backward), at the pace
     of the slower of the 2 hosts (``host_jitter``)."""
@@ -118,5 +120,10 @@ def test_a_host_bound_benchmark_step_pays_the_expected_new_shapes():
     per_expert = 2 * (fwd * gpu.host_gemm_new_shape_fwd_s
                       + bwd * (gpu.host_gemm_new_shape_dgrad_s + gpu.host_gemm_new_shape_wgrad_s))
     paced = host_group_factor(2, gpu.host_jitter)
-    assert _step("[4,9]") - _step("null") == pytest.approx(6 * 2 * 4 * per_expert * paced,
-                                                           rel=1e-3)
+    # and the expert backwards that launch a cuBLAS kernel new to the process: each a host wait
+    # (nothing to wait for: the GPU is ahead) and DRAIN_S, each layer its slower rank's
+    bwds = 6 * 2 * 4
+    drains = bwds * slowest_share(first_launch_drains(tiny, t, loc, 6 * 2, 2) / bwds, 4, 2)
+    assert round(drains) >= 1
+    assert _step("[4,9]") - _step("null") == pytest.approx(
+        (6 * 2 * 4 * per_expert + round(drains) * kernel_first.DRAIN_S) * paced, rel=1e-3)

@@ -7,7 +7,8 @@ import argparse
 import importlib
 
 SETS = ("network", "alltoall", "p2p", "unaligned", "launch", "interference", "memory", "compute",
-        "host", "routes", "sync", "deepep", "host_spread", "host_barrier", "ports", "power")
+        "host", "routes", "sync", "deepep", "host_spread", "host_barrier", "ports", "power",
+        "kernel_bands")
 
 
 def main(argv=None) -> int:

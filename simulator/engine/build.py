@@ -52,12 +52,13 @@ from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import deepspeed as dsz
-from simulator.model import eager, moe_layer, moe_sizes, mtp, shape_cache
+from simulator.model import eager, kernel_first, moe_layer, moe_sizes, mtp, shape_cache
 from simulator.model import memory as mem
 from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
 from simulator.model.moe import (
     beside_ep_slowdown,
+    first_launch_drains,
     new_shape_share,
 )
 from simulator.model.ops import DTYPE_BYTES as BYTES
@@ -915,13 +916,22 @@ class _Builder:
         local = loc.local_experts if loc is not None else 0
         fwd = shape_cache.slowest_share(share, local, self.ep)
         bwd = shape_cache.slowest_share(share, local * layers, self.ep)
+        # first launches of cuBLAS kernels in the expert backwards: a drain holds its rank's
+        # GPU, and the layer's backward all-to-all holds the EP group for it, so each layer
+        # pays its slowest rank's drains (of its local experts), every layer and micro-batch
+        mbs = self.job.microbatches
+        drains = first_launch_drains(self.m, self.t, loc, layers * mbs, self.ep * self.etp)
+        bwds = local * layers * mbs
+        if drains > 0.0 and bwds > 0:
+            drains = bwds * shape_cache.slowest_share(min(1.0, drains / bwds), local, self.ep)
         return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s,
                          gpu.host_moe_op_s, gpu.host_fsdp_call_s, gpu.host_fsdp_tensor_s,
                          MappingProxyType(extra),
                          (fwd * gpu.host_gemm_new_shape_fwd_s,
                           bwd * gpu.host_gemm_new_shape_dgrad_s,
                           bwd * gpu.host_gemm_new_shape_wgrad_s),
-                         engine_op_s=gpu.host_engine_op_s)
+                         engine_op_s=gpu.host_engine_op_s, drains=drains,
+                         drain_bwds=layers * mbs, drain_s=kernel_first.DRAIN_S)
 
     def moe_layers_on_rank(self) -> tuple[moe_math.MoELocal | None, int]:
         """The busiest EP rank's experts and the MoE layers of the pipeline rank holding most

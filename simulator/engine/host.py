@@ -7,7 +7,8 @@ engine) and ``collective_s`` on each collective call (measured host-bound steps,
 and the kernel before it has finished. Nothing makes the host wait for the GPU (kernel and
 NCCL launches are asynchronous; a pipeline ``recv`` makes the stream wait, not the host),
 except a synchronisation: ``.tolist()`` of the MoE token counts waits until the GPU has run
-everything issued before it.
+everything issued before it, and so does cuBLAS at the first launch of a kernel new to the
+process (an eager expert backward's, :func:`with_drains`).
 
 So the host runs ahead of the GPU where the GPU is the slower one, and its lead carries from
 one program (a layer's forward, a backward, the head) to the next, across pipeline waits;
@@ -77,6 +78,15 @@ class HostRates:
     #: :func:`simulator.model.sync.host_barrier_s` of the group; not scaled by
     #: :meth:`scaled` (already a group's figure)
     barrier_s: float = 0.0
+    #: expert backwards a step (per process) whose data gradient launches a cuBLAS kernel new
+    #: to the process, so the host waits until the GPU has run everything queued
+    #: (:func:`simulator.model.moe.first_launch_drains`, the slowest EP rank's); not scaled
+    #: by :meth:`scaled` (a count)
+    drains: float = 0.0
+    #: MoE layer backwards a step (per process) that the drains are spread over
+    drain_bwds: int = 0
+    #: the host's time after such a wait (:data:`simulator.model.kernel_first.DRAIN_S`)
+    drain_s: float = 0.0
 
     def scaled(self, factor: float) -> HostRates:
         """Every host time ``factor`` times as long (a group paced by its slowest host,
@@ -84,7 +94,8 @@ class HostRates:
         if factor == 1.0:
             return self
         times = {f.name: getattr(self, f.name) * factor for f in fields(self)
-                 if isinstance(getattr(self, f.name), (int, float)) and f.name != "barrier_s"}
+                 if isinstance(getattr(self, f.name), (int, float))
+                 and f.name not in ("barrier_s", "drains", "drain_bwds")}
         return replace(self, **times,
                        extra=MappingProxyType({k: v * factor for k, v in self.extra.items()}),
                        expert_gemm_s=tuple(x * factor for x in self.expert_gemm_s))
@@ -92,7 +103,19 @@ class HostRates:
     def sync_part_s(self, part) -> float:
         """Host time of a synchronisation part once the GPU has drained: ``sync_s``, and
         ``barrier_s`` more where it is a barrier of the EP group's hosts."""
+        if part.name == FIRST_LAUNCH:
+            return self.drain_s
         return self.sync_s + (self.barrier_s if part.name in BARRIER_SYNCS else 0.0)
+
+    def drains_at(self, k: int) -> int:
+        """Drains in the ``k``-th MoE layer backward of a step (0-based, counted modulo
+        :attr:`drain_bwds`): :attr:`drains` spread evenly and deterministically, their running
+        total rounded to the nearest integer (``round(drains)`` in all)."""
+        if self.drains <= 0.0 or self.drain_bwds <= 0:
+            return 0
+        k %= self.drain_bwds
+        per = self.drains / self.drain_bwds
+        return math.floor((k + 1) * per + 0.5) - math.floor(k * per + 0.5)
 
     def part_s(self, part) -> float:
         """Host time to issue one part of a program."""
@@ -114,6 +137,24 @@ class HostRates:
                 wgrad if part.name.endswith("_wgrad") else fwd
             return self.op_s + extra
         return self.op_s + self.extra.get(part.name, 0.0)
+
+
+#: the synchronisation part of an expert backward's first launch of a cuBLAS kernel
+FIRST_LAUNCH = "expert_first_launch"
+
+
+def with_drains(prog: Sequence, drains: int) -> tuple:
+    """``prog`` (an eager MoE layer's backward) with a host wait (:data:`FIRST_LAUNCH`) before
+    the data gradient of its first ``drains`` experts (``expert_fc2_e*_dgrad``, each expert
+    backward's first GEMM; at most one wait an expert backward, measured)."""
+    out, left = [], drains
+    for p in prog:
+        if left > 0 and p.name.startswith("expert_fc2_e") and p.name.endswith("_dgrad"):
+            out.append(replace(p, name=FIRST_LAUNCH, kind=HOST_SYNC, dur=0.0, flops=0.0,
+                               op="", nbytes=0.0, overlap_next=False, dim=""))
+            left -= 1
+        out.append(p)
+    return tuple(out)
 
 
 def multihot_op_s(call_s: float, sync_s: float, kernels: int, syncs: int) -> float:

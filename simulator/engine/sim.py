@@ -33,7 +33,7 @@ import simpy
 
 from simulator.engine.combined import CombinedSteps
 from simulator.engine.deepspeed_zero import DeepSpeedPlan, DeepSpeedZero3
-from simulator.engine.host import FSDP_CALLS, HostRates, program_matrix
+from simulator.engine.host import FSDP_CALLS, HostRates, program_matrix, with_drains
 from simulator.engine.program import Part, Program, StagePrograms, program_time
 from simulator.engine.sends import CommSpec, PipelineSends
 from simulator.engine.split import SplitBackward, grads_done, unit_of
@@ -80,6 +80,7 @@ class Proc:
     comm_iv: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
     end_s: float = 0.0
     host_s: float = 0.0  # eager code: when its host has issued everything so far
+    moe_bwds: int = 0  # eager MoE: layer backwards issued so far (where the drains fall)
 
 
 @dataclass
@@ -367,13 +368,19 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
         """Eager code: when the GPU, which would finish ``prog`` at ``end``, finishes it once
         the host has issued it (:mod:`simulator.engine.host`), and ``comm`` with the wait as
         ``("host", seconds)``; advances the process's host clock."""
-        key = (id(prog), slowdown)
+        drains = 0
+        if self.plan.host.drains > 0.0 and prog is p.programs.layer_bwd:
+            # an eager MoE layer's backward: the first launches of cuBLAS kernels it drains at
+            drains = self.plan.host.drains_at(p.moe_bwds)
+            p.moe_bwds += 1
+        key = (id(prog), slowdown, drains)
         hit = self._host_cache.get(key)
         if hit is None:  # (keeps the program alive, so its id is not reused)
             def gpu_time(parts) -> float:
                 return program_time(parts, slowdown, self.plan.interference)[0]
 
-            m = program_matrix(prog, self.plan.host, gpu_time)
+            m = program_matrix(with_drains(prog, drains) if drains else prog, self.plan.host,
+                               gpu_time)
             # what a synchronisation adds to the GPU's own path (the GPU idles while the host
             # resumes and issues what follows): gg beyond the program's time back to back
             hit = self._host_cache[key] = (prog, m, max(0.0, m[0] - gpu_time(prog)))

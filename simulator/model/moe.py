@@ -40,7 +40,7 @@ from functools import lru_cache
 import numpy as np
 
 from simulator.config.schema import ModelConfig, TrainingConfig
-from simulator.model import route_skew, shape_cache
+from simulator.model import kernel_first, route_skew, shape_cache
 from simulator.model.ops import (
     DTYPE_BYTES,
     FP32,
@@ -104,6 +104,24 @@ def new_shape_share(model: ModelConfig, training: TrainingConfig, loc: MoELocal 
     first, last = training.measured_steps
     streams = expert_row_streams(training, loc, calls, sources)
     return shape_cache.new_share(streams, first, last)
+
+
+def first_launch_drains(model: ModelConfig, training: TrainingConfig,
+                        loc: MoELocal | None = None, calls: int = 1, sources: int = 1) -> float:
+    """The expected expert backwards a step (on the busiest EP rank) whose data-gradient GEMM
+    launches a cuBLAS kernel new to the process, which makes its host wait until the GPU has
+    run everything queued (:mod:`simulator.model.kernel_first`; data/measured/gemm-drain-h100x4).
+    Arguments as :func:`new_shape_share`. Only eager code with learned routes, measured in a
+    window of a fresh process (``training.measured_steps``): replayed routes repeat their counts
+    from the second step on, grouped GEMMs (fused code) have fixed shapes, and a long run's
+    steady state has met every kernel; 0 for each."""
+    if model.moe is None or training.kernels != "eager" or training.moe_routes == "replayed":
+        return 0.0
+    if training.measured_steps is None or loc is None:
+        return 0.0
+    first, last = training.measured_steps
+    streams = expert_row_streams(training, loc, calls, sources)
+    return kernel_first.first_launches(streams, first, last)
 
 
 def expert_row_streams(training: TrainingConfig, loc: MoELocal, calls: int,
