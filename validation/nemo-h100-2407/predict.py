@@ -1,4 +1,4 @@
-"""Predict every case of cases.yaml once, in a checkout of the frozen tag, and write
+"""Predict every case of suite.yaml (cases.yaml until the figures were entered) once, in a checkout of the frozen tag, and write
 predictions-<tag>.yaml beside it (issue 12: the published suite is scored against these).
 
     git worktree add FROZEN published-freeze-16
@@ -25,8 +25,8 @@ def main(tag: str) -> None:
     from simulator.run import resolve_loaded, simulate
     from simulator.validate import load_case
 
-    path = HERE / "cases.yaml"
-    suite = read_yaml(path, what="cases file")
+    path = HERE / "suite.yaml"
+    suite = read_yaml(path, what="suite file")
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
     cases = {}
