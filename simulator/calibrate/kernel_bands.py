@@ -12,6 +12,16 @@ widths: four series.
 The host's time after a drain (``DRAIN_S``): the median, over the calls of that file that
 waited for the 8 ms spin kernel queued before them, of their host time beyond it.
 
+The host's own work at a first launch (``FIRST_LAUNCH_S``, ``FIRST_LAUNCH_BEFORE``) from
+``data/measured/gemm-first-launch-h100x4`` (the same sweeps with the GPU idle before every call,
+four processes side by side, two seeds: the median host time of the calls of ``f1``, ``f2``,
+``b2x``, ``b1x`` that launched a kernel new to the process, less the median of those at a new
+row count that did not; the process's first call left out), and the share of it before the
+wait: ``1 - (h3 - DRAIN_S) / FIRST_LAUNCH_S``, ``h3`` the median host time beyond a 3 ms spin
+of the same calls behind one. ``KERNELS_PER_PASS``: in ``drain-lazy.json``, the first launches
+of the forward pair (``f1``, ``f2``) and of the data-gradient pair (``b2x``, ``b1x``) over the
+row counts at which the pair launched at least one (both widths).
+
 Per series the sampled row counts ascending; a count *brings a kernel* if one of its kernels
 (memsets aside) was not launched at a smaller sampled count. Bands of density ``c`` per octave
 with a random phase put a band edge between two neighbouring samples ``log2`` apart by ``g``
@@ -33,6 +43,8 @@ from simulator.calibrate import REPO
 from simulator.model import kernel_first
 
 DATA = REPO / "data/measured/gemm-drain-h100x4/drain-lazy.json"
+IDLE = REPO / "data/measured/gemm-first-launch-h100x4"
+PAIRS = (("f1", "f2"), ("b2x", "b1x"))
 KINDS = ("b1x", "b2x")
 OCTAVES = len(kernel_first.BANDS_PER_OCTAVE)
 
@@ -103,7 +115,69 @@ def drain_s() -> float:
     return float(f"{med * 1e-3:.3g}")
 
 
+def _classed(path) -> list[tuple[dict, bool]]:
+    """Every call of a ``gemm_drain.py`` file (the process's first left out) with whether it
+    launched a kernel (memsets aside) the process had not launched before."""
+    with open(path) as f:
+        calls = json.load(f)["calls"]
+    seen: set[str] = set()
+    out = []
+    for i, c in enumerate(calls):
+        ks = {k for k in c["kernels"] if not k.startswith("Memset")}
+        if i > 0:
+            out.append((c, bool(ks - seen)))
+        seen |= ks
+    return out
+
+
+def _median(x: list[float]) -> float:
+    x = sorted(x)
+    mid = len(x) // 2
+    return x[mid] if len(x) % 2 else 0.5 * (x[mid - 1] + x[mid])
+
+
+def first_launch_s() -> float:
+    """The host's own work at a first launch beyond a call at a new row count (seconds, 3
+    digits): the idle sweeps' medians (module docstring)."""
+    ops = {o for p in PAIRS for o in p}
+    new, plain = [], []
+    for tag in ("idle", "idle-s1"):
+        for c, n in _classed(IDLE / f"drain-{tag}.json"):
+            if c["op"] in ops and c["phase"] == "new":
+                (new if n else plain).append(c["host_ms"])
+    return float(f"{(_median(new) - _median(plain)) * 1e-3:.3g}")
+
+
+def first_launch_before() -> float:
+    """The share of it before the wait for the GPU (2 decimals)."""
+    ops = {o for p in PAIRS for o in p}
+    x = [c["host_ms"] - 3.0 for c, n in _classed(IDLE / "drain-spin3.json")
+         if n and c["op"] in ops and c["phase"] == "new"]
+    after = max(0.0, _median(x) * 1e-3 - drain_s())
+    return round(1.0 - after / first_launch_s(), 2)
+
+
+def kernels_per_pass() -> float:
+    """First launches an expert pass at a row count that brings a new kernel (3 decimals)."""
+    with open(DATA) as f:
+        calls = json.load(f)["calls"]
+    seen: set[str] = set()
+    per: dict[tuple, set] = defaultdict(set)
+    for c in calls:
+        ks = {k for k in c["kernels"] if not k.startswith("Memset")}
+        if c["phase"] == "new" and ks - seen:
+            per[(c["shape"], c["m"])].add(c["op"])
+        seen |= ks
+    hits = [len(v & set(p)) for v in per.values() for p in PAIRS if v & set(p)]
+    return round(sum(hits) / len(hits), 3)
+
+
 def refit() -> dict[str, tuple[float, float]]:
-    return {"kernel_first.DRAIN_S": (drain_s(), kernel_first.DRAIN_S)} | {f"kernel_first.BANDS_PER_OCTAVE[{o}] ({64 << o}-{128 << o} rows)": (new, old)
+    return {"kernel_first.DRAIN_S": (drain_s(), kernel_first.DRAIN_S),
+            "kernel_first.FIRST_LAUNCH_S": (first_launch_s(), kernel_first.FIRST_LAUNCH_S),
+            "kernel_first.FIRST_LAUNCH_BEFORE": (first_launch_before(),
+                                                 kernel_first.FIRST_LAUNCH_BEFORE),
+            "kernel_first.KERNELS_PER_PASS": (kernels_per_pass(),
+                                              kernel_first.KERNELS_PER_PASS)} | {f"kernel_first.BANDS_PER_OCTAVE[{o}] ({64 << o}-{128 << o} rows)": (new, old)
             for o, (new, old) in enumerate(zip(fit(), kernel_first.BANDS_PER_OCTAVE,
                                                strict=True))}

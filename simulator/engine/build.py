@@ -922,6 +922,7 @@ class _Builder:
         mbs = self.job.microbatches
         drains = first_launch_drains(self.m, self.t, loc, layers * mbs, self.ep * self.etp)
         bwds = local * layers * mbs
+        pre, post = kernel_first.launch_work()
         if drains > 0.0 and bwds > 0:
             drains = bwds * shape_cache.slowest_share(min(1.0, drains / bwds), local, self.ep)
         return HostRates(gpu.host_op_s, gpu.host_collective_s, gpu.host_sync_s,
@@ -931,7 +932,9 @@ class _Builder:
                           bwd * gpu.host_gemm_new_shape_dgrad_s,
                           bwd * gpu.host_gemm_new_shape_wgrad_s),
                          engine_op_s=gpu.host_engine_op_s, drains=drains,
-                         drain_bwds=layers * mbs, drain_s=kernel_first.DRAIN_S)
+                         drain_bwds=layers * mbs, drain_s=kernel_first.DRAIN_S,
+                         launch_pre_s=pre, launch_post_s=post,
+                         fwd_drains=kernel_first.FORWARD)
 
     def moe_layers_on_rank(self) -> tuple[moe_math.MoELocal | None, int]:
         """The busiest EP rank's experts and the MoE layers of the pipeline rank holding most

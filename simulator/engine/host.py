@@ -87,6 +87,12 @@ class HostRates:
     drain_bwds: int = 0
     #: the host's time after such a wait (:data:`simulator.model.kernel_first.DRAIN_S`)
     drain_s: float = 0.0
+    #: the host's own work of a pass's first launches (cuBLASLt's, at a kernel new to the
+    #: process), before its wait and after it (:func:`simulator.model.kernel_first.launch_work`)
+    launch_pre_s: float = 0.0
+    launch_post_s: float = 0.0
+    #: whether the drains fall in the expert forwards too (their first launches, same count)
+    fwd_drains: bool = False
 
     def scaled(self, factor: float) -> HostRates:
         """Every host time ``factor`` times as long (a group paced by its slowest host,
@@ -95,7 +101,7 @@ class HostRates:
             return self
         times = {f.name: getattr(self, f.name) * factor for f in fields(self)
                  if isinstance(getattr(self, f.name), (int, float))
-                 and f.name not in ("barrier_s", "drains", "drain_bwds")}
+                 and f.name not in ("barrier_s", "drains", "drain_bwds", "fwd_drains")}
         return replace(self, **times,
                        extra=MappingProxyType({k: v * factor for k, v in self.extra.items()}),
                        expert_gemm_s=tuple(x * factor for x in self.expert_gemm_s))
@@ -104,7 +110,7 @@ class HostRates:
         """Host time of a synchronisation part once the GPU has drained: ``sync_s``, and
         ``barrier_s`` more where it is a barrier of the EP group's hosts."""
         if part.name == FIRST_LAUNCH:
-            return self.drain_s
+            return self.drain_s + self.launch_post_s
         return self.sync_s + (self.barrier_s if part.name in BARRIER_SYNCS else 0.0)
 
     def drains_at(self, k: int) -> int:
@@ -143,13 +149,21 @@ class HostRates:
 FIRST_LAUNCH = "expert_first_launch"
 
 
-def with_drains(prog: Sequence, drains: int) -> tuple:
+def with_drains(prog: Sequence, drains: int, forward: bool = False) -> tuple:
     """``prog`` (an eager MoE layer's backward) with a host wait (:data:`FIRST_LAUNCH`) before
     the data gradient of its first ``drains`` experts (``expert_fc2_e*_dgrad``, each expert
-    backward's first GEMM; at most one wait an expert backward, measured)."""
+    backward's first GEMM; at most one wait an expert backward, measured); ``forward``: the
+    layer's forward, the wait before its first ``drains`` experts' first GEMM
+    (``expert_fc1_e*``)."""
     out, left = [], drains
+
+    def first_gemm(name: str) -> bool:
+        if forward:
+            return name.startswith("expert_fc1_e") and not name.endswith(("_dgrad", "_wgrad"))
+        return name.startswith("expert_fc2_e") and name.endswith("_dgrad")
+
     for p in prog:
-        if left > 0 and p.name.startswith("expert_fc2_e") and p.name.endswith("_dgrad"):
+        if left > 0 and first_gemm(p.name):
             out.append(replace(p, name=FIRST_LAUNCH, kind=HOST_SYNC, dur=0.0, flops=0.0,
                                op="", nbytes=0.0, overlap_next=False, dim=""))
             left -= 1
@@ -264,9 +278,10 @@ def piece_matrix(host_s: Sequence[float], suffix_s: Sequence[float]) -> Matrix:
     return (suffix_s[0], a, NEG, issued)
 
 
-def sync_matrix(sync_s: float) -> Matrix:
-    """The host waits for the GPU to drain, then spends ``sync_s`` (the copy of the counts)."""
-    return (0.0, NEG, sync_s, sync_s)
+def sync_matrix(sync_s: float, pre_s: float = 0.0) -> Matrix:
+    """The host spends ``pre_s``, waits for the GPU to drain, then spends ``sync_s`` (the copy
+    of the counts): ``h' = max(g, h + pre_s) + sync_s``."""
+    return (0.0, NEG, sync_s, pre_s + sync_s)
 
 
 def program_matrix(prog: Sequence, rates: HostRates, gpu_time) -> Matrix:
@@ -283,5 +298,6 @@ def program_matrix(prog: Sequence, rates: HostRates, gpu_time) -> Matrix:
             m = compose(m, piece_matrix([rates.part_s(q) for q in piece], suffix))
             piece = []
         if p is not None:
-            m = compose(m, sync_matrix(rates.sync_part_s(p)))
+            pre = rates.launch_pre_s if p.name == FIRST_LAUNCH else 0.0
+            m = compose(m, sync_matrix(rates.sync_part_s(p), pre))
     return m

@@ -81,6 +81,7 @@ class Proc:
     end_s: float = 0.0
     host_s: float = 0.0  # eager code: when its host has issued everything so far
     moe_bwds: int = 0  # eager MoE: layer backwards issued so far (where the drains fall)
+    moe_fwds: int = 0  # and layer forwards (their first launches, where modelled)
 
 
 @dataclass
@@ -368,19 +369,24 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
         """Eager code: when the GPU, which would finish ``prog`` at ``end``, finishes it once
         the host has issued it (:mod:`simulator.engine.host`), and ``comm`` with the wait as
         ``("host", seconds)``; advances the process's host clock."""
-        drains = 0
+        drains, forward = 0, False
         if self.plan.host.drains > 0.0 and prog is p.programs.layer_bwd:
             # an eager MoE layer's backward: the first launches of cuBLAS kernels it drains at
             drains = self.plan.host.drains_at(p.moe_bwds)
             p.moe_bwds += 1
-        key = (id(prog), slowdown, drains)
+        elif (self.plan.host.drains > 0.0 and self.plan.host.fwd_drains
+              and prog is p.programs.layer_fwd):
+            # its forward: the expert forwards' first launches (their own kernels, as many)
+            drains, forward = self.plan.host.drains_at(p.moe_fwds), True
+            p.moe_fwds += 1
+        key = (id(prog), slowdown, drains, forward)
         hit = self._host_cache.get(key)
         if hit is None:  # (keeps the program alive, so its id is not reused)
             def gpu_time(parts) -> float:
                 return program_time(parts, slowdown, self.plan.interference)[0]
 
-            m = program_matrix(with_drains(prog, drains) if drains else prog, self.plan.host,
-                               gpu_time)
+            m = program_matrix(with_drains(prog, drains, forward) if drains else prog,
+                               self.plan.host, gpu_time)
             # what a synchronisation adds to the GPU's own path (the GPU idles while the host
             # resumes and issues what follows): gg beyond the program's time back to back
             hit = self._host_cache[key] = (prog, m, max(0.0, m[0] - gpu_time(prog)))

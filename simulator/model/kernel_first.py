@@ -21,7 +21,16 @@ appeared).
 data gradients share ``M``; two new kernels in one expert backward drain once, measured), so
 the expected drained expert backwards among steps ``first..last`` of a fresh process are the
 expected distinct bands of :mod:`.shape_cache`'s row-count streams, ``D(last) - D(first -
-1)``, with the streams' probabilities summed per band.
+1)``, with the streams' probabilities summed per band. The expert forwards meet their own kernels
+(``addmm`` with bias) at as many new bands (:data:`FORWARD`).
+
+**The cost** (``data/measured/gemm-first-launch-h100x4``). A first launch is not only a wait:
+cuBLASLt works on the host for :data:`FIRST_LAUNCH_S` (2.4 ms) before it waits for the GPU
+to drain, then returns :data:`DRAIN_S` after it. An expert pass at a new band launches
+:data:`KERNELS_PER_PASS` new kernels: the first one's work comes before the wait (hidden where
+the GPU is far enough behind: a backward with the exchange queued), the others' after it, with
+the GPU idle (:func:`launch_work`). The wait itself follows the queued all-to-all, so it ends
+when the last rank of the group has issued its own (measured, ``gemm_drain_a2a.py``).
 
 Pure functions, numpy only."""
 
@@ -44,6 +53,33 @@ BANDS_PER_OCTAVE = (4.86, 7.946, 9.859, 13.011, 11.259, 5.361, 6.436, 1.682, 0.8
 #: the host's time after the GPU has drained, to the end of the call (median of the drained
 #: calls of ``drain-lazy.json``, beyond their 8 ms spin; cuBLASLt's 91-136 ms start excluded)
 DRAIN_S = 4.97e-05
+
+#: the host's own work at a kernel's first launch beyond an ordinary call at a new row count
+#: (seconds a kernel: cuBLASLt's, inside the call), measured with the GPU idle
+#: (data/measured/gemm-first-launch-h100x4: 2.3-2.9 ms a call against 0.15-0.19 ms; an 8 ms
+#: spin before the call hid it from gemm-drain-h100x4), and the share of it that comes before
+#: the call's wait for the GPU (behind a 1 ms spin the call takes as long as idle, behind a
+#: 3 ms spin it returns 0.07 ms after the spin)
+FIRST_LAUNCH_S = 2.44e-03
+FIRST_LAUNCH_BEFORE = 0.99
+#: first launches in an expert pass (forward: ``f1``, ``f2``; backward: ``b2x``, ``b1x``) at
+#: a row count that brings a new kernel (gemm-drain-h100x4's sweep, both widths)
+KERNELS_PER_PASS = 1.419
+#: the expert forwards launch their own kernels (``addmm`` with bias) at a new band as often
+#: as the backwards (50-53 first launches each of f1, f2, b2x, b1x in gemm-drain-h100x4's
+#: 160 counts): the engine places as many first launches in the layer forwards
+FORWARD = True
+
+
+def launch_work(per_kernel: float | None = None, before: float | None = None,
+                kernels: float | None = None) -> tuple[float, float]:
+    """(before the wait, after it): the host's first-launch work in one pass at a new band.
+    The pass's first kernel's work comes ``before`` before the wait; the other kernels'
+    (``kernels - 1`` a pass) follow the drain with the GPU idle."""
+    x = FIRST_LAUNCH_S if per_kernel is None else per_kernel
+    b = FIRST_LAUNCH_BEFORE if before is None else before
+    k = KERNELS_PER_PASS if kernels is None else kernels
+    return b * x, (1.0 - b) * x + max(0.0, k - 1.0) * x
 
 
 def band_of(m: np.ndarray, per_octave: Sequence[float] = BANDS_PER_OCTAVE,
