@@ -195,7 +195,7 @@ def test_the_first_launches_cost_what_loading_the_kernels_beforehand_saved(capsy
     launch with the expert GEMMs run at 1,408 row counts before the first step): the slowest
     rank's step, median of the 6 timed steps, 0.294 -> 0.234 s. The modelled first launches
     (count, host work and drains, forward and backward) cost the step about as much; the
-    drains alone (no host work: the model before gemm-first-launch-h100x4) a quarter of it."""
+    drains alone (no host work: the model before gemm-first-launch-h100x4) under a tenth of it."""
     data = REPO / "data/measured/gemm-drain-h100x4"
 
     def median_step(tag: str) -> float:
@@ -214,4 +214,4 @@ def test_the_first_launches_cost_what_loading_the_kernels_beforehand_saved(capsy
     waits = _step(capsys, AF)["step_time_s"]
     assert saved == pytest.approx(0.060, abs=0.002)
     assert shipped - none == pytest.approx(saved, rel=0.25)
-    assert waits - none < 0.3 * saved
+    assert waits - none < 0.1 * saved
