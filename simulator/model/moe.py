@@ -97,13 +97,8 @@ def new_shape_share(model: ModelConfig, training: TrainingConfig, loc: MoELocal 
       every count seen. Optimistic where the shares keep drifting over more counts than that.
 
     Fused code (grouped GEMM) and dense models: 0 (every GEMM shape repeats)."""
-    if model.moe is None or training.kernels != "eager" or training.moe_routes == "replayed":
-        return 0.0
-    if training.measured_steps is None or loc is None:
-        return 0.0
-    first, last = training.measured_steps
-    streams = expert_row_streams(training, loc, calls, sources)
-    return shape_cache.new_share(streams, first, last)
+    fresh = _fresh_process_streams(model, training, loc, calls, sources)
+    return shape_cache.new_share(*fresh) if fresh else 0.0
 
 
 def first_launch_drains(model: ModelConfig, training: TrainingConfig,
@@ -115,13 +110,22 @@ def first_launch_drains(model: ModelConfig, training: TrainingConfig,
     window of a fresh process (``training.measured_steps``): replayed routes repeat their counts
     from the second step on, grouped GEMMs (fused code) have fixed shapes, and a long run's
     steady state has met every kernel; 0 for each."""
+    fresh = _fresh_process_streams(model, training, loc, calls, sources)
+    return kernel_first.first_launches(*fresh) if fresh else 0.0
+
+
+def _fresh_process_streams(model: ModelConfig, training: TrainingConfig, loc: MoELocal | None,
+                           calls: int, sources: int
+                           ) -> tuple[list[shape_cache.Stream], int, int] | None:
+    """The busiest EP rank's expert row-count streams with the measured window ``(streams,
+    first, last)`` where the shapes an expert GEMM meets change from step to step in a fresh
+    process (eager code, learned routes, ``training.measured_steps`` set); None otherwise."""
     if model.moe is None or training.kernels != "eager" or training.moe_routes == "replayed":
-        return 0.0
+        return None
     if training.measured_steps is None or loc is None:
-        return 0.0
+        return None
     first, last = training.measured_steps
-    streams = expert_row_streams(training, loc, calls, sources)
-    return kernel_first.first_launches(streams, first, last)
+    return expert_row_streams(training, loc, calls, sources), first, last
 
 
 def expert_row_streams(training: TrainingConfig, loc: MoELocal, calls: int,
