@@ -107,3 +107,29 @@ def test_block_scaled_gemms_swizzle_both_operands_scales_first():
     want = (cm.gemm_s(m, k, n, "mxfp8") + cm.memory_s(quant) + launch
             + cm.memory_s(2 * (m * k + k * n) / 32) + 2 * launch + launch)
     assert _op_time(cm, op, "mxfp8") == pytest.approx(want)
+
+
+def test_blockwise_fp8_on_hopper_runs_at_its_measured_rate():
+    """A DeepSeek-style block-scaled FP8 GEMM on a Hopper GPU takes the per-tensor GEMM's time
+    over the measured rate (forward / dgrad 1x128 x 128x128, wgrad 1x128 x 1x128), its
+    quantisation priced as before; per-tensor recipes and Blackwell GPUs keep the per-tensor
+    GEMM time."""
+    from simulator.engine.program import _op_time
+    from simulator.hardware.precision import BLOCKWISE_RATE_HOPPER, gemm_rate
+    from simulator.model.ops import gemm_op
+
+    m, k, n = 4096, 7168, 4096
+    blk, cur = recipe("fp8", "blockwise"), recipe("fp8", "current")
+    for gpu in ("H100-SXM-80GB", "H800", "H200-SXM-141GB"):
+        cm = ComputeModel(load_gpu(gpu))
+        launch = cm.gpu.kernel_launch_s
+        for name, wgrad in (("fc1", False), ("fc1_wgrad", True)):
+            rate = BLOCKWISE_RATE_HOPPER["wgrad" if wgrad else "fwd"]
+            assert gemm_rate(blk, gpu, wgrad) == rate
+            op = gemm_op(name, "mlp", m, k, n, 2)
+            quant = quantize_bytes(blk, m, k, n, wgrad)
+            want = cm.gemm_s(m, k, n, "fp8") / rate + (cm.memory_s(quant) + launch if quant
+                                                        else 0.0) + launch
+            assert _op_time(cm, op, "fp8/blockwise") == pytest.approx(want)
+            assert gemm_rate(cur, gpu, wgrad) == 1.0
+    assert gemm_rate(blk, "B200", True) == 1.0 and gemm_rate(None, "H100-SXM-80GB", True) == 1.0

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from simulator.hardware.compute import ComputeModel
-from simulator.hardware.precision import quantize_bytes, split_dtype, swizzle_bytes
+from simulator.hardware.precision import gemm_rate, quantize_bytes, split_dtype, swizzle_bytes
 from simulator.model import comm as mc
 from simulator.model import moe_layer as ml
 from simulator.model import mtp
@@ -128,6 +128,9 @@ def _op_time(
             # the SM clock of the step's kernel mix against the GEMM calibration's
             # (simulator.hardware.power; measured on bf16 GEMMs)
             t *= gemm_scale
+        if rec is not None:
+            # block-scaled FP8 on Hopper: the scales applied on CUDA cores (measured rate)
+            t /= gemm_rate(rec, cm.gpu.name, op.name.endswith("_wgrad"))
         if rec is not None and not op.batch:
             # Transformer Engine's low-precision GEMMs take quantised operands: the
             # activation-side operands are quantised from bf16 first (a memory-bound kernel,

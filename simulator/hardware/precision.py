@@ -98,6 +98,29 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
+#: GPUs of the GH100 die (Hopper), whose tensor cores take no block scales: a block-scaled FP8
+#: GEMM multiplies each 128-deep K block's partial sums by their scales on CUDA cores before
+#: accumulating (NVIDIA, "Optimizing DeepSeek-V3 Training Performance on GB200 NVL72",
+#: Megatron-LM docs/discussions, Section 1), so it runs below a per-tensor GEMM of its shape.
+HOPPER_GPUS = ("H100", "H800", "H200", "GH200")
+
+#: Hopper's DeepSeek-style block-scaled FP8 GEMMs against per-tensor FP8 at the same shapes,
+#: sustained (cuBLAS through ``torch._scaled_mm``): ``fwd`` 1x128 activations by 128x128 weight
+#: blocks (forward and dgrad), ``wgrad`` 1x128 by 1x128 (both operands scaled along the tokens);
+#: the medians over DeepSeek-V3's shapes, ``python -m simulator.calibrate blockwise`` from
+#: ``data/measured/dsv3-fp8-h100x1/fp8_shapes.jsonl``.
+BLOCKWISE_RATE_HOPPER = {"fwd": 1.0, "wgrad": 1.0}
+
+
+def gemm_rate(rec: Recipe | None, gpu_name: str, wgrad: bool) -> float:
+    """A low-precision GEMM's rate relative to the per-tensor FP8 (or the format's own) model:
+    :data:`BLOCKWISE_RATE_HOPPER` for blockwise FP8 on a Hopper GPU, else 1 (Blackwell's
+    block-scaled formats scale inside the tensor core; not measured here)."""
+    if rec is None or rec.name != "fp8/blockwise" or not gpu_name.startswith(HOPPER_GPUS):
+        return 1.0
+    return BLOCKWISE_RATE_HOPPER["wgrad" if wgrad else "fwd"]
+
+
 def recipe(precision: str, fp8_recipe: str = "delayed") -> Recipe | None:
     """The recipe of ``training.precision`` (None for bf16/fp16: no quantisation)."""
     if precision not in LOW_PRECISION:
