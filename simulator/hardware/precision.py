@@ -109,7 +109,7 @@ HOPPER_GPUS = ("H100", "H800", "H200", "GH200")
 #: blocks (forward and dgrad), ``wgrad`` 1x128 by 1x128 (both operands scaled along the tokens);
 #: the medians over DeepSeek-V3's shapes, ``python -m simulator.calibrate blockwise`` from
 #: ``data/measured/dsv3-fp8-h100x1/fp8_shapes.jsonl``.
-BLOCKWISE_RATE_HOPPER = {"fwd": 1.0, "wgrad": 1.0}
+BLOCKWISE_RATE_HOPPER = {"fwd": 0.916, "wgrad": 0.74}
 
 
 def gemm_rate(rec: Recipe | None, gpu_name: str, wgrad: bool) -> float:
