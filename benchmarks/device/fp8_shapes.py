@@ -3,7 +3,10 @@ per-tensor torch._scaled_mm and (where this PyTorch supports it) blockwise 1x128
 1x128 / 1x128 scaling; cold burst (30 calls after idle) and sustained (after 3 s of the same
 GEMM back to back). CUDA events around 30 back-to-back calls; median of 3 such windows.
 Writes one JSON line per (shape, scaling, phase) to the path in argv[1]."""
-import json, sys, time
+import json
+import sys
+import time
+
 import torch
 
 out = open(sys.argv[1], "w")
@@ -38,9 +41,11 @@ def runners(m, k, n):
             la, lb = lay.split("/")
             sa_l = sa.t().contiguous().t() if la == "outer" else sa
             sb_l = sb.t().contiguous().t() if lb == "outer" else sb
+            def f(sa_l=sa_l, sb_l=sb_l):
+                return torch._scaled_mm(a, b, sa_l, sb_l, out_dtype=torch.bfloat16)
             try:
-                f = lambda sa_l=sa_l, sb_l=sb_l: torch._scaled_mm(a, b, sa_l, sb_l, out_dtype=torch.bfloat16)
-                f(); torch.cuda.synchronize()
+                f()
+                torch.cuda.synchronize()
                 yield f"{name}/{lay}", f
                 break
             except Exception as e:  # noqa: BLE001
@@ -51,12 +56,14 @@ def window(f, n=30):
     s.record()
     for _ in range(n):
         f()
-    e.record(); torch.cuda.synchronize()
+    e.record()
+    torch.cuda.synchronize()
     return s.elapsed_time(e) / 1e3 / n
 
 for label, m, k, n in SHAPES:
     for scaling, f in runners(m, k, n):
-        f(); torch.cuda.synchronize()
+        f()
+        torch.cuda.synchronize()
         time.sleep(1.0)  # idle: clocks recover
         cold = sorted(window(f) for _ in range(3))[1]
         t0 = time.time()
