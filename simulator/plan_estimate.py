@@ -45,12 +45,11 @@ from simulator.engine.build import GRAD_DIMS, MOE_DIMS, Machine, make_layout
 from simulator.engine.combined import chain_items, pair_schedule
 from simulator.engine.dispatch import DEEPEP, routed_cost
 from simulator.engine.program import (
-    Pricer,
     StagePrograms,
     build_stage_programs,
     embed_grad,
     embed_tp,
-    optimizer_access,
+    optimizer_parts,
     program_time,
 )
 from simulator.hardware.precision import pricing_dtype, weight_bytes
@@ -346,14 +345,8 @@ class Estimator:
     def _optimizer_s(self, local_params: float) -> float:
         hit = self._opt.get(local_params)
         if hit is None:
-            t = self.work.training
-            ops = tf.optimizer_ops(
-                local_params, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
-                moments_dtype=t.optimizer_moments_dtype, impl=t.optimizer_impl,
-                master_weights=t.master_weights, grad_clip=t.grad_clip,
-            )
-            pr = Pricer(self.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
-            hit = sum(pr.time(op, optimizer_access(t, op.name)) for op in ops)
+            hit = sum(part.dur for part in optimizer_parts(self.machine.compute,
+                                                            self.work.training, local_params))
             self._opt[local_params] = hit
         return hit
 

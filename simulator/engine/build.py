@@ -42,7 +42,7 @@ from simulator.engine.program import (
     build_stage_programs,
     embed_grad,
     embed_tp,
-    optimizer_access,
+    optimizer_parts,
 )
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.errors import ConfigError
@@ -617,13 +617,7 @@ class _Builder:
         return dense / (self.shard if z else 1) + expert / (self.edp if z else 1)
 
     def optimizer_program(self, p: Proc) -> tuple[Part, ...]:
-        t = self.t
-        ops = tf.optimizer_ops(self.optimizer_params(p), param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
-                               moments_dtype=t.optimizer_moments_dtype, impl=t.optimizer_impl,
-                               master_weights=t.master_weights,
-                               grad_clip=t.grad_clip)
-        pr = Pricer(self.job.machine.compute, pricing_dtype(t), t.kernels, t.param_dtype)
-        return tuple(pr.part(op, optimizer_access(t, op.name)) for op in ops)
+        return optimizer_parts(self.job.machine.compute, self.t, self.optimizer_params(p))
 
     def layer_activation(self, layer: int) -> float:
         """Bytes a micro-batch keeps for global layer ``layer`` of an MoE or MLA model

@@ -13,7 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from simulator.hardware.compute import ComputeModel
-from simulator.hardware.precision import gemm_rate, quantize_bytes, split_dtype, swizzle_bytes
+from simulator.hardware.precision import (
+    gemm_rate,
+    pricing_dtype,
+    quantize_bytes,
+    split_dtype,
+    swizzle_bytes,
+)
 from simulator.model import comm as mc
 from simulator.model import moe_layer as ml
 from simulator.model import mtp
@@ -196,6 +202,17 @@ class Pricer:
     def part(self, op: Op, access: str | None = None) -> Part:
         """``access``: the memory-bound op's access class, instead of the one its name gives."""
         return Part(op.name, "compute", self.time(op, access), op.flops, block=op.block)
+
+
+def optimizer_parts(cm: ComputeModel, t, params: float) -> tuple[Part, ...]:
+    """The optimizer step of ``params`` parameters (``training`` ``t``), kernel by kernel
+    (:func:`simulator.model.transformer.optimizer_ops`), each memory-bound kernel at its
+    access class (:func:`optimizer_access`): the engine's program and plan's estimate."""
+    ops = tf.optimizer_ops(params, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
+                           moments_dtype=t.optimizer_moments_dtype, impl=t.optimizer_impl,
+                           master_weights=t.master_weights, grad_clip=t.grad_clip)
+    pr = Pricer(cm, pricing_dtype(t), t.kernels, t.param_dtype)
+    return tuple(pr.part(op, optimizer_access(t, op.name)) for op in ops)
 
 
 #: ``comm_cost(dim, collective, nbytes)``: seconds of a collective on a stage's groups of ``dim``.

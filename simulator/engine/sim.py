@@ -369,16 +369,16 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
         """Eager code: when the GPU, which would finish ``prog`` at ``end``, finishes it once
         the host has issued it (:mod:`simulator.engine.host`), and ``comm`` with the wait as
         ``("host", seconds)``; advances the process's host clock."""
-        drains, forward = 0, False
-        if self.plan.host.drains > 0.0 and prog is p.programs.layer_bwd:
-            # an eager MoE layer's backward: the first launches of cuBLAS kernels it drains at
-            drains = self.plan.host.drains_at(p.moe_bwds)
-            p.moe_bwds += 1
-        elif (self.plan.host.drains > 0.0 and self.plan.host.fwd_drains
-              and prog is p.programs.layer_fwd):
-            # its forward: the expert forwards' first launches (their own kernels, as many)
-            drains, forward = self.plan.host.drains_at(p.moe_fwds), True
-            p.moe_fwds += 1
+        drains, forward, rates = 0, False, self.plan.host
+        if rates.drains > 0.0:
+            if prog is p.programs.layer_bwd:
+                # an eager MoE layer's backward: the first launches of cuBLAS kernels it drains at
+                drains = rates.drains_at(p.moe_bwds)
+                p.moe_bwds += 1
+            elif rates.fwd_drains and prog is p.programs.layer_fwd:
+                # its forward: the expert forwards' first launches (their own kernels, as many)
+                drains, forward = rates.drains_at(p.moe_fwds), True
+                p.moe_fwds += 1
         key = (id(prog), slowdown, drains, forward)
         hit = self._host_cache.get(key)
         if hit is None:  # (keeps the program alive, so its id is not reused)
