@@ -274,6 +274,32 @@ CASES15 = {
     "h15_moe_ep4_AJ": dict(shape="AJ", world=4, scheme="moe", mb=8, n_mb=2),
 }
 CASES.update(CASES15)
+# The sixteenth batch (MoE-heavy, issue 10): new shapes, written 2026-11-27 20:05 UTC before its
+# freeze (4-GPU box).
+SHAPES.update({
+    # 12 GPT-2 blocks of width 3584 (28 heads of 128), GPT-2's padded vocabulary, 2K sequences.
+    "AN": dict(layers=12, hidden=3584, heads=28, vocab=50304, seq=2048),
+    # MoE: 6 blocks of width 2560 (20 heads of 128), 16 GELU experts of 2560, top-2, 1K sequences.
+    "AO": dict(layers=6, hidden=2560, heads=20, vocab=32768, seq=1024, experts=16, top_k=2,
+               expert_ffn=2560),
+    # MoE, fine-grained: 4 blocks of width 1536 (12 heads of 128), 64 GELU experts of 768, top-4,
+    # 2K sequences.
+    "AP": dict(layers=4, hidden=1536, heads=12, vocab=32768, seq=2048, experts=64, top_k=4,
+               expert_ffn=768),
+})
+CASES16 = {
+    "h16_ddp4_AN_straggler": dict(shape="AN", world=4, scheme="ddp", mb=1, n_mb=2,
+                                  straggler=1.15),
+    "h16_fsdp4_AN": dict(shape="AN", world=4, scheme="fsdp", mb=2, n_mb=1),
+    "h16_tp4sp_AN": dict(shape="AN", world=4, scheme="tp", sp=True, mb=2, n_mb=1),
+    "h16_pp4_int2_AN": dict(shape="AN", world=4, scheme="pp", schedule="interleaved", v=2, mb=1,
+                            n_mb=8),
+    "h16_moe_ep2_AO": dict(shape="AO", world=2, scheme="moe", mb=8, n_mb=2),
+    "h16_moe_ep4_AO": dict(shape="AO", world=4, scheme="moe", mb=8, n_mb=2),
+    "h16_moe_ep2_AP": dict(shape="AP", world=2, scheme="moe", mb=4, n_mb=2),
+    "h16_moe_ep4_AP": dict(shape="AP", world=4, scheme="moe", mb=4, n_mb=2),
+}
+CASES.update(CASES16)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

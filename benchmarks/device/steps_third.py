@@ -255,7 +255,33 @@ CASES15 = {
     "h15t_pp4_1f1b_AG": dict(shape="AG", world=4, scheme="pp", mb=1, n_mb=8),
     "h15t_moe_ep4_AH": dict(shape="AH", world=4, scheme="moe", mb=4, n_mb=2),
 }
-CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12, **CASES13, **CASES14, **CASES15)
+# The sixteenth batch (MoE-heavy, issue 10): new shapes, written 2026-11-27 20:05 UTC before its
+# freeze (4-GPU box).
+SHAPES.update({
+    # 10 blocks of width 3840, 30 query heads / 6 KV heads of 128, SwiGLU 10240, a 48000-token
+    # vocabulary, 2K sequences (about 1.9 B parameters).
+    "AK": dict(layers=10, hidden=3840, heads=30, kv_heads=6, ffn=10240, vocab=48000, seq=2048),
+    # MoE: 6 blocks of width 2048, 16 query / 4 KV heads of 128, 16 SwiGLU experts of 1408,
+    # top-2, a 32000-token vocabulary, 2K sequences.
+    "AL": dict(layers=6, hidden=2048, heads=16, kv_heads=4, ffn=1408, vocab=32000, seq=2048,
+               experts=16, top_k=2),
+    # MoE, fine-grained: 4 blocks of width 2560, 20 query / 4 KV heads of 128, 40 SwiGLU experts
+    # of 768, top-4, a 32000-token vocabulary, 1K sequences.
+    "AM": dict(layers=4, hidden=2560, heads=20, kv_heads=4, ffn=768, vocab=32000, seq=1024,
+               experts=40, top_k=4),
+})
+CASES16 = {
+    "h16t_single_AK": dict(shape="AK", world=1, scheme="single", mb=1, n_mb=2),
+    "h16t_ddp4_AK": dict(shape="AK", world=4, scheme="ddp", mb=2, n_mb=2),
+    "h16t_tp4_AK": dict(shape="AK", world=4, scheme="tp", mb=4, n_mb=1),
+    "h16t_pp4_1f1b_AK": dict(shape="AK", world=4, scheme="pp", mb=1, n_mb=8),
+    "h16t_moe_ep2_AL": dict(shape="AL", world=2, scheme="moe", mb=4, n_mb=2),
+    "h16t_moe_ep4_AL": dict(shape="AL", world=4, scheme="moe", mb=4, n_mb=2),
+    "h16t_moe_ep2_AM": dict(shape="AM", world=2, scheme="moe", mb=8, n_mb=2),
+    "h16t_moe_ep4_AM": dict(shape="AM", world=4, scheme="moe", mb=8, n_mb=2),
+}
+CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12, **CASES13, **CASES14, **CASES15,
+             **CASES16)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 
