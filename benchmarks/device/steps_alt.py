@@ -277,8 +277,8 @@ CASES.update(CASES15)
 # The sixteenth batch (MoE-heavy, issue 10): new shapes, written 2026-11-27 20:05 UTC before its
 # freeze (4-GPU box).
 SHAPES.update({
-    # 12 GPT-2 blocks of width 3584 (28 heads of 128), GPT-2's padded vocabulary, 2K sequences.
-    "AN": dict(layers=12, hidden=3584, heads=28, vocab=50304, seq=2048),
+    # 8 GPT-2 blocks of width 3584 (28 heads of 128), GPT-2's padded vocabulary, 3K sequences.
+    "AN": dict(layers=8, hidden=3584, heads=28, vocab=50304, seq=3072),
     # MoE: 6 blocks of width 2560 (20 heads of 128), 16 GELU experts of 2560, top-2, 1K sequences.
     "AO": dict(layers=6, hidden=2560, heads=20, vocab=32768, seq=1024, experts=16, top_k=2,
                expert_ffn=2560),

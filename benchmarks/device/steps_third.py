@@ -258,9 +258,9 @@ CASES15 = {
 # The sixteenth batch (MoE-heavy, issue 10): new shapes, written 2026-11-27 20:05 UTC before its
 # freeze (4-GPU box).
 SHAPES.update({
-    # 10 blocks of width 3840, 30 query heads / 6 KV heads of 128, SwiGLU 10240, a 48000-token
-    # vocabulary, 2K sequences (about 1.9 B parameters).
-    "AK": dict(layers=10, hidden=3840, heads=30, kv_heads=6, ffn=10240, vocab=48000, seq=2048),
+    # 8 blocks of width 5120, 40 query heads / 8 KV heads of 128, SwiGLU 13824, a 48000-token
+    # vocabulary, 2K sequences (about 2.7 B parameters).
+    "AK": dict(layers=8, hidden=5120, heads=40, kv_heads=8, ffn=13824, vocab=48000, seq=2048),
     # MoE: 6 blocks of width 2048, 16 query / 4 KV heads of 128, 16 SwiGLU experts of 1408,
     # top-2, a 32000-token vocabulary, 2K sequences.
     "AL": dict(layers=6, hidden=2048, heads=16, kv_heads=4, ffn=1408, vocab=32000, seq=2048,
