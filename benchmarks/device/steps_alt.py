@@ -274,7 +274,7 @@ CASES15 = {
     "h15_moe_ep4_AJ": dict(shape="AJ", world=4, scheme="moe", mb=8, n_mb=2),
 }
 CASES.update(CASES15)
-# The sixteenth batch (MoE-heavy, issue 10): new shapes, written 2026-11-27 20:05 UTC before its
+# The sixteenth batch (MoE-heavy, issue 10): new shapes, written 2026-11-27 19:55 UTC before its
 # freeze (4-GPU box).
 SHAPES.update({
     # 8 GPT-2 blocks of width 3584 (28 heads of 128), GPT-2's padded vocabulary, 3K sequences.

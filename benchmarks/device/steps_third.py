@@ -255,7 +255,7 @@ CASES15 = {
     "h15t_pp4_1f1b_AG": dict(shape="AG", world=4, scheme="pp", mb=1, n_mb=8),
     "h15t_moe_ep4_AH": dict(shape="AH", world=4, scheme="moe", mb=4, n_mb=2),
 }
-# The sixteenth batch (MoE-heavy, issue 10): new shapes, written 2026-11-27 20:05 UTC before its
+# The sixteenth batch (MoE-heavy, issue 10): new shapes, written 2026-11-27 19:55 UTC before its
 # freeze (4-GPU box).
 SHAPES.update({
     # 8 blocks of width 5120, 40 query heads / 8 KV heads of 128, SwiGLU 13824, a 48000-token

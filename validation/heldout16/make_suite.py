@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import batch  # noqa: E402
 
 BATCH = batch.Batch(
-    n=16, cases_written='20:05 UTC (commit aaa09d0',
+    n=16, cases_written='19:55 UTC (commit aaa09d0, AK and AN amended in c8edc83',
     shapes='steps_third.py on shapes AK, AL and AM, steps_alt.py on shapes AN, AO and AP (MoE-heavy)',
     g4_sizes='a group of 4 and two pairs at once at 20 KiB x 4^k (5x the fitted sizes)',
     g3_sizes="a group of 3 at 27 KiB x 4^k (every rank's share 16-byte aligned)",
