@@ -1,5 +1,5 @@
 """Selective recompute modules (Megatron-Core's --recompute-modules: core_attn, layernorm,
-mla_up_proj, moe_act) and FP8 activation caching in MLA and MoE blocks, as DeepSeek-V3 saves
+mla_up_proj, mlp, moe_act) and FP8 activation caching in MLA and MoE blocks, as DeepSeek-V3 saves
 memory (arXiv:2412.19437, Sections 3.2.3 and 3.3.3): bytes dropped and FLOPs recomputed
 against closed forms."""
 
@@ -15,6 +15,7 @@ from simulator.engine.program import Pricer, _recompute, price
 from simulator.hardware.catalog import load_gpu
 from simulator.hardware.compute import ComputeModel
 from simulator.model import mla, moe
+from simulator.model import moe_layer as ml
 from simulator.model.moe_sizes import layer_activation_bytes
 from tests.conftest import ROOT, small_topology, write_case
 
@@ -87,6 +88,38 @@ def test_recomputed_kernels_are_the_modules():
     assert sum(p.flops for p in ln) == 0 and sum(p.dur for p in ln) > 0
     core = _recompute(fwd, prog, "selective", pr, frozenset({"core_attn"}))
     assert [p.name for p in core] == [f"re_{op.name}" for op in fwd if op.kind == "attention"]
+
+
+def test_mlp_module_reruns_a_dense_mlp_and_no_moe_block():
+    # Megatron-Core's "mlp" recomputes the dense MLP submodule only (transformer_layer.py:
+    # recompute_mlp where self.mlp is not an MoELayer), its norm fused into linear_fc1: the
+    # norm, fc1, the activation and fc2, with the MLP's TP collectives (tp 2, SP)
+    cm = ComputeModel(load_gpu("H800"))
+    pr = Pricer(cm, "bf16")
+    kw = dict(micro_batch=1, tp=2, sequence_parallel=True, precision_bytes=2, ep=64, etp=1)
+    mods = frozenset({"mla_up_proj", "mlp"})
+
+    def reruns(moe_layer: bool):
+        fwd = ml.layer_ops(M, backward=False, moe_layer=moe_layer, **kw)
+        return [p.name for p in _recompute(fwd, price(fwd, pr, None), "selective", pr, mods)]
+
+    assert reruns(False) == ["re_q_up", "re_kv_up", "re_rope", "re_norm2",
+                             "re_tp_all_gather", "re_fc1", "re_act", "re_fc2",
+                             "re_tp_reduce_scatter"]  # fmt: skip
+    assert reruns(True) == ["re_q_up", "re_kv_up", "re_rope"]
+    fwd = ml.layer_ops(M, backward=False, moe_layer=False, **kw)
+    dense = _recompute(fwd, price(fwd, pr, None), "selective", pr, frozenset({"mlp"}))
+    # fc1 (gate and up) and fc2 over the 4096 tokens, the TP-split width: 2 T H (3 ffn) / tp
+    assert sum(p.flops for p in dense) == pytest.approx(2 * T * H * 3 * 18432 / 2)
+    # its activations: only the layer's own norm2 input stays (dense layer 0, not MoE layer 3)
+    t = DS.training.model_copy(update={"precision": "bf16", "recompute": "selective",
+                                       "recompute_modules": ("mlp",)})  # fmt: skip
+    none = t.model_copy(update={"recompute": "none"})
+    lkw = dict(tp=1, sp=False, ep=64, etp=1)
+    F = 18432
+    drop = layer_activation_bytes(M, none, 0, **lkw) - layer_activation_bytes(M, t, 0, **lkw)
+    assert drop == pytest.approx(T * H * 2 + T * 2 * F * 2 + T * F * 2)  # fc1, act, fc2 inputs
+    assert layer_activation_bytes(M, none, 3, **lkw) == layer_activation_bytes(M, t, 3, **lkw)
 
 
 SMALL = {

@@ -351,10 +351,10 @@ def check_moe(work: WorkloadConfig, dp: int, file: str) -> tuple[int, int, int]:
     if mods and "mla_up_proj" in mods and m.attention_kind != "mla":
         raise fail("training.recompute_modules",
                    "mla_up_proj needs model.attention: mla (accepted here: core_attn, "
-                   "layernorm, moe_act)")
+                   "layernorm, mlp, moe_act)")
     if mods and set(mods) - {"core_attn"} and m.moe is None and m.attention_kind != "mla":
         raise fail("training.recompute_modules",
-                   "layernorm, mla_up_proj and moe_act are modelled for MoE / MLA models "
+                   "layernorm, mla_up_proj, mlp and moe_act are modelled for MoE / MLA models "
                    "(accepted here: core_attn)")
     if mods and "moe_act" in mods and m.moe is None:
         raise fail("training.recompute_modules", "moe_act needs model.moe")

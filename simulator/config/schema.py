@@ -342,14 +342,16 @@ class TrainingConfig(Frozen):
         "gradients), in a grad_reduce_dtype buffer",
     )
     recompute: Literal["none", "selective", "full"] = "none"
-    recompute_modules: tuple[Literal["core_attn", "layernorm", "mla_up_proj", "moe_act"], ...] | None = (
+    recompute_modules: tuple[Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act"], ...] | None = (
         Field(
             None,
             description="with recompute: selective, the modules recomputed in backward "
             "(ignored with none or full, as Megatron-Core does) "
             "(Megatron-Core's --recompute-modules; default [core_attn]): core_attn (the "
             "attention core), layernorm (norm outputs), mla_up_proj (MLA's Q/K/V "
-            "up-projections, DeepSeek-V3 Sec. 3.2.3), moe_act (the experts' activation)",
+            "up-projections, DeepSeek-V3 Sec. 3.2.3), mlp (a dense layer's whole MLP with its "
+            "norm and TP collectives; MoE layers are left alone, as Megatron-Core does), moe_act "
+            "(the experts' activation)",
         )
     )
     overlap_grad_reduce: Bool = Field(

@@ -254,22 +254,47 @@ def _reruns(op: Op, modules: frozenset[str]) -> bool:
     if "core_attn" in modules and op.kind == "attention":
         return True
     base = "expert_act" if op.name.startswith("expert_act") else op.name
-    return any(base in RECOMPUTE_MODULES[m] for m in modules)
+    return any(base in RECOMPUTE_MODULES.get(m, ()) for m in modules)
+
+
+def _rerun(parts: Sequence[Part]) -> Program:
+    """Parts run again as recomputation (``re_`` names; collectives as they ran)."""
+    return tuple(
+        Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes, dim=p.dim, block=p.block)
+        for p in parts
+    )
+
+
+def _dense_mlp(layer_fwd: Program) -> Program:
+    """A dense layer's MLP module as the ``mlp`` recompute module re-runs it: from its norm
+    to the MLP's output, before the residual add. Megatron-Core's ``TransformerLayer`` sets
+    ``recompute_mlp`` only where ``self.mlp`` is not an ``MoELayer`` ("mlp": "recompute the
+    dense MLP submodule", ``transformer_config.py``) and checkpoints ``self.mlp`` on the
+    pre-MLP norm's output; Transformer Engine's layer spec has no separate pre-MLP norm in a
+    dense layer (``IdentityOp``) but fuses it into ``linear_fc1``
+    (``TELayerNormColumnParallelLinear``), so the norm, the sequence-parallel all-gather,
+    fc1, the activation, fc2 and its reduce-scatter run again (``megatron/core/transformer/
+    transformer_layer.py``, ``megatron/core/models/gpt/gpt_layer_specs.py``, Megatron-LM
+    98b6f0e816, 2025-09-26). An MoE layer's program (no ``fc1``) re-runs nothing."""
+    names = [p.name for p in layer_fwd]
+    if "fc1" not in names:
+        return ()
+    start = next(i for i, n in enumerate(names) if n.startswith("norm2"))
+    end = next(i for i, n in enumerate(names) if i > start and n.startswith("residual2"))
+    return tuple(layer_fwd[start:end])
 
 
 def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pricer,
                modules: frozenset[str] = frozenset({"core_attn"})) -> Program:  # fmt: skip
     if recompute == "full":
-        return tuple(
-            Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes, dim=p.dim, block=p.block)
-            for p in layer_fwd
-        )
+        return _rerun(layer_fwd)
     if recompute == "selective":
+        mlp = _dense_mlp(layer_fwd) if "mlp" in modules else ()
         return tuple(
             Part(f"re_{op.name}", "compute", pr.time(op), op.flops, block=op.block)
             for op in fwd_ops
-            if _reruns(op, modules)
-        )
+            if _reruns(op, modules) and not (mlp and op.name.startswith("norm2"))
+        ) + _rerun(mlp)
     return ()
 
 

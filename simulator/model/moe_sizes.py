@@ -131,6 +131,10 @@ def layer_activation_bytes(
                                             grouped=t.kernels == "fused")  # fmt: skip
         if tensors.get("weight_casts"):
             attn += _moe_cast_change(local, loc, t.micro_batch, tp, sp, d)
+    elif "mlp" in mods:
+        # a dense MLP checkpointed on its input (the norm2 input, kept): nothing inside it
+        # is kept (simulator.engine.program._dense_mlp)
+        mlp = 0.0
     return attn + norm2 + mlp
 
 

@@ -43,12 +43,13 @@ DISPATCHERS = {"deepep": "deepep", "hybridep": "deepep", "a2a": "alltoall", "all
 MBRIDGE_RECIPES = {
     "mbridge-25.09-deepseek-v3-h100": (
         {"moe_dispatcher": "deepep", "overlap_moe_expert_parallel_comm": True,
-         "recompute": "selective", "recompute_modules": ["mla_up_proj"],
-         "overlap_grad_reduce": False},
+         "delay_wgrad_compute": True, "recompute": "selective",
+         "recompute_modules": ["mla_up_proj", "mlp"], "overlap_grad_reduce": False},
         "Megatron-Bridge scripts/performance/run_script.py at cac49dcd7 (2025-09-27, the 25.09 "
         "recipes): on H100 DeepEP, overlap_moe_expert_parallel_comm (1F1B all-to-all overlap) "
-        "with delay_wgrad_compute, recompute_modules [mla_up_proj, mlp] (mlp not modelled), "
-        "overlap_grad_reduce off; pipeline layout Et|(tt|)*30mL",
+        "with delay_wgrad_compute, recompute_modules [mla_up_proj, mlp] (mlp: the 3 dense "
+        "layers' MLPs, as Megatron-Core recomputes no MoE layer for it), overlap_grad_reduce "
+        "off; pipeline layout Et|(tt|)*30mL",
     ),
     "mbridge-25.11-deepseek-v3-gb200": (
         {"moe_dispatcher": "deepep", "recompute": "selective", "recompute_modules": ["mla_up_proj"]},
