@@ -931,13 +931,23 @@ class _Builder:
                          fwd_drains=kernel_first.FORWARD)
 
     def moe_layers_on_rank(self) -> tuple[moe_math.MoELocal | None, int]:
-        """The busiest EP rank's experts and the MoE layers of the pipeline rank holding most
-        of them: what :func:`simulator.model.moe.new_shape_share` draws row counts from."""
+        """The busiest EP rank's experts at their mean loads and the MoE layers of the pipeline
+        rank holding most of them: what :func:`simulator.model.moe.new_shape_share` and
+        :func:`simulator.model.moe.first_launch_drains` draw row counts from.
+
+        A learned router's experts are taken at their mean shares (``moe_expert_load``), not
+        at the busiest rank's share of a call (:func:`simulator.model.moe_routing`'s
+        ``Learned``): how a call's copies pile on some experts is what the row counts'
+        correlation ``moe_route_correlation`` already describes around those means (refitted
+        by ``calibrate routes`` on every rank's counts at ``p = top_k / experts``), and which
+        rank meets the most new counts in a layer is :func:`simulator.model.shape_cache.
+        slowest_share`'s; the busiest rank's share on top counted that concentration twice."""
         if self.m.moe is None:
             return None, 0
         t = self.t
+        load = t.moe_expert_load if t.moe_routing == "learned" else moe_math.load_spec(t)
         loc = moe_math.moe_local(self.local_model, t.micro_batch, self.tp, 1, self.ep, self.etp,
-                                 moe_math.load_spec(t))
+                                 load)
         layers = max(sum(moe_sizes.is_moe_layer(self.m, g)
                          for c in range(self.chunks) for g in self.layers_of(s, c))
                      for s in range(self.pp))
