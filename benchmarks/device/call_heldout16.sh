@@ -9,7 +9,8 @@
 #   call_heldout16.sh C : NCCL collectives, CUDA events: a group of 4 and two pairs at once at
 #                         20 KiB x 4^k (5x the calibrated sizes), a group of 3 at 27 KiB x 4^k
 #                         (every rank's share 16-byte aligned); all-to-all with uniform, rotated
-#                         and hot splits (comm.py); then the EP 4 MoE cases again ("repeat").
+#                         and hot splits (comm.py); then the fine-grained EP 4 MoE
+#                         cases again ("repeat").
 # $OUT set by the device tool; results in $OUT/r.tgz.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 set -o pipefail
@@ -32,8 +33,8 @@ case "${1:-A}" in
   B) steps steps_alt.py first "$ALT" 330 ;;
   C) comm 4 2 20480 1342177280 comm-g4.jsonl 120
      comm 3 3 27648 452984832 comm-g3.jsonl 60
-     steps steps_third.py repeat h16t_moe_ep4_AL,h16t_moe_ep4_AM 70
-     steps steps_alt.py repeat h16_moe_ep4_AO,h16_moe_ep4_AP 70 ;;
+     steps steps_third.py repeat h16t_moe_ep4_AM 40
+     steps steps_alt.py repeat h16_moe_ep4_AP 40 ;;
 esac
 date -u | tee -a "$L"; wc -l "$R"/*.jsonl
 tar -C "$OUT" -czf "$OUT/r.tgz" r && rm -rf "$R"
