@@ -9,6 +9,7 @@ import pytest
 
 from simulator.calibrate import (
     alltoall,
+    blackwell_gemm,
     blockwise,
     compute,
     deepep,
@@ -27,7 +28,7 @@ from simulator.hardware.catalog import default_kernel_params
 
 
 @pytest.mark.parametrize("mod", [deepep, interference, launch, memory, routes, sync, host_spread,
-                                 power, blockwise],
+                                 power, blockwise, blackwell_gemm],
                          ids=lambda m: m.__name__)
 def test_closed_form_sets_equal_their_refit(mod):
     for name, (refit, shipped) in mod.refit().items():

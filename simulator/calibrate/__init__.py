@@ -1,7 +1,7 @@
 """Reproducible calibration: every fitted constant set of the catalog, refitted from the
 measurement files in the repository, printed beside the value the catalog ships.
 
-    python -m simulator.calibrate [network|alltoall|p2p|unaligned|launch|interference|memory|compute|host|routes|sync|deepep|host_spread|host_barrier|ports|power|kernel_bands|blockwise|all]
+    python -m simulator.calibrate [network|alltoall|p2p|unaligned|launch|interference|memory|compute|host|routes|sync|deepep|host_spread|host_barrier|ports|power|kernel_bands|blockwise|blackwell_gemm|all]
 
 | set | module | data | catalog |
 |---|---|---|---|
@@ -21,6 +21,7 @@ measurement files in the repository, printed beside the value the catalog ships.
 | what a host read after a collective of n ranks (an MoE layer's count synchronisations: a barrier of the EP group's hosts) costs beyond one process's read (expected maximum of normals) | :mod:`.host_barrier` | ``data/measured/sync-segments-h100x4/segments.jsonl.gz`` (1, 2 and 4 processes of one 4x H100 box, a host-bound stream cut into 4-256 segments by uneven all-to-alls, sizes read on the host or not) | ``gpus.yaml`` ``host_barrier_s`` |
 | the SM clock under the power cap for a mix of GEMMs and memory-bound kernels (GEMM and memory-bound power at the boost clock, GEMM power per MHz, the clock-bound share of a GEMM's time) | :mod:`.power` | ``data/measured/stepmech-h100x4/`` (``clocks*.jsonl``, ``smi.csv``: shape AC's block GEMMs back to back, with adds or idle time between them, one H100 twice) | ``gpus.yaml`` ``power_clock`` |
 | Hopper's block-scaled (DeepSeek-style 1x128 / 128x128) FP8 GEMMs against per-tensor FP8 at the same shapes: forward / dgrad and wgrad | :mod:`.blockwise` | ``data/measured/dsv3-fp8-h100x1/fp8_shapes.jsonl`` (DeepSeek-V3's GEMM shapes, sustained, one H100) | ``simulator/hardware/precision.py`` ``BLOCKWISE_RATE_HOPPER`` |
+| Blackwell GEMM efficiencies (B200 fitted; GB200 and B300 by their MAMF efficiency over B200's; GB300 as GB200), at B200's sustained rate under its power cap | :mod:`.blackwell_gemm` | ``data/published/xla-matmul-table/matmul.jsonl`` (OpenXLA's GEMM cost table, H100 and B200, bf16 and FP8, rows of 4096^3 class and up), ``data/published/mamf-ml-engineering/mamf.jsonl`` (best MAMF shapes) | ``gpus.yaml`` ``gemm.eta``, ``gemm.eta_fp8`` of B200, GB200, B300, GB300 |
 | the kernel bands per octave of rows of the data-gradient GEMMs of an eager expert backward (each band's first launch drains the GPU), and the host's time after such a drain | :mod:`.kernel_bands` | ``data/measured/gemm-drain-h100x4/drain-lazy.json`` (``steps_alt.py``'s expert GEMMs at 160 row counts, two widths, kernels named per call; 4x H100, cuBLAS 13) | ``simulator/model/kernel_first.py`` ``BANDS_PER_OCTAVE``, ``DRAIN_S`` |
 
 Each module has ``refit() -> dict[name, (refitted, shipped)]``; ``tests/test_calibration.py``

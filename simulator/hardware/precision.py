@@ -7,9 +7,10 @@ scales are computed. Each recipe is priced from first principles, with no fitted
 
 * the GEMM runs at the catalog's dense peak for its format (``peak_tflops``: fp8, mxfp8,
   nvfp4) with the same efficiency model as bf16 and operands of :attr:`Recipe.operand_bytes`
-  per element (scales included). That efficiency is *assumed* equal to bf16's: no FP8 or
-  block-scaled GEMM was measured here, and on Blackwell even the bf16 efficiency is derived
-  (MAMF ratio, gpus.yaml), not measured.
+  per element (scales included). Per-tensor FP8 has its own efficiency where one was
+  measured or published (``gemm.eta_fp8``: H100 measured here; B200 fitted on published
+  per-shape timings, ``calibrate blackwell_gemm``); block-scaled formats are *assumed* to run
+  at bf16's efficiency (no MXFP8 or NVFP4 GEMM rate measured or found published per shape).
 * quantising a bf16 tensor is a memory-bound kernel at the GPU's streaming bandwidth moving
   :attr:`Recipe.quant_bytes` per element: reading the bf16 input (2 B), once more for a
   separate amax pass where the scale needs the whole tensor first (current scaling), and
