@@ -5,14 +5,17 @@ seeded simulation of Dirichlet-multinomial calls; the MoE block and the engine t
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from simulator.calibrate import routes
 from simulator.config.schema import ModelConfig, TrainingConfig
 from simulator.model import moe, moe_sizes, route_skew
 
+REPO = Path(__file__).resolve().parents[1]
 SMALL = ModelConfig(
     layers=8, hidden=1024, ffn_hidden=2048, heads=8, kv_heads=8, vocab=32768, seq_len=1024,
     activation="gelu", norm="layernorm", moe=dict(experts=16, top_k=2, ffn_hidden=2048),
@@ -166,3 +169,26 @@ def test_autocast_casts_every_local_expert():
     assert casts == pytest.approx(attn + (2048 * 8 + 2 * 3 * 2048 * 4096) * 2, rel=1e-9)
     ep2 = _layer_bytes(None, ep=2) - _layer_bytes(None, param_dtype="bf16", ep=2)
     assert ep2 - casts == pytest.approx(2 * 3 * 2048 * 4096 * 2, rel=1e-9)
+
+
+def test_a_router_without_gradient_keeps_its_initial_routes():
+    """steps_alt.py's top-1 cases (h15_moe_ep2_AJ, ep4_AJ; logged every step from the first in
+    data/measured/expert-rows-h100x4, not used by the fit): the script renormalises the top-k
+    weights, identically 1 for one expert, so the router gets no gradient and never collapses.
+    Their expert correlation is a router's at initialization (routes.INIT_ROUTER, the first step
+    of the learning routers' logs) within a quarter, far from the collapsing router's; their
+    rank correlation far below the collapsing one's. Every such workload sets the initial ones."""
+    top1 = [c for c in routes.cases(routes.ROWS) if c.top_k == 1]
+    assert {c.name for c in top1} == {"h15_moe_ep2_AJ", "h15_moe_ep4_AJ"}
+    for case in top1:
+        assert routes.correlation_of(case) == pytest.approx(routes.INIT_ROUTER, rel=0.25)
+        assert routes.correlation_of(case) < 0.2 * routes.COLLAPSED_ROUTER
+        assert routes.rank_correlation_of(case) < 0.6 * routes.COLLAPSED_RANKS
+    for batch in range(6, 16):
+        for path in (REPO / f"validation/heldout{batch}").glob(f"h{batch}_moe_*.yaml"):
+            w = yaml.safe_load(path.read_text())
+            if w["model"]["moe"]["top_k"] != 1:
+                continue
+            t = w["training"]
+            assert (t["moe_route_correlation"], t["moe_rank_correlation"]) == (
+                routes.INIT_ROUTER, routes.INIT_RANKS), path

@@ -22,6 +22,10 @@ each case's model, micro-batch, micro-batches and GPUs (EP = GPUs).
   (``steps_third.py``); ``steps_alt.py``'s router collapses (counts piled at 0 and at every
   token), its own value is what its workloads set (:data:`COLLAPSING`).
 
+* :func:`fit_init`: a router at initialization (its first step, before any optimizer step):
+  the mean over ``data/measured/expert-rows-h100x4/``'s ``steps_alt.py`` cases whose router
+  learns (top-k > 1) of the first step's correlations, expert and rank; what a router that
+  receives no gradient keeps (:data:`INIT_ROUTER`, :data:`INIT_RANKS`).
 No validation suite is read here.
 """
 
@@ -39,6 +43,8 @@ from simulator.model import route_skew
 from simulator.model.shape_cache import Stream, correlation, new_share
 
 DIAG = REPO / "data" / "measured" / "diagnosis9-h100x4"
+#: more logged cases, every step from the first (helper emoe9, 4x H100)
+ROWS = REPO / "data" / "measured" / "expert-rows-h100x4"
 #: the script whose router the default describes (a stable learning router)
 STABLE = "steps_third.py"
 #: the script whose router collapses, and the correlation its workloads set
@@ -58,6 +64,7 @@ class Case:
     p: float
     micro_batches: int
     warmup: int
+    top_k: int = 0
 
     def calls(self) -> int:
         """Expert GEMM calls of one kind per step on a rank: layers x micro-batches x local
@@ -66,20 +73,20 @@ class Case:
         return layers * self.micro_batches * local
 
 
-def cases() -> list[Case]:
-    """The logged cases, by name ([] before the measurement exists)."""
-    if not DIAG.exists():
+def cases(where: Path = DIAG) -> list[Case]:
+    """The logged cases of ``where``, by name ([] before the measurement exists)."""
+    if not where.exists():
         return []
     out = []
-    for rec in jsonl(DIAG / "steps.jsonl"):
-        files = sorted(DIAG.glob(f"expert_rows-{rec['case']}-r*.json"))
+    for rec in jsonl(where / "steps.jsonl"):
+        files = sorted(where.glob(f"expert_rows-{rec['case']}-r*.json"))
         if rec.get("scheme") != "moe" or not files:
             continue
         logs = [json.loads(Path(f).read_text()) for f in files]
         m = rec["model"]
         out.append(Case(rec["case"], rec["script"], np.array([g["layers"] for g in logs]),
                         rec["micro_batch"] * m["seq"] * rec["gpus"], m["top_k"] / m["experts"],
-                        rec["micro_batches"], logs[0]["warmup"]))
+                        rec["micro_batches"], logs[0]["warmup"], m["top_k"]))
     return sorted(out, key=lambda c: c.name)
 
 
@@ -156,6 +163,7 @@ def refit() -> dict[str, tuple[float, float]]:
     if not f:
         return {}
     g = fit_rank()
+    init = fit_init()
     return {"schema.ROUTE_CORRELATION_DEFAULT": (shipped_round(f[STABLE]),
                                                  ROUTE_CORRELATION_DEFAULT),
             f"{COLLAPSING} workloads' moe_route_correlation": (shipped_round(f[COLLAPSING]),
@@ -163,13 +171,20 @@ def refit() -> dict[str, tuple[float, float]]:
             "schema.RANK_CORRELATION_DEFAULT": (shipped_round(g[STABLE]),
                                                 RANK_CORRELATION_DEFAULT),
             f"{COLLAPSING} workloads' moe_rank_correlation": (shipped_round(g[COLLAPSING]),
-                                                               COLLAPSED_RANKS)}
+                                                               COLLAPSED_RANKS),
+            "INIT_ROUTER": (shipped_round(init[0]), INIT_ROUTER),
+            "INIT_RANKS": (shipped_round(init[1]), INIT_RANKS)}
 
 
 #: ``training.moe_route_correlation`` of the ``steps_alt.py`` workloads (its router collapses)
 COLLAPSED_ROUTER = 0.53
 #: ``training.moe_rank_correlation`` of the ``steps_alt.py`` workloads (per EP rank)
 COLLAPSED_RANKS = 0.21
+#: the correlations (expert, EP rank) of a router at initialization: what ``steps_alt.py``'s
+#: top-1 workloads set, whose router receives no gradient (it renormalises the top-k weights,
+#: ``w / w.sum(-1)``, identically 1 for one expert), so it never collapses (:func:`fit_init`)
+INIT_ROUTER = 0.078
+INIT_RANKS = 0.041
 
 
 def rank_counts(case: Case) -> np.ndarray:
@@ -208,3 +223,23 @@ def fit_rank() -> dict[str, float]:
     for c in cases():
         by.setdefault(c.script, []).append(rank_correlation_of(c))
     return {s: float(np.mean(v)) for s, v in by.items()}
+
+
+def first_step(case: Case) -> Case:
+    """``case`` with only the calls of its first step (the router as initialized)."""
+    mb = case.micro_batches
+    return Case(case.name, case.script, case.rows[:, :, :mb, :], case.n, case.p, mb, 0,
+                case.top_k)
+
+
+def fit_init() -> tuple[float, float]:
+    """(expert, rank) correlation of a router at initialization: the first step of every
+    logged ``steps_alt.py`` case (:data:`DIAG` and :data:`ROWS`, each rank's rows from the
+    first step) whose router learns (top-k > 1: a top-1 router of that script gets no
+    gradient), mean over the cases; (0, 0) before the data."""
+    first = [first_step(c) for c in cases(DIAG) + cases(ROWS)
+             if c.script == COLLAPSING and c.top_k > 1]
+    if not first:
+        return 0.0, 0.0
+    return (float(np.mean([correlation_of(c) for c in first])),
+            float(np.mean([rank_correlation_of(c) for c in first])))
