@@ -51,6 +51,7 @@ from simulator.engine.program import (
     embed_tp,
     optimizer_parts,
     program_time,
+    weight_cast_share,
 )
 from simulator.hardware.precision import pricing_dtype, weight_bytes
 from simulator.model import comm as mc
@@ -313,12 +314,14 @@ class Estimator:
         return hit
 
     def programs(self, cand: Candidate, res: Resolved) -> StagePrograms:
+        t = self.work.training
+        casts = weight_cast_share(self.work.parallelism, t, self.work.model, cand.pp,
+                                  res.microbatches)
         key = (cand.tp, cand.cp, cand.sequence_parallel, cand.micro_batch, cand.recompute,
                cand.ep, cand.etp, res.sizes if cand.ep is not None else None,
-               cand.pp == 1)  # fmt: skip
+               cand.pp == 1, casts)  # fmt: skip
         hit = self._progs.get(key)
         if hit is None:
-            t = self.work.training
             moe_kw = None
             if self.work.model.moe is not None:
                 moe_kw = moe_layer.layer_settings(t, res.ep, res.etp)
@@ -338,6 +341,7 @@ class Estimator:
                 tp_impl=self.work.parallelism.tp_impl, tp_loss=self.work.parallelism.tp_loss,
                 embed_grad=embed_grad(t, self.work.model, cand.pp),
                 embed_tp=self._embed_tp(cand.tp),
+                weight_cast_share=casts,
             )  # fmt: skip
             self._progs[key] = hit
         return hit

@@ -122,3 +122,48 @@ def test_pipeline_sends_carry_the_residual_stream(param_dtype, width):
     ev = simulate(loaded).events
     sends = ev[ev["stream"] == "pp"]
     assert len(sends) and (sends["bytes"] == 2 * m.seq_len * m.hidden * width).all()
+
+
+def _cast_s(ev, stage: int) -> float:
+    """Seconds of stage ``stage``'s forward weight and bias casts over the step, read from the
+    event records' parts (``name:seconds``) via the op names ending in ``_wcast`` / ``_bcast``."""
+    g = ev[(ev["proc"] == f"c0.s{stage}") & (ev["kind"] == "fwd")]
+    return float(sum(sum(float(p.split(":")[1]) for p in parts.split(";")
+                         if p.split(":")[0].endswith(("_wcast", "_bcast")))
+                     for parts in g["parts"]))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_autocast_casts_each_weight_once_a_step(schedule):
+    """steps_alt.py runs ``schedule.step()`` inside one autocast region, whose cache keeps each
+    fp32 weight's bf16 copy for the step: the forward casts cost once a step, 1/m of what
+    m micro-batches each casting would (the same workload under Megatron's runtime, whose
+    ``auto`` region is a micro-batch's), and the key says so for any runtime. The forward gets shorter by at most what the casts lose (where
+    the host's launches bound a stretch, less) and by a clear part of it."""
+    sets = [f"parallelism.pp_schedule={schedule}"]
+    torch_ev = simulate(load_workload(GPIPE, sets)).events
+    mega_ev = simulate(load_workload(GPIPE, [*sets, "parallelism.pp_runtime=megatron"])).events
+    m = 8
+    for stage in (0, 3):
+        once, every = _cast_s(torch_ev, stage), _cast_s(mega_ev, stage)
+        assert every > 0 and once == pytest.approx(every / m, rel=1e-9)
+        t_f = torch_ev[(torch_ev["proc"] == f"c0.s{stage}") & (torch_ev["kind"] == "fwd")]
+        m_f = mega_ev[(mega_ev["proc"] == f"c0.s{stage}") & (mega_ev["kind"] == "fwd")]
+        busy = float((m_f["end_s"] - m_f["start_s"]).sum() - (t_f["end_s"] - t_f["start_s"]).sum())
+        assert 0.5 * (every - once) < busy <= (every - once) * (1 + 1e-9)
+    forced = simulate(load_workload(GPIPE, [*sets, "parallelism.pp_runtime=megatron",
+                                            "training.autocast_region=step"])).events
+    assert _cast_s(forced, 0) == pytest.approx(_cast_s(torch_ev, 0), rel=1e-12)
+    per_mb = simulate(load_workload(GPIPE, [*sets, "training.autocast_region=microbatch"])).events
+    assert _cast_s(per_mb, 0) == pytest.approx(_cast_s(mega_ev, 0), rel=1e-12)
+
+
+def test_bf16_weights_have_no_casts_to_share():
+    """With bf16 parameters there is no weight cast, so the runtime changes no forward time."""
+    sets = ["training.param_dtype=bf16"]
+    a = simulate(load_workload(GPIPE, sets)).events
+    b = simulate(load_workload(GPIPE, [*sets, "parallelism.pp_runtime=megatron"])).events
+    fa, fb = a[a["kind"] == "fwd"], b[b["kind"] == "fwd"]
+    assert _cast_s(a, 0) == _cast_s(b, 0) == 0.0
+    assert float((fa["end_s"] - fa["start_s"]).sum()) == pytest.approx(
+        float((fb["end_s"] - fb["start_s"]).sum()), rel=1e-12)

@@ -77,9 +77,13 @@ def test_one_stream_holds_sends_behind_early_receives():
     micro-batches: the step is longer than with a stream per transfer (h6_pp4_int2_V: +8.4 %
     by a separate play of torch's own action lists, DESIGN_NOTES); over 2 stages a rank has
     one peer, and the same order costs next to nothing; full detail agrees with folded."""
-    mega, torch = _step(INT4, "megatron"), _step(INT4, "torch")
+    # the same autocast region on both, a micro-batch's (the compute times of the separate
+    # play; torch's runtime alone would cast each weight once a step:
+    # tests/test_torch_pipeline_memory.py), so that only the streams differ
+    region = ("--set", "training.autocast_region=microbatch")
+    mega, torch = _step(INT4, "megatron", *region), _step(INT4, "torch", *region)
     assert torch / mega - 1 == pytest.approx(0.084, abs=0.01)
-    assert _step(INT4, "torch", "--detail", "full") == pytest.approx(torch, rel=1e-9)
-    assert _step(INT2, "torch") / _step(INT2, "megatron") - 1 < 0.002
+    assert _step(INT4, "torch", "--detail", "full", *region) == pytest.approx(torch, rel=1e-9)
+    assert _step(INT2, "torch", *region) / _step(INT2, "megatron", *region) - 1 < 0.002
     gpipe = ["--set", "parallelism.pp_schedule=gpipe", "--set", "parallelism.virtual_stages=1"]
-    assert _step(INT4, "torch", *gpipe) == _step(INT4, "megatron", *gpipe)
+    assert _step(INT4, "torch", *gpipe, *region) == _step(INT4, "megatron", *gpipe, *region)

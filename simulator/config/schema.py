@@ -333,6 +333,17 @@ class TrainingConfig(Frozen):
     param_dtype: Literal["bf16", "fp32"] = Field(
         "bf16", description="stored working weights; fp32 = AMP autocast (no bf16 copy)"
     )
+    autocast_region: Literal["auto", "microbatch", "step"] = Field(
+        "auto",
+        description="param_dtype fp32 with eager kernels: how long one torch.autocast region "
+        "lasts, which sets how often each fp32 GEMM weight is cast to the compute dtype "
+        "(autocast caches the cast of a leaf tensor that requires grad until its outermost "
+        "region exits: PyTorch AMP docs). microbatch: a region per forward, every micro-batch "
+        "casts every weight. step: one region around all the step's micro-batches, each "
+        "weight cast once a step. auto: step under parallelism.pp_runtime torch with pp > 1 "
+        "(schedule.step() inside one region, benchmarks/device/steps_alt.py; dense models), "
+        "else microbatch",
+    )
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     grad_accumulation_fusion: Bool = Field(
         True,

@@ -43,6 +43,7 @@ from simulator.engine.program import (
     embed_grad,
     embed_tp,
     optimizer_parts,
+    weight_cast_share,
 )
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.errors import ConfigError
@@ -342,6 +343,8 @@ class _Builder:
                     tp_impl=self.par.tp_impl, grad_accumulation=self.grad_accumulation(),
                     tp_loss=self.par.tp_loss, embed_grad=embed_grad(t, self.m, self.pp),
                     embed_tp=self.embed_tp, gemm_scale=scale,
+                    weight_cast_share=weight_cast_share(self.par, t, self.m, self.pp,
+                                                        self.job.microbatches),
                 )  # fmt: skip
             hit = build(1.0)
             scale = self.gemm_clock_scale(p, hit)

@@ -10,7 +10,7 @@ marks ``overlap`` runs beside the next kernel instead of before it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import (
@@ -298,6 +298,36 @@ def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pr
     return ()
 
 
+def weight_cast_share(parallelism, training, model, pp: int, microbatches: int) -> float:
+    """The share of a step's micro-batches whose forward casts each fp32 GEMM weight to the
+    compute dtype (``training.autocast_region``). Autocast caches the cast of a leaf tensor
+    that requires grad until its outermost region exits (PyTorch AMP docs,
+    ``torch.autocast(cache_enabled=True)``): code that runs every micro-batch inside one region
+    casts each weight in the first micro-batch's forward only (``1 / m``), as a script running
+    ``schedule.step()`` of torch.distributed.pipelining inside one region does (``auto`` under
+    ``parallelism.pp_runtime: torch``, benchmarks/device/steps_alt.py: the cases whose weight
+    copies' memory :func:`simulator.model.pipeline_memory.torch_pipeline_memory` holds once a
+    step); code that enters autocast per micro-batch casts every time (1)."""
+    if training.param_dtype != "fp32" or training.kernels != "eager" or microbatches < 2:
+        return 1.0
+    region = training.autocast_region
+    if region == "auto":
+        torch_pp = parallelism.pp_runtime == "torch" and pp > 1
+        dense = model.moe is None and model.attention_kind != "mla"
+        region = "step" if torch_pp and dense else "microbatch"
+    return 1.0 / microbatches if region == "step" else 1.0
+
+
+def _share_weight_casts(prog: Program, share: float) -> Program:
+    """A forward program with each weight (and bias) cast's time scaled by ``share``: the
+    kernel runs in one micro-batch of ``1 / share``, none in the others (on average)."""
+    if share == 1.0:
+        return prog
+    return tuple(replace(p, dur=p.dur * share)
+                 if p.kind == "compute" and p.name.endswith(("_wcast", "_bcast")) else p
+                 for p in prog)
+
+
 def embed_grad(training, model, pp: int) -> dict:
     """Where the word embedding's dense gradient goes with fused kernels (``embed_grad`` of
     :func:`build_stage_programs`; :func:`simulator.model.transformer.embedding_weight_grad_ops`):
@@ -341,6 +371,7 @@ def build_stage_programs(
     embed_grad: dict | None = None,
     embed_tp: int | None = None,
     gemm_scale: float = 1.0,
+    weight_cast_share: float = 1.0,
 ) -> StagePrograms:
     """Price every program of one stage.
 
@@ -360,9 +391,15 @@ def build_stage_programs(
     ``embed_tp``: the word embedding's TP split (``tp`` unless ``parallelism.tp_embedding:
     replicated``: 1, a whole ``nn.Embedding`` looked up without collective, its dense
     gradient over the whole vocabulary, the output whole on every rank). ``gemm_scale``: the
-    GEMMs' time relative to their calibration (:class:`Pricer`).
+    GEMMs' time relative to their calibration (:class:`Pricer`). ``weight_cast_share``: the
+    share of micro-batches whose forward casts the fp32 weights under autocast (1; ``1 / m``
+    where one autocast region spans the step's ``m`` micro-batches and its cache makes each
+    cast once: :func:`weight_cast_share`).
     """
     pr = Pricer(cm, dtype, kernels, param_dtype, gemm_scale)
+
+    def fwd_casts(prog: Program) -> Program:
+        return _share_weight_casts(prog, weight_cast_share)
 
     def bwd(ops: list[Op]) -> list[Op]:
         if grad_accumulation is None:
@@ -385,7 +422,7 @@ def build_stage_programs(
 
         def programs(moe_layer: bool) -> tuple[Program, Program, Program]:
             f = ml.layer_ops(model, backward=False, moe_layer=moe_layer, **mkw)
-            fp = price(f, pr, comm_cost)
+            fp = fwd_casts(price(f, pr, comm_cost))
             b = bwd(ml.layer_ops(model, backward=True, moe_layer=moe_layer, **mkw))
             return fp, price(b, pr, comm_cost), _recompute(
                 f, fp, recompute, pr, recompute_modules)  # fmt: skip
@@ -397,7 +434,7 @@ def build_stage_programs(
             first = dict(first_layers=dense_first, first_fwd=f, first_bwd=b, first_recompute=r)
     else:
         fwd_ops = mc.layer_ops(model, backward=False, **lkw)
-        layer_fwd = price(fwd_ops, pr, comm_cost)
+        layer_fwd = fwd_casts(price(fwd_ops, pr, comm_cost))
         layer_bwd = price(bwd(mc.layer_ops(model, backward=True, **lkw)), pr, comm_cost)
         layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr, recompute_modules)
     hkw = dict(kw, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl, tp_loss=tp_loss)
@@ -437,7 +474,7 @@ def build_stage_programs(
         layer_re,
         price(mc.embedding_ops(model, backward=False, **ekw), pr, comm_cost),
         price(embed_b, pr, comm_cost),
-        price(head_f, pr, comm_cost),
+        fwd_casts(price(head_f, pr, comm_cost)),
         price(head_b, pr, comm_cost),
         **first,
     )
