@@ -119,22 +119,46 @@ def test_reverse_load_is_the_slope_ratio_of_two_way_to_one_way_ports():
 
 def test_alltoall_fit_uses_device_bound_rows_and_the_model_itself():
     """The fit reads only rows the GPU bounds (every >= 16 MiB uniform row of both groups,
-    none of the host-bound small ones, and every device-timed row of the pair), and its
-    shortcut (a prediction affine in the extra launch and 1 / fraction at a given fill) is
-    what the collective model computes at other constants."""
+    none of the host-bound small ones, every device-timed row of the pair, the uneven and
+    probe rows >= 32 MiB, the port runs >= 256 MiB), each data set weighing alike, and its
+    shortcut (each row taken apart once) is what the collective model computes, at the
+    shipped constants and at others, on each launch's own p2p layout."""
+    import numpy as np
+
+    from simulator.network.p2p import WarpRates
+
     rows = alltoall.device_rows()
     assert sorted((r["group"], r["bytes"]) for r in rows) == sorted(
         (g, 2**k) for g in (2, 4) for k in (24, 26, 28, 30))
     assert sorted(r["bytes"] for r in alltoall.pair_device_rows()) == [
         4**k * 1024 for k in range(1, 10)]
-    cfg = alltoall.load_topology(alltoall.TOPOLOGY)
-    topo = alltoall.Topology(cfg, alltoall.load_gpu(cfg.gpu))
-    c, b = alltoall._affine(topo, rows, 6 * 2**20)
-    m = alltoall.CollectiveModel(topo)
-    m.a2a_launch_extra_s, m.a2a_bw_fraction, m.a2a_fill_bytes = 7e-6, 0.8, 6 * 2**20
-    direct = [m.cost("all_to_all", alltoall._groups(r["group"]), float(r["bytes"])).time_s
-              for r in rows]
-    assert direct == pytest.approx(c + 7e-6 + b / 0.8, rel=1e-9)
+    fit_rows = alltoall.fit_rows()
+    sets = [s for s, *_ in fit_rows]
+    assert {s: sets.count(s) for s in set(sets)} == {
+        "pair-device": 9, "uniform": 8, "uneven": 12, "probe": 120, "ports": 122}
+    w = alltoall.weights()
+    assert sum(w[i] for i, s in enumerate(sets) if s == "uniform") == pytest.approx(len(w) / 5)
+    models = {k: alltoall.CollectiveModel(alltoall._topo(p)) for k, p in
+              (("x2", alltoall.DEVICE_TOPOLOGY), ("x4", alltoall.TOPOLOGY))}
+    other = (3e-6, 0.8, 4 * 2**20, 2.5, 3.0, 0.9, 1.5, 0.6, 1.4, 0.7)
+    for x in ([v * s for v, s in zip(alltoall.START, alltoall.SCALE, strict=True)], other):
+        got = alltoall.predict(x)
+        for i, (_, r, table, laid_out, tk) in enumerate(fit_rows):
+            if i % 7 and tk != "x2":
+                continue
+            m = models[tk]
+            (m.a2a_launch_extra_s, m.a2a_bw_fraction, m.a2a_fill_bytes, m.a2a_softness) = x[:4]
+            m.p2p_rates = WarpRates(*x[4:])
+            m.p2p_layout = alltoall._layout(alltoall.CollectiveModel(m.topology), r)
+            m._cost_cache.clear()
+            groups = [[0, 1]] if tk == "x2" else alltoall._groups(len(table))
+            t = m.all_to_all_table(groups, table, laid_out).time_s
+            if r.get("timing") == "events":
+                n = len(table)
+                t = max(t, m.events_interval_s("all_to_all", n, "splits" if laid_out else
+                                               "uniform"))
+            assert got[i] == pytest.approx(t, rel=1e-9), (r.get("pattern"), r["bytes"])
+    assert np.all(np.isfinite(got))
 
 
 # efficiencies to 0.002, shape parameters to 1 %; tile_ai0 to 3 %: between 27 and 33 FLOP/B it

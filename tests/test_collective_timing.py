@@ -116,23 +116,47 @@ def test_a_receiver_hot_all_to_all_pays_the_fill_once_at_its_busiest_port(nbytes
 def test_a_port_loaded_one_way_runs_faster_by_the_reverse_load(nbytes):
     """comm.py's ``hot`` split in a group of 4 (every rank 55 % of S to rank 0, 15 % to each
     other): rank 0's port receives 1.65 S and sends 0.45 S, the others receive 0.45 S and
-    send 0.85 S. With reverse load a, the busiest port carries 1.65 S + 0.45 a S against a
-    uniform exchange's (1 + a) x its bytes, which bandwidth_fraction was fitted on: the wire
-    part, 1.65 S / (NVLink rate x Simple's fraction x bandwidth_fraction), is scaled by
-    (1.65 + 0.45 a) / (1.65 (1 + a)); everything else (launch, fill, copy-out) stays. A
-    uniform split, loaded alike both ways, is unchanged."""
+    send 0.85 S. With reverse load a the busiest port direction carries 1.65 S + 0.45 a S at
+    the port's one-way ceiling (NVLink rate x Simple's fraction x bandwidth_fraction): a
+    more than without, the rest (launch, fill) the same. A uniform split carries (1 + a) x
+    0.75 S both ways. The port alone here (the warps: the tests below)."""
     topo = _topo("h100x4-nvswitch")
     on, off = CollectiveModel(topo), CollectiveModel(topo)
+    on.a2a_softness = off.a2a_softness = 0.0
     a = on.a2a_reverse_load = 0.1
     off.a2a_reverse_load = 0.0
     g, hot = [[0, 1, 2, 3]], [0.55, 0.15, 0.15, 0.15]
     rate = topo.nvlink_Bps * load_fabrics()["links"]["nvlink"]["efficiency"]
     simple = next(p for p in on.protocols if p.name == "Simple").fraction
-    wire = 1.65 * nbytes / (rate * simple * on.a2a_bw_fraction)
+    ceiling = rate * simple * on.a2a_bw_fraction
     got = on.all_to_all_v(g, nbytes, hot).time_s - off.all_to_all_v(g, nbytes, hot).time_s
-    assert got == pytest.approx(wire * ((1.65 + 0.45 * a) / (1.65 * (1 + a)) - 1), rel=1e-6)
+    assert got == pytest.approx(0.45 * a * nbytes / ceiling, rel=1e-6)
     uni = [0.25] * 4
-    assert on.all_to_all_v(g, nbytes, uni).time_s == off.all_to_all_v(g, nbytes, uni).time_s
+    got = on.all_to_all_v(g, nbytes, uni).time_s - off.all_to_all_v(g, nbytes, uni).time_s
+    assert got == pytest.approx(0.75 * a * nbytes / ceiling, rel=1e-6)
+
+
+def test_a_pair_is_bound_by_its_port_and_its_warps_together():
+    """A uniform exchange of two pairs at once on the H100 box, 256 MiB a rank: NCCL cuts the
+    128 MiB to the peer in 16 parts of 8 MiB (kmin 16, a part <= 32 x 512 KiB) on channels
+    16-31 (round 1's base, bit reversal of 1 over 5 bits), each alone on its channel, so
+    its receive side has 9 warps: the warps take 8 MiB / (warp_GBps x 9^warp_exponent); the
+    port (1 + a) x 128 MiB at its ceiling. The call's data time is (port^p + warps^p)^(1/p),
+    p = port_softness, in place of the port's alone."""
+    topo = _topo("h100x4-nvswitch")
+    on, off = CollectiveModel(topo), CollectiveModel(topo)
+    off.a2a_softness = 0.0
+    g, S = [[0, 1], [2, 3]], 256 * 2**20
+    rate = topo.nvlink_Bps * load_fabrics()["links"]["nvlink"]["efficiency"]
+    port = (1 + on.a2a_reverse_load) * S / 2 / (rate * on.a2a_bw_fraction)
+    r = on.p2p_rates
+    warps = 8 * 2**20 / (r.GBps * 1e9 * 9**r.exponent)
+    p = on.a2a_softness
+    got = on.cost("all_to_all", g, S).time_s - off.cost("all_to_all", g, S).time_s
+    assert got == pytest.approx((port**p + warps**p) ** (1 / p) - port, rel=1e-6)
+    # the uneven path prices a uniform split alike
+    assert on.all_to_all_v(g, S, [0.5, 0.5]).time_s == pytest.approx(
+        on.cost("all_to_all", g, S).time_s, rel=1e-12)
 
 
 def _suite(tmp_path: Path, timing: str, rows: list[dict]) -> Path:
@@ -167,9 +191,9 @@ def test_event_timed_rows_are_the_longer_of_device_time_and_the_host_interval(tm
 
 def test_uneven_all_to_all_rows_are_priced_part_by_part(tmp_path):
     """A suite's all-to-all rows with ``comm.py``'s uneven splits are priced with the bytes
-    each rank sends each peer (the links' ``all_to_all_v`` or NCCL's p2p channels, whichever
-    is longer, parts laid out in rank order), not as a uniform call; ``-`` (comm.py's mark
-    on other operations) reads as uniform; an unknown pattern is a one-line error."""
+    each rank sends each peer (the port's time and NCCL's p2p channels' together, parts laid
+    out in rank order), not as a uniform call; ``-`` (comm.py's mark on other operations)
+    reads as uniform; an unknown pattern is a one-line error."""
     from simulator.errors import ConfigError
     from simulator.network.p2p import narrow_parts, warp_time
 
@@ -187,12 +211,20 @@ def test_uneven_all_to_all_rows_are_priced_part_by_part(tmp_path):
         "all_to_all", "all_to_all rotated", "all_to_all hot", "all_gather"))
     # comm.py's weights, worked out by hand: rotated W = [3, 1] by (j - s) mod 2 (a quarter
     # to the peer), hot H = [7, 3] (every rank sends 0.7 to rank 0, 0.3 to rank 1)
-    for name, table in (("rotated", [[0.75 * b, 0.25 * b], [0.25 * b, 0.75 * b]]),
-                        ("hot", [[0.7 * b, 0.3 * b], [0.7 * b, 0.3 * b]])):
+    # the port: rotated, each rank 0.25 b in and out, (1 + a) x 0.25 b; hot, rank 0 0.7 b in
+    # and 0.3 b out, 0.7 b + a x 0.3 b; at the port's one-way ceiling
+    rate = m.topology.nvlink_Bps * load_fabrics()["links"]["nvlink"]["efficiency"]
+    ports = m.a2a_bw_fraction * rate
+    a, p = m.a2a_reverse_load, m.a2a_softness
+    alone = CollectiveModel(_topo("h100x2-nvswitch"))
+    alone.a2a_softness = 0.0
+    for name, table, port in (
+            ("rotated", [[0.75 * b, 0.25 * b], [0.25 * b, 0.75 * b]], (1 + a) * 0.25 * b / ports),
+            ("hot", [[0.7 * b, 0.3 * b], [0.7 * b, 0.3 * b]], (0.7 + a * 0.3) * b / ports)):
         share = [[x / b for x in row] for row in table]
-        links = m.all_to_all_v([[0, 1]], b, share)
+        rest = alone.all_to_all_v([[0, 1]], b, share).time_s - port  # launch, latency, fill
         warp = warp_time(table, m.p2p_layout, m.p2p_rates, narrow_parts(table))
-        want = max(links.time_s, links.launch_s + warp)
+        want = rest + (port**p + warp**p) ** (1 / p)
         assert got[f"all_to_all {name} g2 {int(b)}B"] == pytest.approx(want, rel=1e-6)
     uniform = got[f"all_to_all g2 {int(b)}B"]
     assert uniform == pytest.approx(m.cost("all_to_all", [[0, 1]], b).time_s, rel=1e-9)

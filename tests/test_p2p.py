@@ -102,15 +102,18 @@ def _h100x4() -> CollectiveModel:
     return CollectiveModel(Topology(cfg, load_gpu(cfg.gpu)))
 
 
-def test_uniform_exchanges_stay_on_the_links_bound():
-    """The uniform rows the all-to-all fit reads are the links' (their pieces are even and
-    well warped), so the channels' bound leaves them as they were."""
+def test_uniform_exchanges_are_priced_alike_on_every_path():
+    """A uniform exchange is one NCCL layout whichever way it reaches the model: as a table
+    of bytes (parts laid out in rank order, all on 16 bytes), as split shares, and as the
+    uniform call training issues."""
     m = _h100x4()
     for g, groups in ((4, [[0, 1, 2, 3]]), (2, [[0, 1], [2, 3]])):
         for rank_bytes in (16 * MiB, 256 * MiB, 1024 * MiB):
             table = _delta([1] * g, rank_bytes / g)
             links = m.all_to_all_v(groups, rank_bytes, [[1 / g] * g for _ in range(g)])
             assert m.all_to_all_table(groups, table).time_s == links.time_s
+            assert m.cost("all_to_all", groups, rank_bytes).time_s == pytest.approx(
+                links.time_s, rel=1e-12)
 
 
 def test_an_all_to_all_adds_its_host_time_per_peer():

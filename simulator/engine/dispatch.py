@@ -35,7 +35,7 @@ __all__ = ["DEEPEP", "DEEPEP_RATE", "routed_cost", "routed_split", "routed_steps
 #: Share of the modelled link rate DeepEP's normal dispatch and combine kernels reach: the
 #: median over its README's eight H800 figures of (this module's time at rate 1) / (the
 #: README's time), refitted by ``python -m simulator.calibrate deepep`` (module docstring).
-DEEPEP_RATE = 0.9121
+DEEPEP_RATE = 0.9193
 
 
 def routed_split(moe: MoEConfig, topo: Topology, group: Sequence[int]):
@@ -50,11 +50,11 @@ def routed_cost(coll: CollectiveModel, moe: MoEConfig, groups: Sequence[Sequence
     per rank (its tokens, one vector each), DeepEP's kernels at ``rate`` of the links'
     modelled rate."""
     split = routed_split(moe, coll.topology, groups[0])
-    return coll.all_to_all_v(groups, nbytes / rate, split)
+    return coll.all_to_all_v(groups, nbytes / rate, split, nccl=False)
 
 
 def routed_steps(coll: CollectiveModel, moe: MoEConfig, groups: Sequence[Sequence[int]],
                  nbytes: float, rate: float = DEEPEP_RATE) -> list[Step]:  # fmt: skip
     """:func:`routed_cost` as flow sets for the dynamic network."""
     split = routed_split(moe, coll.topology, groups[0])
-    return coll.all_to_all_v_steps(groups, nbytes / rate, split)
+    return coll.all_to_all_v_steps(groups, nbytes / rate, split, nccl=False)

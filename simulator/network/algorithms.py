@@ -66,10 +66,10 @@ class AlgorithmPhases:
         topo = self.topology
         if alg == "direct":  # all-to-all: every rank sends S/n to every other at once
             tr = tuple((a, b, S / n) for a in g for b in g if a != b)
-            # local work of a rank: the (n-1) S/n it receives, and its own S/n, which NCCL
-            # copies on the same kernel's warps (src/device/sendrecv.h: a send to self is a
+            # its port and its warps (CollectiveModel._a2a_phase); a rank's own S/n is one of
+            # the kernel's pieces of work (src/device/sendrecv.h: a send to self is a
             # reduceCopy from the send buffer to the receive buffer)
-            return [self._direct_phase(self._pxn(tr), S, self.a2a_bw_fraction)]
+            return [self._a2a_phase(self._pxn(tr), [g], [[S / n] * n for _ in range(n)])]
         if alg == "chain":  # broadcast from g[0], pipelined along the ring channels
             chans = self._ring(g)
             tr, path, hops = [], 0.0, [0, 0]

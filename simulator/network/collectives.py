@@ -161,8 +161,12 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         #: p2p Simple's pipeline fill: bytes per peer whose time is not overlapped
         self.a2a_fill_bytes = float(a2a.get("simple_fill_bytes", 0.0))
         #: what a port direction's data costs the opposite direction of the same port, as a
-        #: share of its bytes (:meth:`_port_factor`; ``nccl.all_to_all.reverse_load``)
+        #: share of its bytes (:meth:`_port_load`; ``nccl.all_to_all.reverse_load``)
         self.a2a_reverse_load = float(a2a.get("reverse_load", 0.0))
+        #: how the port's ceiling and NCCL's warps combine into an exchange's data time within
+        #: one NVLink domain: (ports^p + warps^p)^(1/p) (:meth:`_a2a_phase`;
+        #: ``nccl.all_to_all.port_softness``)
+        self.a2a_softness = float(a2a.get("port_softness", 0.0))
         ring_fill = fab.get("ring_simple_fill", {})
         #: NCCL's ring / Simple pipeline fill within one NVLink domain: its channel count, the
         #: bytes of one chunk per channel and the share of the first chunk's step not overlapped
@@ -350,21 +354,27 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         return out
 
     def all_to_all_v(
-        self, groups: Sequence[Sequence[int]], nbytes: float, split: Sequence
+        self, groups: Sequence[Sequence[int]], nbytes: float, split: Sequence,
+        nccl: bool = True, narrow=None,
     ) -> CollectiveCost:
         """Uneven all-to-alls (``all_to_all_single`` with split sizes) running at once on
         ``groups``: every rank sends ``nbytes * split[j]`` to the ``j``-th rank of its group
         (``split`` sums to 1; uniform ``1/n`` is :meth:`cost` of ``all_to_all``), or, with
         ``split`` a matrix, group rank ``i`` sends ``nbytes * split[i][j]`` to rank ``j``. One
-        direct step (with PXN, :meth:`_pxn`), at NCCL's p2p protocol for its largest pair;
-        the time is the busiest receiver's. Cached."""
+        direct step (with PXN, :meth:`_pxn`), at NCCL's p2p protocol for its largest pair,
+        priced by :meth:`_a2a_phase` (``nccl``: NCCL's p2p kernels move it, so its warps
+        bound it within one NVLink domain; False for another kernel, DeepEP's; ``narrow``: per
+        (s, j) whether the part is off 16 bytes in the send / receive buffer,
+        :func:`simulator.network.p2p.narrow_parts`). Cached."""
         n = len(split)
         rows = [tuple(r) for r in split] if isinstance(split[0], Sequence) else [tuple(split)] * n
-        key = ("all_to_all_v", tuple(tuple(g) for g in groups), float(nbytes), tuple(rows))
+        flags = None if narrow is None else tuple(tuple(r) for r in narrow)
+        key = ("all_to_all_v", tuple(tuple(g) for g in groups), float(nbytes), tuple(rows),
+               nccl, flags)
         hit = self._cost_cache.get(key)
         if hit is not None:
             return hit
-        planned = self._a2a_v_plan(key[1], nbytes, rows)
+        planned = self._a2a_v_plan(key[1], nbytes, rows, nccl, flags)
         if planned is None:
             return CollectiveCost(0.0, "none", 0, 0.0)
         ph, fluid, best = planned
@@ -385,26 +395,18 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         laid_out: bool = True,
     ) -> CollectiveCost:
         """NCCL's ``all_to_all_single`` with split sizes on ``groups`` at once: group rank ``s``
-        sends ``table[s][j]`` bytes to rank ``j``. The links' time is
-        :meth:`all_to_all_v`'s; NCCL's p2p channels add a second bound, the slowest piece of
-        work at its warps' rate (:func:`simulator.network.p2p.warp_time`, within one NVLink
-        domain), and the call takes the longer. ``laid_out``: the parts sit in rank order in
-        both buffers, so a part whose offset is off 16 bytes runs NCCL's narrow copies (the
-        measuring scripts' buffers); False for a caller whose parts are whole tokens."""
+        sends ``table[s][j]`` bytes to rank ``j`` (:meth:`all_to_all_v`). ``laid_out``: the
+        parts sit in rank order in both buffers, so a part whose offset is off 16 bytes runs
+        NCCL's narrow copies (the measuring scripts' buffers); False for a caller whose parts
+        are whole tokens."""
         nbytes = max(sum(row) for row in table)
         if nbytes <= 0:
             return CollectiveCost(0.0, "none", 0, 0.0)
         share = [[b / nbytes for b in row] for row in table]
-        base = self.all_to_all_v(groups, float(nbytes), share)
-        if self.p2p_layout is None or not all(self._one_domain(g) for g in groups):
-            return base
-        flags = narrow_parts(table) if laid_out else None
-        warp = warp_time(table, self.p2p_layout, self.p2p_rates, flags)
-        if base.launch_s + warp <= base.time_s:
-            return base
-        return replace(base, time_s=base.launch_s + warp)
+        return self.all_to_all_v(groups, float(nbytes), share,
+                                 narrow=narrow_parts(table) if laid_out else None)
 
-    def _a2a_v_plan(self, groups, nbytes: float, rows):
+    def _a2a_v_plan(self, groups, nbytes: float, rows, nccl: bool = True, narrow=None):
         """The one direct phase of :meth:`all_to_all_v` (PXN applied), its fluid time and
         the protocol NCCL's tuner would pick; None when nothing moves."""
         n = len(rows)
@@ -416,35 +418,70 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
                    if a != b and rows[i][j]]  # fmt: skip
         if not any(len(g) > 1 for g in groups) or not tr:
             return None
-        # the busiest rank's local work: what it receives and its own share (copied by the
-        # same kernel, src/device/sendrecv.h)
-        local = max(sum(nbytes * rows[i][j] for i in range(n)) for j in range(n))
-        ph = self._direct_phase(self._pxn(tuple(tr)), local,
-                                self.a2a_bw_fraction / self._port_factor(rows))
+        table = [[nbytes * x for x in r] for r in rows]
+        ph = self._a2a_phase(self._pxn(tuple(tr)), groups, table, nccl, narrow)
         fluid = self._fluid(ph)
         peer = max(nbytes * rows[i][j] for i in range(n) for j in range(n) if i != j)
         proto = self._p2p_protocol(groups[0], peer)
         fill = self._p2p_fill(ph, fluid, proto)
         return (replace(ph, path_s=ph.path_s + fill) if fill else ph), fluid, proto
 
-    def _port_factor(self, rows) -> float:
-        """The busiest port's load with the reverse direction's share, against a uniform
-        exchange's: a rank's port carries what it receives plus ``reverse_load`` x what it
-        sends (and the other direction the converse), and ``bandwidth_fraction`` was fitted on
-        uniform exchanges, whose ranks send what they receive, so it holds ``1 + reverse_load``
-        already. Returns max_r max(in + a x out, out + a x in) / ((1 + a) x max_r max(in, out)),
-        group ranks' shares of ``rows``; 1 for any exchange whose busiest port is loaded the same
-        both ways, below 1 where it is loaded mostly one way (a receiver-hot split)."""
+    def _port_load(self, table) -> float:
+        """The busiest port direction's load against its larger side: a rank's port carries
+        what it receives plus ``reverse_load`` x what it sends (and the other direction the
+        converse), so max_r max(in + a x out, out + a x in) / max_r max(in, out) over the
+        group ranks of ``table`` (own parts left out): 1 + a for any exchange whose busiest
+        port is loaded the same both ways (uniform), down to 1 for one loaded one way."""
         a = self.a2a_reverse_load
-        n = len(rows)
-        ins = [sum(rows[i][j] for i in range(n) if i != j) for j in range(n)]
-        outs = [sum(rows[i][j] for j in range(n) if j != i) for i in range(n)]
+        n = len(table)
+        ins = [sum(table[i][j] for i in range(n) if i != j) for j in range(n)]
+        outs = [sum(table[i][j] for j in range(n) if j != i) for i in range(n)]
         plain = max(max(ins), max(outs))
-        if a <= 0 or plain <= 0:
+        if plain <= 0:
             return 1.0
-        busy = max(max(x + a * y, y + a * x) for x, y in zip(ins, outs, strict=True))
-        f = busy / ((1 + a) * plain)
-        return 1.0 if abs(f - 1.0) < 1e-12 else f
+        return max(max(x + a * y, y + a * x) for x, y in zip(ins, outs, strict=True)) / plain
+
+    def _warps_apply(self, groups) -> bool:
+        """Whether NCCL's p2p layout and warp rates (``nccl.all_to_all.p2p``, measured on
+        NVLink 4: H100) price these groups: every group within one NVLink domain of an
+        NVLink-4 GPU."""
+        gen = getattr(self.topology.gpu, "nvlink_generation", None)
+        return (self.p2p_layout is not None and self.a2a_softness > 0 and gen == 4
+                and all(self._one_domain(g) for g in groups if len(g) > 1))
+
+    def _a2a_phase(self, tr, groups, table, nccl: bool = True, narrow=None) -> Phase:
+        """The direct phase of an all-to-all whose group rank ``s`` sends ``table[s][j]``
+        bytes to ``j`` in every one of ``groups`` (transfers ``tr``). Within one NVLink
+        domain (docs/DESIGN_NOTES.md, "All-to-all: the port's ceiling and the warps"):
+
+        * **the port**: NCCL's senders store into the receivers' FIFOs over NVLink, the
+          receivers copy out while the next chunks land, so the busiest port direction moves
+          its load (:meth:`_port_load`) at ``bandwidth_fraction`` of the link's rate, its
+          ceiling one way, and no copy-out is added after the wire;
+        * **the warps**: NCCL's channels move the exchange's pieces of work at their warps'
+          rates (:func:`simulator.network.p2p.warp_time`, the slowest channel), where its
+          protocol is Simple and its GPUs NVLink 4 (:meth:`_warps_apply`);
+        * the two combine as (ports^p + warps^p)^(1/p), ``p`` = ``port_softness``: a port fed by
+          few pieces, or pieces that nearly fill it, runs below both bounds (a pair's 16
+          pieces of 9 warps reach 262-275 GB/s two ways where the port alone would carry 345
+          and the warps 390, ``data/measured/a2a-pair-h100x4``).
+
+        The combined time rides on the phase's ``bw_fraction`` so that every pricing of the
+        plan (cost, steps, the engine's flows) carries it. Across the network: the links
+        alone, as NCCL's proxy and the NIC move the bytes."""
+        ph = self._direct_phase(tr, 0.0, self.a2a_bw_fraction / self._port_load(table))
+        if ph.net_hops or not nccl or not self._warps_apply(groups):
+            return ph
+        n = len(table)
+        peer = max(table[i][j] for i in range(n) for j in range(n) if i != j)
+        if self._p2p_protocol(groups[0], peer).name != "Simple":
+            return ph
+        tw = warp_time(table, self.p2p_layout, self.p2p_rates, narrow)
+        tc = self._fluid(ph) / ph.bw_fraction
+        if tw <= 0 or tc <= 0:
+            return ph
+        p = self.a2a_softness
+        return replace(ph, bw_fraction=ph.bw_fraction * tc / (tc ** p + tw ** p) ** (1 / p))
 
     def _p2p_protocol(self, group: Sequence[int], peer_bytes: float) -> _Proto:
         """The protocol NCCL 2.28 runs a send/receive pair with (``enqueue.cc``
@@ -458,14 +495,14 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         return next(p for p in self.protocols if p.name == name)
 
     def all_to_all_v_steps(
-        self, groups: Sequence[Sequence[int]], nbytes: float, split: Sequence
+        self, groups: Sequence[Sequence[int]], nbytes: float, split: Sequence, nccl: bool = True,
     ) -> list[Step]:
         """:meth:`all_to_all_v` as flow sets for a dynamic network: its one step, transfers
         in bytes on the wire, then its latency (run alone it takes the cost's time less the
         launch)."""
         n = len(split)
         rows = [tuple(r) for r in split] if isinstance(split[0], Sequence) else [tuple(split)] * n
-        planned = self._a2a_v_plan(tuple(tuple(g) for g in groups), nbytes, rows)
+        planned = self._a2a_v_plan(tuple(tuple(g) for g in groups), nbytes, rows, nccl)
         if planned is None:
             return []
         ph, _, best = planned

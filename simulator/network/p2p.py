@@ -29,8 +29,8 @@ cost model (:func:`warp_time`) takes every piece at its warps' rate (:class:`War
 16-byte copies, and NCCL's narrow copies where the piece's offset in the sender's or the
 receiver's buffer is off the 16-byte boundary, :mod:`simulator.network.alignment`) -- a send and its
 matching receive at the slower of the two (they run through the receiver's FIFO in lock
-step), and the call at its slowest piece: the bound the channels put on the exchange beside
-the links' (:meth:`CollectiveModel.all_to_all_v` takes the larger).
+step), and the call at its slowest channel: the bound the channels put on the exchange beside
+its port's (:meth:`CollectiveModel._a2a_phase` combines the two).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ class WarpRates:
     ``narrow_send_GBps x w ** narrow_send_exponent`` (narrow loads of the user buffer, stored
     into the peer's FIFO over NVLink), in the receiver's buffer the receiving side at
     ``narrow_recv_*`` (narrow stores of its FIFO into the user buffer). ``fabrics.yaml``
-    ``nccl.all_to_all.p2p``, fitted by ``python -m simulator.calibrate p2p``."""
+    ``nccl.all_to_all.p2p``, fitted with the all-to-all's other constants by ``python -m
+    simulator.calibrate alltoall``."""
 
     GBps: float
     exponent: float
