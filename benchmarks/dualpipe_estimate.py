@@ -71,7 +71,8 @@ def stage_times(plan, p) -> tuple[float, float, float, float]:
     """(F, B, W, F&B) of one micro-batch on ``p``'s stage, in seconds."""
     fwd, bwd = chunks(plan, p)
     i = plan.interference
-    cf, cb = chain_items(fwd, 1.0, i), chain_items(bwd, 1.0, i)
+    ce = plan.ep_comm_extra
+    cf, cb = chain_items(fwd, 1.0, i, ce), chain_items(bwd, 1.0, i, ce)
     w = sum(part.dur for _, _, prog in bwd for part in prog if part.name.endswith("_wgrad"))
     return (sum(x.dur for x in cf), sum(x.dur for x in cb), w, pair_schedule(cf, cb, i).total)
 

@@ -47,7 +47,7 @@ from simulator.engine.combined import chain_items, pair_schedule
 from simulator.engine.program import StagePrograms, program_time
 from simulator.engine.split import split_segments
 from simulator.hardware.precision import weight_bytes
-from simulator.model.moe import beside_ep_slowdown
+from simulator.model.moe import beside_ep_slowdown, ep_comm_extra
 from simulator.model.ops import DTYPE_BYTES
 from simulator.model.sync import group_sync_factor, sync_group_size
 from simulator.parallel.schedules import (
@@ -123,11 +123,15 @@ class ChunkTimes:
     leading dense layers, other layers, and whether it holds the embedding or the head)."""
 
     def __init__(self, progs: StagePrograms, stage_layers, last_vs: int, interference: float,
-                 ep_interference: float, slowdown: float = 1.0):  # fmt: skip
+                 ep_interference: float, slowdown: float = 1.0,
+                 comm_extra=None):  # fmt: skip
         """``slowdown``: the factor on every kernel's time (the engine's per-GPU slowdown: the
-        group's expected slowest GPU, :func:`simulator.model.sync.group_sync_factor`)."""
+        group's expected slowest GPU, :func:`simulator.model.sync.group_sync_factor`);
+        ``comm_extra``: an EP collective's slowdown beside kernels
+        (:func:`simulator.model.moe.ep_comm_extra`)."""
         self.progs, self.stage_layers, self.last_vs = progs, stage_layers, last_vs
         self.i, self.ie, self.slowdown = interference, ep_interference, slowdown
+        self.ce = comm_extra
         self._kind: dict[int, tuple] = {}
         self._segs: dict[tuple, tuple[list, list]] = {}
         self._alone: dict[tuple, Pass] = {}
@@ -176,7 +180,9 @@ class ChunkTimes:
             f, _ = self.segments(vs_f)
             _, b = self.segments(vs_b)
             k = self.slowdown
-            r = pair_schedule(chain_items(f, k, self.i), chain_items(b, k, self.i), self.ie)
+            ce = self.ce
+            r = pair_schedule(chain_items(f, k, self.i, ce), chain_items(b, k, self.i, ce),
+                              self.ie)  # fmt: skip
             hit = self._pairs[key] = Pass(r.total, r.comp, r.exposed,
                                           (r.fwd_segs[-1][1], r.bwd_segs[-1][1]))
         return hit
@@ -308,7 +314,8 @@ def estimate_dual(est, cand, res, out):
         i = est.interference
         ie = i if est.work.model.moe is None else beside_ep_slowdown(
             i, t.moe_dispatcher, est.machine.gpu.sm_count)  # fmt: skip
-        times = ChunkTimes(progs, res.stage_layers, pp * v - 1, i, ie, sync)
+        ce = ep_comm_extra(est.slow, res.ep) if est.work.model.moe is not None else None
+        times = ChunkTimes(progs, res.stage_layers, pp * v - 1, i, ie, sync, ce)
         wk = est._walks[key] = walk(sched, pp, m, v, times, send)
     pb, gb = weight_bytes(t, DTYPE_BYTES[t.param_dtype])[1], DTYPE_BYTES[t.grad_reduce_dtype]
     h, z, nch = holders(sched), cand.zero >= 1, chunks_per_rank(sched, v)

@@ -60,6 +60,7 @@ from simulator.model import moe_layer, moe_sizes, mtp
 from simulator.model import transformer as tf
 from simulator.model.moe import (
     beside_ep_slowdown,
+    ep_comm_extra,
 )
 from simulator.model.ops import DTYPE_BYTES as BYTES
 from simulator.model.pipeline_memory import runtime_memory
@@ -443,7 +444,8 @@ class Estimator:
         i = self.interference
         ie = beside_ep_slowdown(i, self.work.training.moe_dispatcher,
                                     self.machine.gpu.sm_count)
-        return pair_schedule(chain_items(f, 1.0, i), chain_items(b, 1.0, i), ie).total
+        ce = ep_comm_extra(self.slow, res.ep)
+        return pair_schedule(chain_items(f, 1.0, i, ce), chain_items(b, 1.0, i, ce), ie).total
 
     def _first_layers(self, res: Resolved, vs: int) -> tuple[int, int]:
         """(leading dense layers, other layers) of virtual stage ``vs`` (an MoE model's first

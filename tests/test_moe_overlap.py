@@ -62,6 +62,24 @@ def test_kernels_beside_a_collective_run_slower():
     assert r.comp == pytest.approx(r.total)  # the GPU never waits
 
 
+def test_a_collective_beside_kernels_runs_slower():
+    # c = 2, a = 1, extra 0.5: b1 beside F's c1 [2, 3.5] (1.5 s for its 1 s); F's c1 ends at
+    # 4; F's a1 [4, 5.5] beside B's d2 [4, 6]; F's c2 [6, 8]: the compute alone, 8 (extra 0:
+    # the same, the all-to-all hidden either way). With a = 2 (extra 0: 8 as well): b1 beside
+    # c1 [2, 4] does 4/3 of its 2 s, the rest alone to 4 + 2/3, where B's d2 [14/3, 20/3]
+    # and F's a1 start (4/3 done beside d2, the rest alone to 22/3); F's c2 [22/3, 28/3]
+    ext = [replace(x, extra=0.5) if x.comm else x for x in _chain(2, 1)]
+    assert pair_schedule(ext, ext, 0.0).total == pytest.approx(8.0)
+    ext = [replace(x, extra=0.5) if x.comm else x for x in _chain(2, 2)]
+    assert pair_schedule(_chain(2, 2), _chain(2, 2), 0.0).total == pytest.approx(8.0)
+    r = pair_schedule(ext, ext, 0.0)
+    assert r.total == pytest.approx(28 / 3)
+    assert dict(r.exposed)["ep"] == pytest.approx(28 / 3 - 8)
+    # run alone (no kernels beside it) a collective takes its own time
+    one = [Item(0, True, 1.0, extra=0.5)]
+    assert pair_schedule(one, [], 0.0).total == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_pair_lies_between_the_longer_stream_and_running_apart(seed):
     rng = random.Random(seed)
@@ -158,6 +176,20 @@ def test_megatron_order_of_one_layer_pair():
     assert r.total == pytest.approx(6.0)
     assert r.bwd_segs == ((0.0, 5.0),) and r.fwd_segs == ((0.0, 6.0),)
     assert r.host_end == 0.0
+
+
+def test_megatron_order_with_collectives_slowed_beside_kernels():
+    # the one-layer pair above with every collective 1.5x slower beside kernels (b0 and f4,
+    # GPU work on the communication stream, are not collectives): b0 [0, 1], b1 [1, 2]
+    # alone, f1 [2, 10/3] (2/3 done beside b2 [2, 3]), b3 [10/3, 14/3] (beside f2 [10/3,
+    # 13/3]), f3 [14/3, 6] (beside b4 [14/3, 17/3]), f4 [6, 7]
+    f, b = _layer(), _layer()
+    order = megatron_order(f, b, [0], [0])
+    f, b = ([replace(x, extra=0.5) if x.comm else x for x in c] for c in (f, b))
+    r = host_pair_schedule(f, b, order, 0.0, 0.0)
+    assert r.total == pytest.approx(7.0)
+    assert r.bwd_segs == (pytest.approx((0.0, 17 / 3)),)
+    assert r.fwd_segs == (pytest.approx((0.0, 7.0)),)
 
 
 def test_megatron_order_pairs_layer_i_with_the_backward_of_n_minus_1_minus_i():

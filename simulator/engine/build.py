@@ -59,6 +59,7 @@ from simulator.model import moe as moe_math
 from simulator.model import transformer as tf
 from simulator.model.moe import (
     beside_ep_slowdown,
+    ep_comm_extra,
     first_launch_drains,
     new_shape_share,
 )
@@ -1094,6 +1095,9 @@ class _Builder:
             ds=deepspeed_plan(m, t, tp=tp, world=self.shard, work_bytes=BYTES[t.param_dtype],
                               grad_bytes=gb) if t.zero_impl == "deepspeed" else None,
             comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),
+            ep_comm_extra=ep_comm_extra(
+                slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name), self.ep,
+            ) if m.moe is not None else None,
             part_cost=self.comm.part_cost,
             comm_mode=lambda p: self.comm_mode.get(p.pid, "never"),
             send_in_network=lambda p, dst, dp_now: self.net_sends.get((p.pid, dst)) in (

@@ -29,7 +29,7 @@ collectives ``a_i`` alternating it takes between ``max(sum c, sum a)`` and ``sum
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from simulator.engine.program import Part, Program, program_time
@@ -38,6 +38,11 @@ from simulator.parallel.schedules import Work
 
 #: the parallel dimension whose collectives run on the communication stream when paired
 EP_DIM = "ep"
+
+#: ``f(part)``: how much longer an EP collective takes while the GPU computes beside it, as an
+#: extra fraction of the time they share (``nccl.comm_slowdown_beside_compute``, by the
+#: measured operation, bytes and group: :func:`simulator.model.moe.ep_comm_extra`)
+CommExtra = Callable[[Part], float]
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,9 @@ class Item:
     wait: int = -1  # the host first waits for this item of its chain to finish (-1: none) ...
     syncs: int = 0  # ... and then spends ``syncs`` times the host's resume time
     dw: bool = False  # delayed weight gradients: the chain's next item does not wait for it
+    # an EP collective: the extra fraction of its time it takes while GPU work runs beside it
+    # (:data:`CommExtra`; 0: taken at its own cost)
+    extra: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -89,10 +97,11 @@ def _comm_stream(prog: Program, k: int) -> bool:
 
 
 def chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
-                interference: float) -> list[Item]:  # fmt: skip
+                interference: float, comm_extra: CommExtra | None = None) -> list[Item]:  # fmt: skip
     """A pass's segments as a chain: each segment's parts split at the collectives of the EP
     communication stream (:func:`_comm_stream`); the GPU work between them priced as
-    :func:`program_time` prices a program run alone."""
+    :func:`program_time` prices a program run alone; each collective with its slowdown
+    beside compute (``comm_extra``; None: none)."""
     items: list[Item] = []
     for i, (_, _, prog) in enumerate(segs):
         n0 = len(items)
@@ -106,7 +115,8 @@ def chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
                     items.append(Item(i, False, total, comp, exposed))
                     run = []
                 if part is not None:
-                    items.append(Item(i, True, part.dur))
+                    items.append(Item(i, True, part.dur,
+                                      extra=comm_extra(part) if comm_extra else 0.0))
             else:
                 run.append(part)
         if len(items) == n0:
@@ -118,13 +128,14 @@ def pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item], interference: float)
     """Run a forward chain and a backward chain together on one GPU (module docstring).
 
     GPU work runs ``1 + interference * comp / dur`` times slower for the part of it during
-    which a collective runs (only its kernels slow down)."""
+    which a collective runs (only its kernels slow down); a collective ``1 + extra`` times
+    slower for the part of it during which GPU work runs."""
     chains = (bwd, fwd)
     idx, ready, busy = [0, 0], [0.0, 0.0], [False, False]
     spans: tuple[dict[int, list[float]], dict[int, list[float]]] = ({}, {})
     t = 0.0
     gpu: list | None = None  # [chain, item, remaining seconds alone, actual seconds so far]
-    comm: list | None = None  # [chain, item, end time]
+    comm: list | None = None  # [chain, item, remaining seconds alone]
     gpu_busy = comp = 0.0
     exposed: dict[str, float] = {}
 
@@ -150,20 +161,24 @@ def pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item], interference: float)
             it = chains[c][idx[c]]
             start(c, it)
             if want_comm:
-                comm = [c, it, t + it.dur]
+                comm = [c, it, it.dur]
             else:
                 gpu = [c, it, it.dur, 0.0]
         if gpu is None and comm is None:
             break
-        stretch = 1.0
+        stretch = cstretch = 1.0
         if gpu is not None and comm is not None and gpu[1].dur > 0:
             stretch = 1.0 + interference * gpu[1].comp / gpu[1].dur
+        if gpu is not None and comm is not None and gpu[2] > 0:
+            cstretch = 1.0 + comm[1].extra
         t_gpu = t + gpu[2] * stretch if gpu is not None else float("inf")
-        t_comm = comm[2] if comm is not None else float("inf")
+        t_comm = t + comm[2] * cstretch if comm is not None else float("inf")
         t_next = min(t_gpu, t_comm)
         if gpu is not None:
             gpu[2] = 0.0 if t_next == t_gpu else gpu[2] - (t_next - t) / stretch
             gpu[3] += t_next - t
+        if comm is not None:
+            comm[2] = 0.0 if t_next == t_comm else comm[2] - (t_next - t) / cstretch
         t = t_next
         if gpu is not None and t_next == t_gpu:
             c, it, _, actual = gpu
@@ -193,7 +208,8 @@ COUNT_SYNC = "moe_counts_sync"
 
 
 def host_chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
-                     interference: float, rates, delay_wgrad: bool = False) -> list[Item]:  # fmt: skip
+                     interference: float, rates, delay_wgrad: bool = False,
+                     comm_extra: CommExtra | None = None) -> list[Item]:  # fmt: skip
     """:func:`chain_items` with the host that issues each item (``rates``: a
     :class:`simulator.engine.host.HostRates`): the GPU work is split at each synchronisation
     (``HOST_SYNC`` part), and the item after it carries the wait: the host waits for the
@@ -208,7 +224,8 @@ def host_chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
     ``delay_wgrad`` (Megatron-Core's ``--delay-wgrad-compute``): a layer's weight-gradient
     kernels (``*_wgrad``) leave each piece of its backward for an item of their own after it
     (``dw``), which the chain's next item does not wait for (``TransformerLayerNode.
-    backward_dw`` runs them on the compute stream outside the nodes' events)."""
+    backward_dw`` runs them on the compute stream outside the nodes' events). ``comm_extra``
+    as in :func:`chain_items`."""
     items: list[Item] = []
     wait, syncs = -1, 0  # a synchronisation the next item carries
     for i, (_, layer, prog) in enumerate(segs):
@@ -245,7 +262,8 @@ def host_chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
                     if wait >= 0:
                         w, n = max(w, wait), n + syncs
                     wait, syncs, deferred = w, n, None
-                items.append(Item(i, True, part.dur, 0.0, (), h, h, h + part.dur, wait, syncs))
+                items.append(Item(i, True, part.dur, 0.0, (), h, h, h + part.dur, wait, syncs,
+                                  extra=comm_extra(part) if comm_extra else 0.0))
                 wait, syncs = -1, 0
             else:
                 run.append(part)
@@ -406,7 +424,8 @@ def host_pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item],
     stream is first in, first out), an item once its chain's previous one has finished (the
     schedule's events) and its first kernel is issued; GPU work ends no earlier than
     ``host_span`` after its issue began (its last kernels wait for the host). Kernels run
-    slower beside a collective as in :func:`pair_schedule`. With every host time 0 it is the
+    slower beside a collective, and a collective beside running kernels, as in
+    :func:`pair_schedule`. With every host time 0 it is the
     same streams run in Megatron-Core's order; where the host is the slower one the step is
     the host's time plus what the GPU runs after the host's last issue. The GPU's idle time
     is exposed as ``ep`` while it waits for a collective, ``host`` while it waits for the
@@ -420,7 +439,7 @@ def host_pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item],
     spans: tuple[dict[int, list[float]], dict[int, list[float]]] = ({}, {})
     t = 0.0
     gpu: list | None = None  # [chain, item, seconds of work left alone, work so far, floor]
-    comm: list | None = None  # [chain, item, end]
+    comm: list | None = None  # [chain, item, seconds left alone, floor]
     gpu_busy = comp = 0.0
     exposed: dict[str, float] = {}
 
@@ -466,19 +485,23 @@ def host_pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item],
             it = chains[c][k]
             spans[c].setdefault(it.seg, [t, t])
             if stream:
-                comm = [c, k, max(t + it.dur, issued[(c, k)] + it.host_span)]
+                comm = [c, k, it.dur, issued[(c, k)] + it.host_span]
             else:
                 gpu = [c, k, it.dur, 0.0, issued[(c, k)] + it.host_span]
         future = [r for r in (ready(True) if comm is None else None,
                               ready(False) if gpu is None else None) if r is not None and r > t]
-        stretch = 1.0
+        stretch = cstretch = 1.0
         if gpu is not None and comm is not None and gpu[2] > 0:
             it = chains[gpu[0]][gpu[1]]
             stretch = 1.0 + interference * it.comp / it.dur if it.dur > 0 else 1.0
+            if comm[2] > 0:  # (a collective waiting for its host slows nothing down)
+                cstretch = 1.0 + chains[comm[0]][comm[1]].extra
         t_gpu = float("inf")
         if gpu is not None:
             t_gpu = t + gpu[2] * stretch if gpu[2] > 0 else max(t, gpu[4])
-        t_comm = comm[2] if comm is not None else float("inf")
+        t_comm = float("inf")
+        if comm is not None:
+            t_comm = max(t + comm[2] * cstretch, comm[3]) if comm[2] > 0 else max(t, comm[3])
         t_next = min(t_gpu, t_comm, *future) if future else min(t_gpu, t_comm)
         if t_next == float("inf"):
             break
@@ -495,6 +518,9 @@ def host_pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item],
                 gpu[3] += t_next - t
             else:  # its kernels wait for the host
                 exposed["host"] = exposed.get("host", 0.0) + t_next - t
+        if comm is not None and comm[2] > 0:
+            done = (t_next - t) / cstretch
+            comm[2] = 0.0 if t_next >= t + comm[2] * cstretch else max(0.0, comm[2] - done)
         t = t_next
         if gpu is not None and gpu[2] <= 0 and t >= gpu[4]:
             c, k, _, actual, _ = gpu
@@ -508,8 +534,8 @@ def host_pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item],
                 spans[c][it.seg][1] = t
             left_gpu[c] -= 1
             gpu = None
-        if comm is not None and t >= comm[2]:
-            c, k, _ = comm
+        if comm is not None and comm[2] <= 0 and t >= comm[3]:
+            c, k, _, _ = comm
             ends[c][k] = t
             spans[c][chains[c][k].seg][1] = t
             comm = None
@@ -555,15 +581,17 @@ class CombinedSteps:
             if hit is None:  # (keeps the segment lists alive, so their ids are not reused)
                 nf = [(lb, ly, megatron_nodes(pr, True)) for lb, ly, pr in fs]
                 nb = [(lb, ly, megatron_nodes(pr, False)) for lb, ly, pr in bs]
-                cf = host_chain_items(nf, slow, i, plan.host)
-                cb = host_chain_items(nb, slow, i, plan.host, plan.delay_wgrad)
+                ce = plan.ep_comm_extra
+                cf = host_chain_items(nf, slow, i, plan.host, comm_extra=ce)
+                cb = host_chain_items(nb, slow, i, plan.host, plan.delay_wgrad, ce)
                 order = megatron_order(cf, cb, _layers(fs), _layers(bs))
                 hit = self._pair_cache[key] = (fs, bs, cf, cb, order)
             _, _, cf, cb, order = hit
             res = host_pair_schedule(cf, cb, order, ie, plan.host.sync_s, p.host_s - t0)
             p.host_s = t0 + res.host_end
         else:
-            res = pair_schedule(chain_items(fs, slow, i), chain_items(bs, slow, i), ie)
+            ce = plan.ep_comm_extra
+            res = pair_schedule(chain_items(fs, slow, i, ce), chain_items(bs, slow, i, ce), ie)
         for segs, spans, sign, mb in ((fs, res.fwd_segs, 1, f.microbatch),
                                       (bs, res.bwd_segs, -1, b.microbatch)):  # fmt: skip
             delta = act_delta(sign)

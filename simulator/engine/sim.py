@@ -124,6 +124,9 @@ class StepPlan:
     # (op, nbytes, group) -> how much longer a data-parallel / ZeRO collective takes, as a
     # fraction of the time its GPU computed beside it (simulator/network/interference.py)
     comm_slowdown: Callable[[str, float, int], float] | None = None
+    #: combined 1F1B / DualPipe: an EP collective's extra fraction beside running kernels
+    #: (:func:`simulator.model.moe.ep_comm_extra`; None: taken at its own cost)
+    ep_comm_extra: Callable | None = None
     grad_prep: Callable[[float], Program] | None = None  # work on a bucket of grad bytes
     unit_bytes: Callable[[str], tuple[float, float]] | None = None  # ZeRO-3 embed/head sizes
     grad_finalize: Callable[[Proc], Program] | None = None  # after the reduction, per step

@@ -188,6 +188,25 @@ def beside_ep_slowdown(interference: float, dispatcher: str, sm_count: int) -> f
         return interference
     return max(interference, DEEPEP_SMS / (sm_count - DEEPEP_SMS))
 
+def ep_comm_extra(slowdown, ep: int):
+    """``f(part)``: the extra fraction of its time an EP collective (``part``: a priced comm
+    part of dimension ``ep``) takes while its GPU runs kernels beside it, when combined 1F1B
+    or DualPipe pairs it with another micro-batch's compute (:mod:`simulator.engine.combined`):
+    the measured all-to-all beside a GEMM (``slowdown``: :func:`simulator.network.
+    interference.slowdown_fn` over ``nccl.comm_slowdown_beside_compute``, ``all_to_all``)
+    at the part's bytes over ``ep`` GPUs. DeepEP's dispatch and combine are taken as the
+    same kind of kernel: an all-to-all whose copies run on the SMs it shares with the GEMMs
+    (NCCL's measured here; DeepEP itself is not installed on the lent GPUs). The count
+    exchange before a dispatch is taken at its own cost (a few KiB)."""
+
+    def f(part) -> float:
+        if part.op not in ("all_to_all", DEEPEP) or part.name == "moe_counts":
+            return 0.0
+        return slowdown("all_to_all", part.nbytes, ep)
+
+    return f
+
+
 #: GEMM tile rows a grouped GEMM pads each expert's token count to (a 128-row output tile: an
 #: expert's last partial tile costs a whole one).
 GROUPED_TILE_M = 128
