@@ -314,7 +314,9 @@ def estimate_dual(est, cand, res, out):
         i = est.interference
         ie = i if est.work.model.moe is None else beside_ep_slowdown(
             i, t.moe_dispatcher, est.machine.gpu.sm_count)  # fmt: skip
-        ce = ep_comm_extra(est.slow, res.ep) if est.work.model.moe is not None else None
+        ce = ep_comm_extra(est.nccl, est.machine.gpu.name, res.ep,
+                           t.moe_dispatcher, est.machine.gpu.sm_count,
+                           ) if est.work.model.moe is not None else None  # fmt: skip
         times = ChunkTimes(progs, res.stage_layers, pp * v - 1, i, ie, sync, ce)
         wk = est._walks[key] = walk(sched, pp, m, v, times, send)
     pb, gb = weight_bytes(t, DTYPE_BYTES[t.param_dtype])[1], DTYPE_BYTES[t.grad_reduce_dtype]

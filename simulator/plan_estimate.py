@@ -181,6 +181,8 @@ class Estimator:
         self._walks: dict[tuple, Walk] = {}  # DualPipe orders played (plan_dualpipe.walk)
         # a DP / ZeRO collective beside compute takes longer (the engine's rule, interference.py)
         self.slow = slowdown_fn(load_fabrics()["nccl"], machine.gpu.name)
+        # the NCCL tables (combined 1F1B's and DualPipe's paired EP collectives read theirs)
+        self.nccl = load_fabrics()["nccl"]
         # kernels slowed beside a collective (the engine's StepPlan.interference)
         self.interference = float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0))
 
@@ -444,7 +446,8 @@ class Estimator:
         i = self.interference
         ie = beside_ep_slowdown(i, self.work.training.moe_dispatcher,
                                     self.machine.gpu.sm_count)
-        ce = ep_comm_extra(self.slow, res.ep)
+        ce = ep_comm_extra(self.nccl, self.machine.gpu.name, res.ep,
+                           self.work.training.moe_dispatcher, self.machine.gpu.sm_count)
         return pair_schedule(chain_items(f, 1.0, i, ce), chain_items(b, 1.0, i, ce), ie).total
 
     def _first_layers(self, res: Resolved, vs: int) -> tuple[int, int]:

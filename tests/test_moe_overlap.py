@@ -23,6 +23,8 @@ from simulator.engine.combined import (
     pair_schedule,
 )
 from simulator.engine.program import Part
+from simulator.model.moe import ep_comm_extra
+from simulator.network.topology import load_fabrics
 from simulator.parallel.schedules import Work, combined, max_in_flight, schedule
 from tests.conftest import small_topology, write_case
 from tests.test_moe_engine import WORK
@@ -78,6 +80,25 @@ def test_a_collective_beside_kernels_runs_slower():
     # run alone (no kernels beside it) a collective takes its own time
     one = [Item(0, True, 1.0, extra=0.5)]
     assert pair_schedule(one, [], 0.0).total == pytest.approx(1.0)
+
+
+def test_paired_all_to_all_takes_the_measured_table():
+    # nccl.ep_pair_beside_experts as shipped, read back at a measured point and between two
+    # (linear in log size), DeepEP's kernels slowed at least by its 20 of 132 SMs
+    nccl = load_fabrics()["nccl"]
+    pair = nccl["ep_pair_beside_experts"]["H100-SXM-80GB"]
+    a2a = dict(map(tuple, pair["all_to_all"][4]))
+    gemm = dict(map(tuple, pair["experts"][4]))
+    f = ep_comm_extra(nccl, "H100-SXM-80GB", 64, "alltoall", 132)
+    part = Part("moe_dispatch", "comm", 1e-3, op="all_to_all", nbytes=32 * 2**20, dim="ep")
+    assert f(part) == pytest.approx((a2a[32], gemm[32]))
+    mid = replace(part, nbytes=2**20 * (32 * 64) ** 0.5)  # half way in log size
+    assert f(mid) == pytest.approx(((a2a[32] + a2a[64]) / 2, (gemm[32] + gemm[64]) / 2))
+    d = ep_comm_extra(nccl, "H800", 64, "deepep", 132)  # H800: the H100's table
+    dp = replace(part, op="deepep")
+    assert d(dp) == pytest.approx((a2a[32], max(gemm[32], 20 / 112)))
+    tp = replace(part, name="tp_all_gather", op="all_gather", dim="tp")
+    assert f(tp) == (0.0, -1.0)
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -99,7 +99,9 @@ def test_inflight_peak_of_dual_orders(name, pp, m):
 
 def test_plan_picks_dualpipe_where_it_wins_and_its_estimate_holds(tmp_path, monkeypatch):
     """Hiding the all-to-all behind the other direction's compute wins: plan's best layout is a
-    DualPipe one with the experts split, faster in simulation (by 16 % when written) than the
+    DualPipe one with the experts split, faster in simulation (by 16 % when written, with the
+    paired all-to-all at its own cost; by about 1 % since both sides of the pair slow down as
+    measured beside expert GEMMs, data/measured/a2a-beside-compute-h100x4) than the
     best plan finds without DualPipe (the experts whole over 8 stages of 1F1B); its estimate is within plan's tolerance (25 %, as for 1F1B) of the
     simulated step, its memory never above the simulated peak, and its printed overrides
     reproduce it through ``run``."""
@@ -121,7 +123,7 @@ def test_plan_picks_dualpipe_where_it_wins_and_its_estimate_holds(tmp_path, monk
     monkeypatch.setattr(plan_mod, "dual_schedules", lambda pp, m, layers: [])
     without = plan(loaded, 8, top=1, n_simulate=3, workers=1).top[0]
     assert without.candidate.pp_schedule not in ("dualpipe", "dualpipev")
-    assert best.summary["tokens_per_s"] > 1.1 * without.summary["tokens_per_s"]
+    assert best.summary["tokens_per_s"] > without.summary["tokens_per_s"]
 
 
 def test_estimate_of_deepseek_v3_as_shipped():
@@ -184,8 +186,9 @@ def test_deepseek_v3_dual_candidates_split_for_the_mtp_module():
 def test_dual_estimate_computes_at_the_groups_expected_slowest_gpu(tmp_path):
     """DualPipe's walk, like the engine and the 1F1B estimate, runs every kernel at the
     expected slowest GPU of the group that meets at each layer (simulator/model/sync.py; here
-    the EP group of 4): with the NCCL interference set to 0 (so a kernel's time beside a
-    collective is its own), every pass's and pair's kernel seconds, and so the rank's compute,
+    the EP group of 4): with the NCCL interference set to 0 and no measured slowdown of a
+    paired all-to-all (so a kernel's time beside a collective is its own), every pass's and
+    pair's kernel seconds, and so the rank's compute,
     grow by exactly ``1 + jitter e_4`` over the same estimate without the spread."""
     import dataclasses
 
@@ -204,6 +207,7 @@ def test_dual_estimate_computes_at_the_groups_expected_slowest_gpu(tmp_path):
     for m in (still, machine):
         est = Estimator(loaded.workload, loaded.topology, m)
         est.interference = 0.0
+        est.nccl = {**est.nccl, "ep_pair_beside_experts": {}}
         out.append(est.estimate(cand, est.resolve(cand)[1]))
     a, b = out
     assert a.fits and b.fits

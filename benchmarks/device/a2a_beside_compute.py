@@ -3,7 +3,7 @@ it), by size, group and kind of concurrent kernel: the all-to-all counterpart of
 ``comm_beside_compute.py`` (same method, same JSON fields). Writes JSON lines.
 
     python3 -m torch.distributed.run --standalone --nproc_per_node=4 \
-        benchmarks/device/a2a_beside_compute.py --out DIR [--quick]
+        benchmarks/device/a2a_beside_compute.py --out DIR [--quick] [--set shapes]
 
 Why: combined 1F1B (Megatron-Core's ``overlap_moe_expert_parallel_comm``) and DualPipe run one
 micro-batch's expert-parallel all-to-all on a communication stream while another micro-batch's
@@ -17,7 +17,9 @@ collectives measured beside a GEMM (``data/measured/h100x4/comm_beside_compute-*
 * ``neighbour``: ``gemm`` (8192^3 bf16 matmul loop, as comm_beside_compute.py),
   ``gemm_fp8`` (8192^3 FP8 E4M3 ``torch._scaled_mm``, per-tensor scales, bf16 out),
   ``expert_fp8`` (4096 x 7168 x 4096 FP8: a DeepSeek-V3 expert fc1 of 4,096 rows, short
-  kernels back to back), ``copy`` (1 GiB device-to-device copy loop: HBM-bound), ``none``.
+  kernels back to back), ``copy`` (1 GiB device-to-device copy loop: HBM-bound), ``none``;
+  ``--set shapes``: the MoE layers' expert GEMMs of :data:`SHAPES` instead, at 16, 32 and
+  64 MiB (the published MoE rows' all-to-all sizes).
 
 Method (as comm_beside_compute.py): the collective loop on a side stream and the neighbour
 loop on the default stream are launched together and last about as long (counts from their
@@ -79,6 +81,33 @@ def fp8_gemm(m: int, k: int, n: int):
     return run
 
 
+#: ``--set shapes``: GEMMs of the MoE layers combined 1F1B pairs with the all-to-all, as
+#: (name, dtype, m, k, n): DeepSeek-V3's expert fc1 / fc2 (4,096 rows an expert at EP 64, TP 2;
+#: 2,048 and 8,192 rows beside them) in FP8 and BF16, Qwen3-235B's expert fc1 (4,096 rows,
+#: hidden 4,096, 2 x 1,536) in BF16
+SHAPES = (("expert_fp8", "fp8", 4096, 7168, 4096), ("expert_bf16", "bf16", 4096, 7168, 4096),
+          ("expert_fp8_m2048", "fp8", 2048, 7168, 4096),
+          ("expert_fp8_m8192", "fp8", 8192, 7168, 4096),
+          ("expert_fc2_fp8", "fp8", 4096, 2048, 7168),
+          ("qwen_expert_bf16", "bf16", 4096, 4096, 3072))
+
+
+def shape_neighbours() -> dict:
+    out: dict = {}
+    for name, dtype, m, k, n in SHAPES:
+        try:
+            if dtype == "fp8":
+                out[name] = fp8_gemm(m, k, n)
+            else:
+                a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+                out[name] = (lambda a=a, b=b: torch.matmul(a, b))
+        except Exception as e:  # noqa: BLE001 (recorded, the run goes on)
+            out[name] = f"error: {type(e).__name__}: {str(e)[:200]}"
+    out["none"] = None
+    return out
+
+
 def neighbours(quick: bool) -> dict:
     n = 2048 if quick else 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -103,21 +132,25 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tag", default=os.environ.get("NCCL_ALGO", "auto"))
+    ap.add_argument("--set", default="basic", choices=("basic", "shapes"))
     args = ap.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    nbs = neighbours(args.quick)
+    nbs = shape_neighbours() if args.set == "shapes" else neighbours(args.quick)
     groups = {4: [list(range(world))], 2: [list(range(i, i + 2)) for i in range(0, world, 2)]}
     pgs = {g: [dist.new_group(r) for r in rr] for g, rr in groups.items()}
     side = torch.cuda.Stream()
     main_s = torch.cuda.current_stream()
-    out = open(os.path.join(args.out, f"a2a_beside_compute-{args.tag}.jsonl"), "a")
+    suffix = args.tag if args.set == "basic" else f"{args.tag}-{args.set}"
+    out = open(os.path.join(args.out, f"a2a_beside_compute-{suffix}.jsonl"), "a")
     if rank == 0:
         for name, fn in nbs.items():
             if isinstance(fn, str):
                 out.write(json.dumps({"neighbour": name, "error": fn}) + "\n")
     sizes = [4 * MIB] if args.quick else [4 * MIB, 32 * MIB, 64 * MIB, 256 * MIB]
+    if args.set == "shapes":
+        sizes = [16 * MIB, 32 * MIB, 64 * MIB]
     alone: dict[str, float] = {}
     for g, gl in groups.items():
         pg = pgs[g][next(i for i, r in enumerate(gl) if rank in r)]

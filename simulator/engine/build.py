@@ -1096,7 +1096,8 @@ class _Builder:
                               grad_bytes=gb) if t.zero_impl == "deepspeed" else None,
             comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),
             ep_comm_extra=ep_comm_extra(
-                slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name), self.ep,
+                load_fabrics()["nccl"], self.job.machine.gpu.name, self.ep,
+                self.t.moe_dispatcher, self.job.machine.gpu.sm_count,
             ) if m.moe is not None else None,
             part_cost=self.comm.part_cost,
             comm_mode=lambda p: self.comm_mode.get(p.pid, "never"),

@@ -16,7 +16,10 @@ What the frameworks do (facts; the code here is this project's own):
   schedule; here plain 1F1B is paired the same way, as DeepSeek-V3's DualPipe pairs a forward
   and a backward chunk of different micro-batches (arXiv:2412.19437, Section 3.2.1).
 * A GPU's kernels run slower while an NCCL kernel shares it (the measured ``interference``
-  of the machine); the all-to-all itself is taken at its own cost.
+  of the machine), and both sides of a paired EP all-to-all slow down as measured for an
+  all-to-all beside expert GEMMs (``nccl.ep_pair_beside_experts``: the collective's extra
+  time and the kernels' beside it, by size and group; :func:`simulator.model.moe.
+  ep_comm_extra`, DeepEP's taken as the same kind of kernel).
 
 :func:`pair_schedule` is the steady-state step: two chains of items (GPU work, or an EP
 collective on the communication stream), each item after the previous one of its chain, each
@@ -39,10 +42,11 @@ from simulator.parallel.schedules import Work
 #: the parallel dimension whose collectives run on the communication stream when paired
 EP_DIM = "ep"
 
-#: ``f(part)``: how much longer an EP collective takes while the GPU computes beside it, as an
-#: extra fraction of the time they share (``nccl.comm_slowdown_beside_compute``, by the
-#: measured operation, bytes and group: :func:`simulator.model.moe.ep_comm_extra`)
-CommExtra = Callable[[Part], float]
+#: ``f(part)``: for an EP collective paired with the other pass's kernels, ``(extra, beside)``:
+#: how much longer it takes while kernels run beside it, and how much longer those kernels
+#: take, each as an extra fraction of the time they share (measured beside expert GEMMs:
+#: :func:`simulator.model.moe.ep_comm_extra`)
+CommExtra = Callable[[Part], tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,10 @@ class Item:
     syncs: int = 0  # ... and then spends ``syncs`` times the host's resume time
     dw: bool = False  # delayed weight gradients: the chain's next item does not wait for it
     # an EP collective: the extra fraction of its time it takes while GPU work runs beside it
-    # (:data:`CommExtra`; 0: taken at its own cost)
+    # (:data:`CommExtra`; 0: taken at its own cost), and the extra fraction of their kernel
+    # time it costs the kernels beside it (negative: the schedule's ``interference``)
     extra: float = 0.0
+    beside: float = -1.0
 
 
 @dataclass(frozen=True)
@@ -115,8 +121,8 @@ def chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
                     items.append(Item(i, False, total, comp, exposed))
                     run = []
                 if part is not None:
-                    items.append(Item(i, True, part.dur,
-                                      extra=comm_extra(part) if comm_extra else 0.0))
+                    ex, bs = comm_extra(part) if comm_extra else (0.0, -1.0)
+                    items.append(Item(i, True, part.dur, extra=ex, beside=bs))
             else:
                 run.append(part)
         if len(items) == n0:
@@ -128,8 +134,9 @@ def pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item], interference: float)
     """Run a forward chain and a backward chain together on one GPU (module docstring).
 
     GPU work runs ``1 + interference * comp / dur`` times slower for the part of it during
-    which a collective runs (only its kernels slow down); a collective ``1 + extra`` times
-    slower for the part of it during which GPU work runs."""
+    which a collective runs (only its kernels slow down; a collective's own ``beside`` where
+    it has one); a collective ``1 + extra`` times slower for the part of it during which GPU
+    work runs."""
     chains = (bwd, fwd)
     idx, ready, busy = [0, 0], [0.0, 0.0], [False, False]
     spans: tuple[dict[int, list[float]], dict[int, list[float]]] = ({}, {})
@@ -168,7 +175,8 @@ def pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item], interference: float)
             break
         stretch = cstretch = 1.0
         if gpu is not None and comm is not None and gpu[1].dur > 0:
-            stretch = 1.0 + interference * gpu[1].comp / gpu[1].dur
+            ie = comm[1].beside if comm[1].beside >= 0 else interference
+            stretch = 1.0 + ie * gpu[1].comp / gpu[1].dur
         if gpu is not None and comm is not None and gpu[2] > 0:
             cstretch = 1.0 + comm[1].extra
         t_gpu = t + gpu[2] * stretch if gpu is not None else float("inf")
@@ -262,8 +270,9 @@ def host_chain_items(segs: Sequence[tuple[str, int, Program]], slowdown: float,
                     if wait >= 0:
                         w, n = max(w, wait), n + syncs
                     wait, syncs, deferred = w, n, None
+                ex, bs = comm_extra(part) if comm_extra else (0.0, -1.0)
                 items.append(Item(i, True, part.dur, 0.0, (), h, h, h + part.dur, wait, syncs,
-                                  extra=comm_extra(part) if comm_extra else 0.0))
+                                  extra=ex, beside=bs))
                 wait, syncs = -1, 0
             else:
                 run.append(part)
@@ -492,10 +501,11 @@ def host_pair_schedule(fwd: Sequence[Item], bwd: Sequence[Item],
                               ready(False) if gpu is None else None) if r is not None and r > t]
         stretch = cstretch = 1.0
         if gpu is not None and comm is not None and gpu[2] > 0:
-            it = chains[gpu[0]][gpu[1]]
-            stretch = 1.0 + interference * it.comp / it.dur if it.dur > 0 else 1.0
+            it, cit = chains[gpu[0]][gpu[1]], chains[comm[0]][comm[1]]
+            ie = cit.beside if cit.beside >= 0 else interference
+            stretch = 1.0 + ie * it.comp / it.dur if it.dur > 0 else 1.0
             if comm[2] > 0:  # (a collective waiting for its host slows nothing down)
-                cstretch = 1.0 + chains[comm[0]][comm[1]].extra
+                cstretch = 1.0 + cit.extra
         t_gpu = float("inf")
         if gpu is not None:
             t_gpu = t + gpu[2] * stretch if gpu[2] > 0 else max(t, gpu[4])

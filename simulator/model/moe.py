@@ -51,6 +51,7 @@ from simulator.model.ops import (
     gemm_op,
     mem_op,
 )
+from simulator.network.interference import extra_fraction
 
 #: int64 indices (token ids, permutations)
 I64 = 8
@@ -188,21 +189,28 @@ def beside_ep_slowdown(interference: float, dispatcher: str, sm_count: int) -> f
         return interference
     return max(interference, DEEPEP_SMS / (sm_count - DEEPEP_SMS))
 
-def ep_comm_extra(slowdown, ep: int):
-    """``f(part)``: the extra fraction of its time an EP collective (``part``: a priced comm
-    part of dimension ``ep``) takes while its GPU runs kernels beside it, when combined 1F1B
-    or DualPipe pairs it with another micro-batch's compute (:mod:`simulator.engine.combined`):
-    the measured all-to-all beside a GEMM (``slowdown``: :func:`simulator.network.
-    interference.slowdown_fn` over ``nccl.comm_slowdown_beside_compute``, ``all_to_all``)
-    at the part's bytes over ``ep`` GPUs. DeepEP's dispatch and combine are taken as the
-    same kind of kernel: an all-to-all whose copies run on the SMs it shares with the GEMMs
-    (NCCL's measured here; DeepEP itself is not installed on the lent GPUs). The count
-    exchange before a dispatch is taken at its own cost (a few KiB)."""
+def ep_comm_extra(nccl, gpu_name: str, ep: int, dispatcher: str, sm_count: int):
+    """``f(part)``: ``(extra, beside)`` of an EP collective (``part``: a priced comm part of
+    dimension ``ep``) that combined 1F1B or DualPipe pairs with the other micro-batch's
+    kernels (:mod:`simulator.engine.combined`): the all-to-all's extra fraction of its time
+    while kernels run beside it, and those kernels' extra fraction of theirs, as measured for
+    an all-to-all over ``ep`` GPUs of the part's bytes beside loops of expert GEMMs
+    (``nccl.ep_pair_beside_experts``, :func:`simulator.calibrate.interference.ep_pair_table`;
+    interpolated as :func:`simulator.network.interference.extra_fraction`). DeepEP's dispatch
+    and combine are taken as the same kind of kernel (an all-to-all whose copies run on SMs
+    the GEMMs share; NCCL's measured, DeepEP is not installed on the lent GPUs), the kernels
+    beside them slowed at least by the SMs DeepEP holds (:func:`beside_ep_slowdown`).
+    ``(0, -1)`` (taken at its own cost, the schedule's interference) for another part or a
+    GPU without the table."""
+    tables = nccl.get("ep_pair_beside_experts") or {}
+    own = tables.get(gpu_name) or tables.get(tables.get("inherit", ""), {})
+    share = beside_ep_slowdown(0.0, dispatcher, sm_count)
 
-    def f(part) -> float:
-        if part.op not in ("all_to_all", DEEPEP) or part.name == "moe_counts":
-            return 0.0
-        return slowdown("all_to_all", part.nbytes, ep)
+    def f(part) -> tuple[float, float]:
+        if not own or part.op not in ("all_to_all", DEEPEP):
+            return 0.0, -1.0
+        return (extra_fraction(own, "all_to_all", part.nbytes, ep),
+                max(extra_fraction(own, "experts", part.nbytes, ep), share))
 
     return f
 
