@@ -1,15 +1,16 @@
-"""Fit NCCL all-to-all's two constants in ``simulator/network/fabrics.yaml`` (``nccl.all_to_all``)
-on measured ``all_to_all_single`` timings, and print the fit and the held-back rows.
+"""Print NCCL all-to-all's fit (``simulator/network/fabrics.yaml`` ``nccl.all_to_all``) against
+every measured ``all_to_all_single`` timing of the fit set, the held-back rows included.
 
     python benchmarks/fit_alltoall.py [data/calibration/h100x4-nvswitch/alltoall.jsonl]
 
 Data: CUDA-event timing, bf16, 4 KiB - 1 GiB, groups of 4 and of 2 (two pairs at once), uniform
 and uneven splits (``data/calibration/h100x4-nvswitch/README.md`` says how it was measured).
 
-The two constants are fitted by ``python -m simulator.calibrate alltoall``
-(:mod:`simulator.calibrate.alltoall`: both free, on the uniform rows the device bounds, >= 16 MiB;
-the rows <= 256 KiB time the host's call interval); this script prints that fit against every
-row.
+The constants are fitted by ``python -m simulator.calibrate alltoall``
+(:mod:`simulator.calibrate.alltoall`: ten together since 2026-11-27 night, on rows the device
+bounds, the uniform ones here >= 16 MiB; the rows <= 256 KiB time the host's call interval);
+this script prints that fit against every row (the uneven ones by ``all_to_all_v``, parts on
+16 bytes: the misaligned rows' narrow copies are ``validate``'s, ``all_to_all_table``).
 
 The uneven (``rotated``, ``hot``) rows are printed as a check of the busiest-receiver rule
 (:meth:`CollectiveModel.all_to_all_v`, with 16-byte copies), with whether every split's
@@ -30,9 +31,10 @@ aligned: the misaligned rows say nothing about MoE steps and the model keeps the
 receiver. What the aligned group-2 rotated row does show: at 1 GiB the exchange takes as long
 as the uniform one although it moves half the bytes over NVLink, because each rank's share
 for itself (3/4 of the buffer) is copied through the same NCCL channels (about 525 GB/s);
-the model counts that copy in the exchange's local work since 2026-11-26 (NCCL copies a
-rank's own share on the same kernel, src/device/sendrecv.h); the aligned uneven rows >= 64 MiB,
-not fitted, went from -17 % to -1.5 % on average.
+the model counted that copy in the exchange's local work from 2026-11-26 (NCCL copies a
+rank's own share on the same kernel, src/device/sendrecv.h; the aligned uneven rows >= 64 MiB,
+not fitted, went from -17 % to -1.5 % on average), and since 2026-11-27 night as one of the
+kernel's pieces of work on its channels (:mod:`simulator.network.p2p`).
 """
 
 from __future__ import annotations
