@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from simulator.parallel import torch_posts
 from simulator.parallel.schedules import interleaved
-from simulator.parallel.torch_posts import posting_order
+from simulator.parallel.torch_posts import ACTIVE_STAGES, TURN, _lowered, posting_order
 
 ROOT = Path(__file__).resolve().parents[1]
 INT4 = ROOT / "validation" / "heldout6" / "h6_pp4_int2_V.yaml"
@@ -31,6 +32,23 @@ TORCH_2_2_4 = {
 }
 
 
+#: The last rank's list for 4 ranks, 2 stages each, 8 micro-batches, as PyTorch 2.13's whole
+#: lowering (``ScheduleInterleaved1F1B``'s ``_prepare_schedule_with_comms``: unshard /
+#: reshard, gradient reduction, then ``_add_send_recv``) printed it, its six non-compute
+#: actions (``3UNSHARD 7UNSHARD`` first, ``7REDUCE_GRAD 7RESHARD`` after ``7B7``,
+#: ``3REDUCE_GRAD 3RESHARD`` last) left out: ``3RECV_B7`` lands before ``3B4``, so the
+#: gradient sends ``3SEND_B4`` .. ``3SEND_B6`` wait behind it on the rank's one stream
+TORCH_4_2_8_RANK3 = (
+    "3RECV_F0 3F0 3SEND_F0 3RECV_F1 3F1 3SEND_F1 3RECV_F2 3F2 3SEND_F2 3RECV_F3 3F3 3SEND_F3 "
+    "7RECV_F0 7F0 7RECV_F1 7B0 7SEND_B0 7RECV_F2 7F1 7B1 7SEND_B1 7RECV_F3 7F2 7B2 7SEND_B2 "
+    "3RECV_F4 7F3 3RECV_B0 7B3 7SEND_B3 3RECV_F5 3F4 3SEND_F4 3RECV_B1 3B0 3SEND_B0 3RECV_F6 "
+    "3F5 3SEND_F5 3RECV_B2 3B1 3SEND_B1 3RECV_F7 3F6 3SEND_F6 3RECV_B3 3B2 3SEND_B2 7RECV_F4 "
+    "3F7 3SEND_F7 3B3 3SEND_B3 7RECV_F5 7F4 7B4 7SEND_B4 7RECV_F6 7F5 7B5 7SEND_B5 7RECV_F7 "
+    "7F6 3RECV_B4 7B6 7SEND_B6 7F7 3RECV_B5 7B7 7SEND_B7 3RECV_B6 3RECV_B7 3B4 3SEND_B4 3B5 "
+    "3SEND_B5 3B6 3SEND_B6 3B7 3SEND_B7"
+)
+
+
 def _text(post) -> str:
     kind = {"C": "", "S": "SEND_", "R": "RECV_"}[post.kind]
     return f"{post.vs}{kind}{post.phase}{post.mb}"
@@ -40,6 +58,31 @@ def test_posting_order_is_torchs():
     got = posting_order({r: interleaved(r, 2, 4, 2) for r in range(2)}, 2, 2)
     for r, want in TORCH_2_2_4.items():
         assert " ".join(_text(q) for q in got[r]) == want
+
+
+def test_posting_order_is_torchs_whole_lowering():
+    """The runtime's unshard / reshard and gradient-reduction actions take turns of the
+    lock-step pass: on 4 ranks the last rank's receives land where torch's lowering puts them
+    (the compute order alone would post ``3RECV_B7`` after ``3B5``)."""
+    got = posting_order({r: interleaved(r, 4, 8, 2) for r in range(4)}, 4, 2)
+    assert " ".join(_text(q) for q in got[3]) == TORCH_4_2_8_RANK3
+
+
+@pytest.mark.parametrize("pp,v,m", [(4, 2, 8), (2, 3, 6), (4, 4, 8)])
+def test_lowered_turns(pp, v, m):
+    """Per rank: an unshard and a reshard of each of its ``v`` stages (a window of 3 stages
+    holds them all for v <= 3; for v = 4 each stage leaves and re-enters it as the order
+    moves on) and one gradient reduction per stage, right after its m-th backward."""
+    for r in range(pp):
+        ws = interleaved(r, pp, m, v)
+        low = _lowered(ws, m)
+        assert [x for x in low if not isinstance(x, str)] == ws
+        turns = sum(isinstance(x, str) for x in low)
+        assert turns >= 3 * v and (v > ACTIVE_STAGES or turns == 3 * v)
+        for c in range(v):
+            last_b = max(i for i, x in enumerate(low)
+                         if not isinstance(x, str) and x.phase == "B" and x.chunk == c)
+            assert low[last_b + 1] == TURN
 
 
 @pytest.mark.parametrize("pp,v,m", [(4, 2, 8), (4, 2, 16), (4, 3, 8), (8, 2, 16), (2, 4, 6)])
@@ -72,17 +115,43 @@ def _step(workload: Path, runtime: str, *extra: str) -> float:
                                      text=True).stdout)["step_time_s"]
 
 
+def _step_in_process(workload: Path, runtime: str, region: str, turns: bool = True) -> float:
+    """The step in this process; ``turns=False``: the posting pass over the compute order
+    alone (the runtime's non-compute actions left out)."""
+    from simulator.config.load import load_workload
+    from simulator.run import simulate
+
+    lw = load_workload(workload, [f"parallelism.pp_runtime={runtime}",
+                                  f"training.autocast_region={region}"])
+    if turns:
+        return simulate(lw).summary["step_time_s"]
+    mp = pytest.MonkeyPatch()
+    mp.setattr(torch_posts, "_lowered", lambda ws, m: list(ws))
+    try:
+        return simulate(lw).summary["step_time_s"]
+    finally:
+        mp.undo()
+
+
 def test_one_stream_holds_sends_behind_early_receives():
     """Over 4 stages a rank's gradient sends wait behind activation receives of later
     micro-batches: the step is longer than with a stream per transfer (h6_pp4_int2_V: +8.4 %
-    by a separate play of torch's own action lists, DESIGN_NOTES); over 2 stages a rank has
+    by a separate play of ``_add_send_recv`` over the compute actions, DESIGN_NOTES; more with
+    the lowering's non-compute turns); over 2 stages a rank has
     one peer, and the same order costs next to nothing; full detail agrees with folded."""
     # the same autocast region on both, a micro-batch's (the compute times of the separate
     # play; torch's runtime alone would cast each weight once a step:
     # tests/test_torch_pipeline_memory.py), so that only the streams differ
     region = ("--set", "training.autocast_region=microbatch")
-    mega, torch = _step(INT4, "megatron", *region), _step(INT4, "torch", *region)
-    assert torch / mega - 1 == pytest.approx(0.084, abs=0.01)
+    mega = _step(INT4, "megatron", *region)
+    # the separate play posted by ``_add_send_recv`` over the compute actions alone: so does
+    # the engine with the lowering's turns taken out
+    assert _step_in_process(INT4, "torch", "microbatch", turns=False) / mega - 1 == \
+        pytest.approx(0.084, abs=0.01)
+    # the whole lowering holds the last rank's cool-down gradient sends behind the receive of
+    # its last micro-batch's gradient: longer still
+    torch = _step(INT4, "torch", *region)
+    assert torch / mega - 1 > 0.084 + 0.02
     assert _step(INT4, "torch", "--detail", "full", *region) == pytest.approx(torch, rel=1e-9)
     assert _step(INT2, "torch", *region) / _step(INT2, "megatron", *region) - 1 < 0.002
     gpipe = ["--set", "parallelism.pp_schedule=gpipe", "--set", "parallelism.virtual_stages=1"]

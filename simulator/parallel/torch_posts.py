@@ -12,6 +12,18 @@ lands several passes before the receiver consumes it. Every transfer is a ``batc
 (``pointToPoint``: "for batch P2P, we need to treat it like a collective when selecting
 communicator"), so a rank's transfers run one after another on one NCCL stream in the order
 posted. The engine plays that stream (:mod:`simulator.engine.torch_sends`).
+
+The pass runs over the runtime's lowered action lists, not over the compute order alone:
+before placing sends and receives, ``_prepare_schedule_with_comms`` inserts an ``UNSHARD`` of
+each stage before its first use and a ``RESHARD`` once it leaves the window of the next three
+stages a rank computes (``_add_unshard_reshard``, inserted for every stage, FSDP or not; no-ops
+at run time without FSDP) and a ``REDUCE_GRAD`` after each stage's last backward
+(``_add_reduce_grad``). Each takes a turn of the lock-step pass like a compute action, so it
+moves where later receives land: on the last rank of 4 x 2 stages with 8 micro-batches, the
+receive of the last micro-batch's gradient lands before the first cool-down backward of the
+rank's other stage instead of two passes later, and its gradient sends wait behind it
+(``_lowered``; checked against PyTorch 2.13's ``_prepare_schedule_with_comms``, whose lowering
+functions are the 2.11 ones that ran the measured steps).
 """
 
 from __future__ import annotations
@@ -34,11 +46,48 @@ class Post(NamedTuple):
     work: Work | None = None
 
 
+#: a turn of the lock-step pass that posts nothing (UNSHARD, RESHARD, REDUCE_GRAD)
+TURN = "turn"
+
+#: ``_add_unshard_reshard``'s window: the stages of the next actions that it keeps unsharded
+ACTIVE_STAGES = 3
+
+
+def _lowered(ws: list[Work], m: int) -> list[Work | str]:
+    """A rank's compute order with the runtime's non-compute actions as :data:`TURN` entries:
+    an unshard of each stage (model chunk) entering the window of the next
+    :data:`ACTIVE_STAGES` distinct stages the rank computes, a reshard of each leaving it
+    (and of every stage left at the end), a gradient reduction right after a stage's
+    ``m``-th backward."""
+    out: list[Work | str] = []
+    active: set[int] = set()
+    backs: dict[int, int] = {}
+    for i, w in enumerate(ws):
+        window: list[int] = []
+        for x in ws[i:]:
+            if x.chunk not in window:
+                window.append(x.chunk)
+                if len(window) == ACTIVE_STAGES:
+                    break
+        evict = [c for c in active if c not in window]
+        fetch = [c for c in window if c not in active]
+        active.difference_update(evict)
+        active.update(fetch)
+        out += [TURN] * (len(evict) + len(fetch))
+        out.append(w)
+        if w.phase in ("B", "W"):
+            backs[w.chunk] = backs.get(w.chunk, 0) + 1
+            if backs[w.chunk] == m:
+                out.append(TURN)
+    return out + [TURN] * len(active)
+
+
 def posting_order(orders: dict[int, list[Work]], pp: int, v: int) -> dict[int, list[Post]]:
     """Each rank's passes with the transfers it posts, in posting order, from every rank's
     compute order (``orders[rank]``; virtual stage of chunk ``c`` on rank ``r`` = ``c pp + r``)."""
     last = pp * v - 1
-    todo = {r: list(ws) for r, ws in orders.items() if ws}
+    m = max((w.microbatch for ws in orders.values() for w in ws), default=-1) + 1
+    todo = {r: _lowered(list(ws), m) for r, ws in orders.items() if ws}
     out: dict[int, list[Post]] = {r: [] for r in orders}
     seen: dict[int, set] = {r: set() for r in orders}
     rank_of = lambda vs: vs % pp  # noqa: E731 (the interleaved placement)
@@ -57,6 +106,12 @@ def posting_order(orders: dict[int, list[Work]], pp: int, v: int) -> dict[int, l
         progress = False
         for r in sorted(todo):
             w = todo[r][0]
+            if isinstance(w, str):  # a turn that posts nothing
+                todo[r].pop(0)
+                if not todo[r]:
+                    del todo[r]
+                progress = True
+                continue
             if not ready(r, w):
                 continue
             vs = w.chunk * pp + r
