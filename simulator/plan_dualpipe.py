@@ -315,7 +315,7 @@ def estimate_dual(est, cand, res, out):
         ie = i if est.work.model.moe is None else beside_ep_slowdown(
             i, t.moe_dispatcher, est.machine.gpu.sm_count)  # fmt: skip
         ce = ep_comm_extra(est.nccl, est.machine.gpu.name, res.ep,
-                           t.moe_dispatcher, est.machine.gpu.sm_count,
+                           t.moe_dispatcher, est.machine.gpu.sm_count, est.deepep_copies(res),
                            ) if est.work.model.moe is not None else None  # fmt: skip
         times = ChunkTimes(progs, res.stage_layers, pp * v - 1, i, ie, sync, ce)
         wk = est._walks[key] = walk(sched, pp, m, v, times, send)

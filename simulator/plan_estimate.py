@@ -43,7 +43,7 @@ from simulator.config.checks import Resolved, resolve
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.build import GRAD_DIMS, MOE_DIMS, Machine, make_layout
 from simulator.engine.combined import chain_items, pair_schedule
-from simulator.engine.dispatch import DEEPEP, routed_cost
+from simulator.engine.dispatch import DEEPEP, routed_copies, routed_cost
 from simulator.engine.program import (
     StagePrograms,
     build_stage_programs,
@@ -427,6 +427,15 @@ class Estimator:
             worst = max(worst, states + acts + max(0.0, act_rc - freed))
         return worst
 
+    def deepep_copies(self, res: Resolved) -> float:
+        """Token vectors a rank sends per token in DeepEP's dispatch (the engine's
+        ``deepep_copies``; 1 without DeepEP)."""
+        if self.work.training.moe_dispatcher != DEEPEP or res.ep <= 1:
+            return 1.0
+        sizes = {"etp": res.etp, "ep": res.ep, "edp": res.edp, "pp": res.size("pp")}
+        group = Layout.of(sizes, MOE_DIMS).groups("ep", {"pp": (0,)})[0]
+        return routed_copies(self.work.model.moe, self.machine.collectives.topology, group)
+
     def _combine(self, res: Resolved) -> bool:
         """Whether the candidate runs combined 1F1B (the overlap switch with ep > 1)."""
         t, m = self.work.training, self.work.model
@@ -447,7 +456,8 @@ class Estimator:
         ie = beside_ep_slowdown(i, self.work.training.moe_dispatcher,
                                     self.machine.gpu.sm_count)
         ce = ep_comm_extra(self.nccl, self.machine.gpu.name, res.ep,
-                           self.work.training.moe_dispatcher, self.machine.gpu.sm_count)
+                           self.work.training.moe_dispatcher, self.machine.gpu.sm_count,
+                           self.deepep_copies(res))
         return pair_schedule(chain_items(f, 1.0, i, ce), chain_items(b, 1.0, i, ce), ie).total
 
     def _first_layers(self, res: Resolved, vs: int) -> tuple[int, int]:

@@ -101,6 +101,25 @@ def test_paired_all_to_all_takes_the_measured_table():
     assert f(tp) == (0.0, -1.0)
 
 
+def test_deepep_sends_a_token_once_per_gpu_of_its_node_and_once_per_other_node():
+    # 8 experts, top-2 at random, 2 a GPU: a GPU is hit with 1 - C(6,2)/C(8,2) = 13/28, a
+    # node of two GPUs with 1 - C(4,2)/C(8,2) = 22/28. Four GPUs in one node: the three
+    # others' hits, 39/28 vectors a token (an all-to-all of top-2 copies sends 2, 1/2 of them
+    # to itself). Two nodes of two: its node peer twice (its own and those it forwards,
+    # 2 x 13/28) and the other node's GPU of its index once (22/28)
+    from simulator.config.schema import MoEConfig
+    from simulator.engine.dispatch import routed_copies
+
+    moe = MoEConfig(experts=8, top_k=2, ffn_hidden=8)
+
+    class Nodes:  # (routed_split reads node_of alone)
+        def __init__(self, per):
+            self.node_of = lambda g: g // per
+
+    assert routed_copies(moe, Nodes(4), (0, 1, 2, 3)) == pytest.approx(39 / 28)
+    assert routed_copies(moe, Nodes(2), (0, 1, 2, 3)) == pytest.approx(48 / 28)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_pair_lies_between_the_longer_stream_and_running_apart(seed):
     rng = random.Random(seed)

@@ -27,7 +27,7 @@ from simulator.config.checks import Resolved
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.contention import contention_modes
 from simulator.engine.deepspeed_zero import deepspeed_plan
-from simulator.engine.dispatch import DEEPEP, routed_cost, routed_steps
+from simulator.engine.dispatch import DEEPEP, routed_copies, routed_cost, routed_steps
 from simulator.engine.host import (
     HostRates,
     dtensor_extra,
@@ -236,6 +236,17 @@ class _Comm:
         if hit is None:
             hit = self._groups[key] = self._proc_groups(dim, p)
         return hit
+
+    def deepep_copies(self) -> float:
+        """Token vectors a rank sends per token of its own in DeepEP's dispatch (its first
+        EP group, every group placed alike; 1 without DeepEP)."""
+        work = self.job.work
+        if work.training.moe_dispatcher != DEEPEP or work.model.moe is None:
+            return 1.0
+        group = self.job.layout_of("ep").groups("ep", {"pp": (0,)})[0]
+        if len(group) <= 1:
+            return 1.0
+        return routed_copies(self.job.work.model.moe, self.coll.topology, group)
 
     def _proc_groups(self, dim, p: Proc) -> list[tuple[int, ...]]:
         if p.coords is not None:
@@ -1097,7 +1108,7 @@ class _Builder:
             comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),
             ep_comm_extra=ep_comm_extra(
                 load_fabrics()["nccl"], self.job.machine.gpu.name, self.ep,
-                self.t.moe_dispatcher, self.job.machine.gpu.sm_count,
+                self.t.moe_dispatcher, self.job.machine.gpu.sm_count, self.comm.deepep_copies(),
             ) if m.moe is not None else None,
             part_cost=self.comm.part_cost,
             comm_mode=lambda p: self.comm_mode.get(p.pid, "never"),

@@ -30,7 +30,8 @@ from simulator.model.moe_routing import node_aware_split
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
 from simulator.network.topology import Topology
 
-__all__ = ["DEEPEP", "DEEPEP_RATE", "routed_cost", "routed_split", "routed_steps"]
+__all__ = ["DEEPEP", "DEEPEP_RATE", "routed_copies", "routed_cost", "routed_split",
+           "routed_steps"]
 
 #: Share of the modelled link rate DeepEP's normal dispatch and combine kernels reach: the
 #: median over its README's eight H800 figures of (this module's time at rate 1) / (the
@@ -42,6 +43,14 @@ def routed_split(moe: MoEConfig, topo: Topology, group: Sequence[int]):
     """The token vectors each rank of EP group ``group`` (GPU ids in EP-rank order) sends to
     each other, per token of a rank, from the NVLink domains the GPUs sit in."""
     return node_aware_split(moe, len(group), tuple(topo.node_of(g) for g in group))
+
+
+def routed_copies(moe: MoEConfig, topo: Topology, group: Sequence[int]) -> float:
+    """Token vectors a rank of EP group ``group`` sends per token of its own (its tokens once
+    per destination GPU of its domain and once per other domain, and those it forwards):
+    what its dispatch kernels move, per token, as an ``all_to_all_single`` moves ``top_k``."""
+    split = routed_split(moe, topo, group)
+    return sum(split[0])
 
 
 def routed_cost(coll: CollectiveModel, moe: MoEConfig, groups: Sequence[Sequence[int]],

@@ -189,7 +189,8 @@ def beside_ep_slowdown(interference: float, dispatcher: str, sm_count: int) -> f
         return interference
     return max(interference, DEEPEP_SMS / (sm_count - DEEPEP_SMS))
 
-def ep_comm_extra(nccl, gpu_name: str, ep: int, dispatcher: str, sm_count: int):
+def ep_comm_extra(nccl, gpu_name: str, ep: int, dispatcher: str, sm_count: int,
+                  deepep_copies: float = 1.0):
     """``f(part)``: ``(extra, beside)`` of an EP collective (``part``: a priced comm part of
     dimension ``ep``) that combined 1F1B or DualPipe pairs with the other micro-batch's
     kernels (:mod:`simulator.engine.combined`): the all-to-all's extra fraction of its time
@@ -198,8 +199,11 @@ def ep_comm_extra(nccl, gpu_name: str, ep: int, dispatcher: str, sm_count: int):
     (``nccl.ep_pair_beside_experts``, :func:`simulator.calibrate.interference.ep_pair_table`;
     interpolated as :func:`simulator.network.interference.extra_fraction`). DeepEP's dispatch
     and combine are taken as the same kind of kernel (an all-to-all whose copies run on SMs
-    the GEMMs share; NCCL's measured, DeepEP is not installed on the lent GPUs), the kernels
-    beside them slowed at least by the SMs DeepEP holds (:func:`beside_ep_slowdown`).
+    the GEMMs share; NCCL's measured, DeepEP is not installed on the lent GPUs), at the bytes
+    its kernels send (the part's tokens times ``deepep_copies``, the vectors a rank sends per
+    token: :func:`simulator.engine.dispatch.routed_copies`, as an all-to-all's bytes count
+    its ``top_k`` copies), the kernels beside them slowed at least by the SMs DeepEP holds
+    (:func:`beside_ep_slowdown`).
     ``(0, -1)`` (taken at its own cost, the schedule's interference) for another part or a
     GPU without the table."""
     tables = nccl.get("ep_pair_beside_experts") or {}
@@ -209,8 +213,9 @@ def ep_comm_extra(nccl, gpu_name: str, ep: int, dispatcher: str, sm_count: int):
     def f(part) -> tuple[float, float]:
         if not own or part.op not in ("all_to_all", DEEPEP):
             return 0.0, -1.0
-        return (extra_fraction(own, "all_to_all", part.nbytes, ep),
-                max(extra_fraction(own, "experts", part.nbytes, ep), share))
+        n = part.nbytes * (deepep_copies if part.op == DEEPEP else 1.0)
+        return (extra_fraction(own, "all_to_all", n, ep),
+                max(extra_fraction(own, "experts", n, ep), share))
 
     return f
 

@@ -180,15 +180,16 @@ HYPOTHESES = {
         "attention_bwd from one host; the residual add beside the combine on the communication "
         "stream; DeepEP's count wait at the dispatch, the routing map's 5 synchronisations in "
         "mlp_fwd): host-bound, 23.8 ms of host time against 20.1 ms of GPU work a 3-layer pair "
-        "(-15.0 -> -12.5 %; with --delay-wgrad-compute -12.2 %; -10.8 % with the paired "
+        "(-15.0 -> -12.5 %; with --delay-wgrad-compute -12.2 %; -9.4 % with the paired "
         "all-to-all's measured slowdowns, fabrics.yaml ep_pair_beside_experts); still fast: the host rate is a "
         "lower bound (Transformer Engine's Python not measured), the loss rank's GPU-bound chunk "
         "with the head sets the pace"),
     "mbridge-25.09-deepseek-v3-h100": (
-        "fast (-21 %; -24 % with the MTP module and the recipe's layout, -31 % before); "
-        "combined 1F1B hides 4.9 s here (24.81 s without it), with both sides of a paired "
+        "fast (-19 %; -24 % with the MTP module and the recipe's layout, -31 % before); "
+        "combined 1F1B hides 4.3 s here (24.81 s without it), with both sides of a paired "
         "all-to-all slowed as NCCL's measured beside an FP8 expert GEMM (fabrics.yaml "
-        "ep_pair_beside_experts, DeepEP taken as that kind of kernel; 6.3 s before); DeepEP "
+        "ep_pair_beside_experts, DeepEP taken as that kind of kernel at the vectors it sends; "
+        "6.3 s before); DeepEP "
         "is priced at the NIC's rate, as its README measures it after its April 2025 internode "
         "optimisation (47-62 GB/s logical on a 50 GB/s NIC)"),
     "mbridge-25.11-deepseek-v3-gb200": (
@@ -470,7 +471,7 @@ SOURCES = {
     },
     "qwen3-zoo-h100": {
         "summary": "Megatron-MoE-ModelZoo Qwen3-235B-A22B, 256 H100",
-        "note": "A2A PP 32 fast (-23 %: its loss stage sets the step), 1F1B overlap -11 % (host-bound pairs)",
+        "note": "A2A PP 32 fast (-23 %: its loss stage sets the step), 1F1B overlap -9 % (host-bound pairs)",
         "prefix": "zoo-qwen3",
         "metric": "step_time_s",
         "tolerance": (0.35, 0.6),
