@@ -24,5 +24,8 @@ case "$CALL" in
      comm 3 3 27648 452984832 comm-g3.jsonl 60
      steps steps_third.py repeat h16t_moe_ep4_AM 40
      steps steps_alt.py repeat h16_moe_ep4_AP 40 ;;
+  # added after A-C had run (21:06 UTC), with the device time left: the other six MoE cases again
+  D) steps steps_third.py repeat h16t_moe_ep2_AL,h16t_moe_ep4_AL,h16t_moe_ep2_AM 100
+     steps steps_alt.py repeat h16_moe_ep2_AO,h16_moe_ep4_AO,h16_moe_ep2_AP 90 ;;
 esac
 finish

@@ -529,7 +529,7 @@ SOURCES = {
     },
     "nemo-mbridge-moe": {
         "summary": "NeMo / Megatron-Bridge MoE rows on H100, B200, GB200, GB300",
-        "note": "7 of 9 rows fast (Mixtral FP8 on Blackwell -12 to -21 %); Blackwell GEMM rates derived, not measured",
+        "note": "Mixtral FP8 on Blackwell -10 to -20 %, DeepSeek-V3 H100 -19 %, GB300 BF16 +10 / +15 % (Blackwell GEMMs published)",
         "prefix": ("nemo-", "mbridge-"),
         "min_cases": 3,
         "metric": "step_time_s",
