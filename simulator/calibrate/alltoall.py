@@ -10,9 +10,10 @@ Model (:meth:`~simulator.network.collectives.CollectiveModel._a2a_phase`, docs/D
 LL the busiest port's load at LL's share of ``bandwidth_fraction`` of the link; with Simple
 (ports^p + warps^p)^(1/p), ports the busiest port's load (what it receives plus
 ``reverse_load`` x what it sends, ``calibrate ports``) at ``bandwidth_fraction`` of the
-link's rate, warps the slowest of NCCL's channels with each piece of work at its warps' rate
-(``warp_GBps`` x w^``warp_exponent``; a side whose part starts off 16 bytes at the narrow
-rates; :mod:`simulator.network.p2p`), p = ``port_softness``.
+link's rate, warps the slowest of NCCL's channels, each work (a rank's round on a channel)
+moving its send and its receive one after the other at its warps' rate (``warp_GBps`` x
+w^``warp_exponent``; a side whose part starts off 16 bytes at the narrow rates;
+:mod:`simulator.network.p2p`), p = ``port_softness``.
 
 Data, every row >= 16 MiB a rank or device-timed (no host in its time):
 
@@ -35,7 +36,9 @@ log(predicted / measured), each data set (pair-device, uniform, uneven, probe, p
 alike (:func:`weights`), ten constants free, Nelder-Mead from a fixed start; the prediction is the model's own, taken apart once per row (:func:`prepared`: what does
 not depend on the constants, checked against ``CollectiveModel`` in tests) so that the search
 is a vector computation. Shipped: the launch to 0.1 us, the fill to 4 KiB, the rest at three
-significant figures.
+significant figures. The start's fill (7 MiB) sits off the 8 MiB kink of the 16 MiB pair rows
+(their busiest rank's bytes), where the search would stall; from the previous fit's values it
+reaches the same constants.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from simulator.config.load import load_topology
 from simulator.hardware.catalog import load_gpu
 from simulator.network.alignment import split_table
 from simulator.network.collectives import CollectiveModel
-from simulator.network.p2p import WARP_RATE_KEYS, P2pLayout, narrow_parts, pieces
+from simulator.network.p2p import WARP_RATE_KEYS, P2pLayout, _pieces, narrow_parts
 from simulator.network.topology import Topology, load_fabrics
 
 FIT_DATA = REPO / "data/calibration/h100x4-nvswitch/alltoall.jsonl"
@@ -73,7 +76,7 @@ FLOOR_RATIO = 1.25
 NAMES = ("launch_extra_us", "bandwidth_fraction", "simple_fill_bytes", "port_softness",
          *WARP_RATE_KEYS)
 #: the search's start and its units (the fill in MiB)
-START = (1.2, 0.85, 8.0, 3.0, 3.4, 0.83, 1.64, 0.65, 1.62, 0.79)
+START = (1.2, 0.85, 7.0, 3.0, 3.4, 0.83, 1.64, 0.65, 1.62, 0.79)
 SCALE = (1e-6, 1.0, 2.0**20, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
 
 
@@ -143,8 +146,8 @@ def prepared():
     the protocol's share, Simple or not) and its pieces of work."""
     models = {"x2": CollectiveModel(_topo(DEVICE_TOPOLOGY)), "x4": CollectiveModel(_topo(TOPOLOGY))}
     meas, fixed, fluid, busiest, load, pfrac, simple, ev = ([] for _ in range(8))
-    pc = {k: [] for k in ("row", "key", "b", "sw", "sn", "rw", "rn")}
-    chan_of_key, row_of_chan = [], []
+    pc = {k: [] for k in ("work", "b", "w", "n", "kind")}
+    key_of_work, chan_of_key, row_of_chan = [], [], []
     for i, (_, r, table, laid_out, tk) in enumerate(fit_rows()):
         m = models[tk]
         groups = [[0, 1]] if tk == "x2" else _groups(len(table))
@@ -170,36 +173,47 @@ def prepared():
                   else 0.0)
         if proto.name != "Simple":
             continue
-        ps = pieces(table, _layout(m, r), narrow_parts(table) if laid_out else None)
-        keys = {}
-        chans = {}
-        for key, b, sw, sn, rw, rn in ps:
+        ps = _pieces(table, _layout(m, r), narrow_parts(table) if laid_out else None)
+        keys, chans, works = {}, {}, {}
+        for key, b, _sw, sn, _rw, rn, swork, ws, rwork, wr in ps:
             if key not in keys:
                 keys[key] = len(chan_of_key)
                 if key[0] not in chans:
                     chans[key[0]] = len(row_of_chan)
                     row_of_chan.append(i)
                 chan_of_key.append(chans[key[0]])
-            for k, v in zip(("row", "key", "b", "sw", "sn", "rw", "rn"),
-                            (i, keys[key], b, max(sw, 1), sn, max(rw, 1), rn), strict=True):
-                pc[k].append(v)
-    arr = {k: np.array(v, dtype=float if k in ("b", "sw", "rw") else
-                       (bool if k in ("sn", "rn") else np.int64)) for k, v in pc.items()}
+            sides = (((swork, ws, sn or rn, 2),) if swork == rwork
+                     else ((swork, ws, sn, 0), (rwork, wr, rn, 1)))
+            for work, w, nar, kind in sides:
+                if work not in works:
+                    works[work] = len(key_of_work)
+                    key_of_work.append(keys[key])
+                for k, v in zip(("work", "b", "w", "n", "kind"),
+                                (works[work], b, max(w, 1), nar, kind), strict=True):
+                    pc[k].append(v)
+    arr = {k: np.array(v, dtype=float if k in ("b", "w") else
+                       (bool if k == "n" else np.int64)) for k, v in pc.items()}
     return (np.array(meas), np.array(ev), np.array(fixed), np.array(fluid), np.array(busiest),
             np.array(load), np.array(pfrac), np.array(simple), arr,
-            np.array(chan_of_key, dtype=np.int64), np.array(row_of_chan, dtype=np.int64))
+            np.array(key_of_work, dtype=np.int64), np.array(chan_of_key, dtype=np.int64),
+            np.array(row_of_chan, dtype=np.int64))
 
 
 def predict(x) -> np.ndarray:
     """Every row's time at the constants ``x`` (in :data:`NAMES`' order and units)."""
-    meas, ev, fixed, fluid, busiest, load, pfrac, simple, pc, chan_of_key, row_of_chan = prepared()
+    (meas, ev, fixed, fluid, busiest, load, pfrac, simple, pc, key_of_work, chan_of_key,
+     row_of_chan) = prepared()
     extra, frac, fill, p, g, e, gs, es, gr, er = x
     tc = fluid * load / (frac * pfrac)
-    b = pc["b"]
-    send = np.where(pc["sn"], b / (gs * 1e9 * pc["sw"] ** es), b / (g * 1e9 * pc["sw"] ** e))
-    recv = np.where(pc["rn"], b / (gr * 1e9 * pc["rw"] ** er), b / (g * 1e9 * pc["rw"] ** e))
+    b, w, n, kind = pc["b"], pc["w"], pc["n"], pc["kind"]
+    wide = b / (g * 1e9 * w ** e)
+    send = np.where(n, b / (gs * 1e9 * w ** es), wide)
+    recv = np.where(n, b / (gr * 1e9 * w ** er), wide)
+    side = np.where(kind == 0, send, np.where(kind == 1, recv, np.maximum(send, recv)))
+    per_work = np.zeros(len(key_of_work))
+    np.add.at(per_work, pc["work"], side)
     per_key = np.zeros(len(chan_of_key))
-    np.maximum.at(per_key, pc["key"], np.maximum(send, recv))
+    np.maximum.at(per_key, key_of_work, per_work)
     per_chan = np.zeros(len(row_of_chan))
     np.add.at(per_chan, chan_of_key, per_key)
     tw = np.zeros(len(meas))

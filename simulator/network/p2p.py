@@ -25,12 +25,19 @@ included, parts of zero elements left out). Facts from NCCL's source (2.28), non
 
 So an uneven split makes some pieces big *and* few-warped: a rank that receives 40 % of a
 gigabyte from one peer in a channel that three rounds share receives it with 2 warps. The
-cost model (:func:`warp_time`) takes every piece at its warps' rate (:class:`WarpRates`:
-16-byte copies, and NCCL's narrow copies where the piece's offset in the sender's or the
-receiver's buffer is off the 16-byte boundary, :mod:`simulator.network.alignment`) -- a send and its
-matching receive at the slower of the two (they run through the receiver's FIFO in lock
-step), and the call at its slowest channel: the bound the channels put on the exchange beside
-its port's (:meth:`CollectiveModel._a2a_phase` combines the two).
+cost model (:func:`warp_time`) prices each **work** -- a rank's round on a channel: its
+send part to ``r + d`` and its receive part from ``r - d`` -- as its two sides one after the
+other, each side's bytes at the rate of the work's warps (the sum of its two halves;
+:class:`WarpRates`: 16-byte copies, and NCCL's narrow copies where the part's offset in the
+sender's or the receiver's buffer is off the 16-byte boundary,
+:mod:`simulator.network.alignment`): the two warp groups are one thread block on one SM, whose
+copy rate they share, so a lightly loaded side does not leave its share idle (a pair with
+0.7 / 0.3 splits moves as fast as an even one; docs/DESIGN_NOTES.md "A work's two sides
+share its warps"). A rank's own part is one copy by the work's warps, the works of a batch
+run at once (the slowest counts, on any rank: a send and its receive run through the
+receiver's FIFO in lock step), a channel's batches one after another, and the call at its
+slowest channel: the bound the channels put on the exchange beside its port's
+(:meth:`CollectiveModel._a2a_phase` combines the two).
 """
 
 from __future__ import annotations
@@ -135,23 +142,13 @@ def _split(w: int) -> tuple[int, int]:
     return recv, (recv if w <= 4 else recv + 1)
 
 
-def pieces(
-    table: Sequence[Sequence[float]],
-    layout: P2pLayout,
-    narrow: Sequence[Sequence[tuple[bool, bool]]] | None = None,
-) -> list[tuple[tuple[int, int], float, int, bool, int, bool]]:
-    """Every piece of work of a grouped exchange where group rank ``s`` sends ``table[s][j]``
-    bytes to ``j`` (module docstring), as ``((channel, batch), bytes, sending warps, send
-    narrow, receiving warps, receive narrow)``; a rank's own part is one copy (its warps on
-    both sides). ``narrow[s][j]`` = (the send part's offset in ``s``'s buffer is off 16 bytes,
-    the receive part's offset in ``j``'s buffer is), none by default."""
+def _layout_works(table, layout: P2pLayout):
+    """Rounds' bases and, per rank and round, (channels of the work, send parts, receive
+    parts), and the warps of a rank's round on a channel (module docstring)."""
     n = len(table)
-    if n < 2:
-        return []
     kmin = layout.min_channels(n)
     C = layout.channels
     base = [round_base(d, layout) for d in range(n)]
-    # per rank r, round d: (channels of the work, send parts, receive parts)
     works = []
     for r in range(n):
         row = []
@@ -174,6 +171,30 @@ def pieces(
             return (w if has_r else 0), (w if has_s else 0)
         return recv, send
 
+    return base, works, warps_on
+
+
+def pieces(
+    table: Sequence[Sequence[float]],
+    layout: P2pLayout,
+    narrow: Sequence[Sequence[tuple[bool, bool]]] | None = None,
+) -> list[tuple[tuple[int, int], float, int, bool, int, bool]]:
+    """Every piece of work of a grouped exchange where group rank ``s`` sends ``table[s][j]``
+    bytes to ``j`` (module docstring), as ``((channel, batch), bytes, sending warps, send
+    narrow, receiving warps, receive narrow)``; a rank's own part is one copy (its warps on
+    both sides). ``narrow[s][j]`` = (the send part's offset in ``s``'s buffer is off 16 bytes,
+    the receive part's offset in ``j``'s buffer is), none by default."""
+    return [p[:6] for p in _pieces(table, layout, narrow)]
+
+
+def _pieces(table, layout, narrow):
+    """:func:`pieces`, each with its sending and receiving work ``(rank, channel, round)``
+    and their warps (the sum of the work's receive and send halves)."""
+    n = len(table)
+    if n < 2:
+        return []
+    C = layout.channels
+    base, works, warps_on = _layout_works(table, layout)
     out = []
     for s in range(n):
         for d in range(n):
@@ -190,9 +211,12 @@ def pieces(
                 key = (c, d // BATCH)
                 if d == 0:  # own part: one copy by all the work's warps
                     w = warps_on(s, c, 0)[1]
-                    out.append((key, piece, w, ns or nr, w, ns or nr))
+                    out.append((key, piece, w, ns or nr, w, ns or nr, (s, c, 0), w, (s, c, 0), w))
                 else:  # j receives from s = j - d in round d, on the same channels
-                    out.append((key, piece, warps_on(s, c, d)[1], ns, warps_on(j, c, d)[0], nr))
+                    sr, ss = warps_on(s, c, d)
+                    jr, js = warps_on(j, c, d)
+                    out.append((key, piece, ss, ns, jr, nr,
+                                (s, c, d), sr + ss, (j, c, d), jr + js))
     return out
 
 
@@ -202,14 +226,38 @@ def warp_time(
     rates: WarpRates,
     narrow: Sequence[Sequence[tuple[bool, bool]]] | None = None,
 ) -> float:
-    """The slowest channel of a grouped exchange (:func:`pieces`): each piece at the slower
-    of its sending and receiving side (:meth:`WarpRates.seconds`), a channel's batches one
-    after another."""
-    return pieces_time(pieces(table, layout, narrow), rates)
+    """The slowest channel of a grouped exchange (:func:`pieces`): each work (a rank's round
+    on a channel) the sum of its sending and receiving sides, each side at the rate of the
+    work's warps (:meth:`WarpRates.seconds`), the works of a batch at once, a channel's
+    batches one after another."""
+    return works_time(_pieces(table, layout, narrow), rates)
+
+
+def works_time(ps, rates: WarpRates) -> float:
+    """:func:`warp_time` of pieces laid out by :func:`_pieces`."""
+    per_work: dict[tuple[int, int, int], float] = {}
+    key_of: dict[tuple[int, int, int], tuple[int, int]] = {}
+    for key, b, _sw, sn, _rw, rn, swork, ws, rwork, wr in ps:
+        if swork == rwork:  # a rank's own part: one copy, at the slower of its two sides
+            t = max(rates.seconds(b, ws, sn, "send"), rates.seconds(b, wr, rn, "recv"))
+            per_work[swork] = per_work.get(swork, 0.0) + t
+        else:
+            per_work[swork] = per_work.get(swork, 0.0) + rates.seconds(b, ws, sn, "send")
+            per_work[rwork] = per_work.get(rwork, 0.0) + rates.seconds(b, wr, rn, "recv")
+        key_of[swork] = key_of[rwork] = key
+    per_batch: dict[tuple[int, int], float] = {}
+    for work, t in per_work.items():
+        key = key_of[work]
+        per_batch[key] = max(per_batch.get(key, 0.0), t)
+    by_channel: dict[int, float] = {}
+    for key, t in per_batch.items():
+        by_channel[key[0]] = by_channel.get(key[0], 0.0) + t
+    return max(by_channel.values(), default=0.0)
 
 
 def pieces_time(ps, rates: WarpRates) -> float:
-    """:func:`warp_time` of pieces already laid out."""
+    """Each piece at the slower of its sending and receiving side at their own warps (the
+    model before a work's two sides shared its warps' rate)."""
     per_batch: dict[tuple[int, int], float] = {}
     for key, b, sw, sn, rw, rn in ps:
         t = max(rates.seconds(b, sw, sn, "send"), rates.seconds(b, rw, rn, "recv"))
