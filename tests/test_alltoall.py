@@ -59,8 +59,8 @@ def test_uneven_split_is_timed_by_the_busiest_receiver():
     # the busiest receiver's bytes alone (its port's reverse load, which makes a port loaded
     # mostly one way faster: test_collective_timing.test_a_port_loaded_one_way_runs_faster...)
     cm.a2a_reverse_load = 0.0
-    # and the port alone: NCCL's warps (test_p2p) move a work's two sides one after the
-    # other, so they do not scale with the busiest receiver's bytes
+    # and the port alone: NCCL's warps (test_p2p) move every side of a channel's works one
+    # after the other, so they do not scale with the busiest receiver's bytes
     cm.a2a_softness = 0.0
     S = 256 * 2**20
     even = cm.all_to_all_v([list(range(4))], S, [0.25] * 4)

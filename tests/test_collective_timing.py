@@ -140,8 +140,8 @@ def test_a_pair_is_bound_by_its_port_and_its_warps_together():
     """A uniform exchange of two pairs at once on the H100 box, 256 MiB a rank: NCCL cuts the
     128 MiB to the peer in 16 parts of 8 MiB (kmin 16, a part <= 32 x 512 KiB) on channels
     16-31 (round 1's base, bit reversal of 1 over 5 bits), each alone on its channel, so
-    a rank's work there sends 8 MiB and receives 8 MiB on its 9 + 10 warps, one side after the
-    other at the rate of the 19: the warps take 16 MiB / (warp_GBps x 19^warp_exponent); the
+    a rank's work there (alone in its channel's thread block) sends 8 MiB and receives 8 MiB on
+    its 9 + 10 warps, one side after the other at the rate of the 19: the warps take 16 MiB / (warp_GBps x 19^warp_exponent); the
     port (1 + a) x 128 MiB at its ceiling. The call's data time is (port^p + warps^p)^(1/p),
     p = port_softness, in place of the port's alone."""
     topo = _topo("h100x4-nvswitch")

@@ -51,21 +51,22 @@ def test_channel_counts_follow_nccl_rules():
 def test_uniform_exchange_two_rounds_a_channel():
     """1 GiB a rank in a group of 4: 256 MiB a peer in 16 parts of 16 MiB; rounds 0-3 start at
     channels 0, 16, 8, 24, so every channel holds two rounds, 10 warps each: 4 receive, 5 send
-    (a rank's own part: a copy on the 4 + 5). A work that sends 16 MiB and receives 16 MiB
-    moves the two one after the other at its 9 warps' rate: 32 MiB on 9 warps (the own copy,
-    16 MiB on 9, runs beside it)."""
+    (a rank's own part: a copy on the 4 + 5). A channel's thread block moves every side of
+    its works one after the other at the rate of all its warps (9 + 9): channels 16-23 hold
+    rounds 1 and 2, each sending 16 MiB and receiving 16 MiB, 64 MiB on 18 warps (channel 0,
+    the own copy and round 3, 48 MiB)."""
     t = warp_time(_delta([1, 1, 1, 1], 256 * MiB), H100, UNIT)
-    assert t == pytest.approx(32 * MiB / 9e9, rel=1e-12)
+    assert t == pytest.approx(64 * MiB / 18e9, rel=1e-12)
 
 
 def test_uneven_exchange_three_rounds_share_channels():
     """Weights 4:3:2:1 by (j - s) of 80 MiB units: round 0 (own part, 320 MiB) on 32 channels,
     round 1 (240 MiB) 16 parts of 15 MiB on channels 16-31, round 2 (160 MiB) 16 of 10 MiB on
     8-23, round 3 (80 MiB) 8 of 10 MiB on 24-31. Channels 16-31 hold three rounds: 6 warps
-    each, 2 receiving and 3 sending: round 1's work, 15 MiB out and 15 MiB in on its 5 warps,
-    is the slowest."""
+    each, 2 receiving and 3 sending (5 of 6): the block moves the own copy's 10 MiB, round 1's
+    15 MiB out and 15 in and round 2's (or 3's) 10 and 10, 60 MiB on its 15 warps."""
     t = warp_time(_delta([4, 3, 2, 1], 80 * MiB), H100, UNIT)
-    assert t == pytest.approx(30 * MiB / 5e9, rel=1e-12)
+    assert t == pytest.approx(60 * MiB / 15e9, rel=1e-12)
     # the same bytes spread evenly are faster though each rank moves as much
     even = warp_time(_delta([1, 1, 1, 1], 200 * MiB), H100, UNIT)
     assert even < t
@@ -84,8 +85,8 @@ def test_a_pairs_work_moves_its_two_sides_one_after_the_other():
     """A pair with receiver-skewed splits (comm.py's hot: every rank sends 0.7 of 320 MiB to
     rank 0): rank 1 sends 224 MiB to rank 0 in 16 parts of 14 MiB and rank 0 sends 96 MiB back
     in 16 of 6 MiB, round 1 on channels 16-31, one work a channel (20 warps: 9 receive, 10
-    send). Rank 0's work there receives 14 MiB and sends 6 MiB: its 19 warps move the 20 MiB
-    one side after the other, so the lightly loaded sending side's warps do not idle the
+    send). Rank 0's work there receives 14 MiB and sends 6 MiB: its block's 19 warps move the
+    20 MiB one side after the other, so the lightly loaded sending side's warps do not idle the
     receiving side's bound (14 MiB on 9 warps alone would be 1.48x longer), and the skewed
     pair's warps take what an even pair's of the same buffers take (10 + 10 MiB a work)."""
     hot = [[224.0 * MiB, 96.0 * MiB], [224.0 * MiB, 96.0 * MiB]]

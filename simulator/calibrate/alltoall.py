@@ -10,9 +10,9 @@ Model (:meth:`~simulator.network.collectives.CollectiveModel._a2a_phase`, docs/D
 LL the busiest port's load at LL's share of ``bandwidth_fraction`` of the link; with Simple
 (ports^p + warps^p)^(1/p), ports the busiest port's load (what it receives plus
 ``reverse_load`` x what it sends, ``calibrate ports``) at ``bandwidth_fraction`` of the
-link's rate, warps the slowest of NCCL's channels, each work (a rank's round on a channel)
-moving its send and its receive one after the other at its warps' rate (``warp_GBps`` x
-w^``warp_exponent``; a side whose part starts off 16 bytes at the narrow rates;
+link's rate, warps the slowest of NCCL's channels, each block (a rank's channel in one
+batch) moving every side of its works one after the other at the rate of all its warps
+(``warp_GBps`` x w^``warp_exponent``; a side whose part starts off 16 bytes at the narrow rates;
 :mod:`simulator.network.p2p`), p = ``port_softness``.
 
 Data, every row >= 16 MiB a rank or device-timed (no host in its time):
@@ -146,8 +146,8 @@ def prepared():
     the protocol's share, Simple or not) and its pieces of work."""
     models = {"x2": CollectiveModel(_topo(DEVICE_TOPOLOGY)), "x4": CollectiveModel(_topo(TOPOLOGY))}
     meas, fixed, fluid, busiest, load, pfrac, simple, ev = ([] for _ in range(8))
-    pc = {k: [] for k in ("work", "b", "w", "n", "kind")}
-    key_of_work, chan_of_key, row_of_chan = [], [], []
+    pc = {k: [] for k in ("block", "b", "w", "n", "kind")}
+    key_of_block, block_warps, chan_of_key, row_of_chan = [], [], [], []
     for i, (_, r, table, laid_out, tk) in enumerate(fit_rows()):
         m = models[tk]
         groups = [[0, 1]] if tk == "x2" else _groups(len(table))
@@ -174,7 +174,7 @@ def prepared():
         if proto.name != "Simple":
             continue
         ps = _pieces(table, _layout(m, r), narrow_parts(table) if laid_out else None)
-        keys, chans, works = {}, {}, {}
+        keys, chans, blocks, seen = {}, {}, {}, set()
         for key, b, _sw, sn, _rw, rn, swork, ws, rwork, wr in ps:
             if key not in keys:
                 keys[key] = len(chan_of_key)
@@ -185,23 +185,32 @@ def prepared():
             sides = (((swork, ws, sn or rn, 2),) if swork == rwork
                      else ((swork, ws, sn, 0), (rwork, wr, rn, 1)))
             for work, w, nar, kind in sides:
-                if work not in works:
-                    works[work] = len(key_of_work)
-                    key_of_work.append(keys[key])
-                for k, v in zip(("work", "b", "w", "n", "kind"),
-                                (works[work], b, max(w, 1), nar, kind), strict=True):
+                block = (work[0], work[1], key[1])
+                if block not in blocks:
+                    blocks[block] = len(key_of_block)
+                    key_of_block.append(keys[key])
+                    block_warps.append(0)
+                if work not in seen:
+                    seen.add(work)
+                    block_warps[blocks[block]] += w
+                for k, v in zip(("block", "b", "n", "kind"),
+                                (blocks[block], b, nar, kind), strict=True):
                     pc[k].append(v)
+        first = len(pc["w"])
+        pc["w"] += [0] * (len(pc["block"]) - first)
+        for x in range(first, len(pc["block"])):
+            pc["w"][x] = block_warps[pc["block"][x]]
     arr = {k: np.array(v, dtype=float if k in ("b", "w") else
                        (bool if k == "n" else np.int64)) for k, v in pc.items()}
     return (np.array(meas), np.array(ev), np.array(fixed), np.array(fluid), np.array(busiest),
             np.array(load), np.array(pfrac), np.array(simple), arr,
-            np.array(key_of_work, dtype=np.int64), np.array(chan_of_key, dtype=np.int64),
+            np.array(key_of_block, dtype=np.int64), np.array(chan_of_key, dtype=np.int64),
             np.array(row_of_chan, dtype=np.int64))
 
 
 def predict(x) -> np.ndarray:
     """Every row's time at the constants ``x`` (in :data:`NAMES`' order and units)."""
-    (meas, ev, fixed, fluid, busiest, load, pfrac, simple, pc, key_of_work, chan_of_key,
+    (meas, ev, fixed, fluid, busiest, load, pfrac, simple, pc, key_of_block, chan_of_key,
      row_of_chan) = prepared()
     extra, frac, fill, p, g, e, gs, es, gr, er = x
     tc = fluid * load / (frac * pfrac)
@@ -210,10 +219,10 @@ def predict(x) -> np.ndarray:
     send = np.where(n, b / (gs * 1e9 * w ** es), wide)
     recv = np.where(n, b / (gr * 1e9 * w ** er), wide)
     side = np.where(kind == 0, send, np.where(kind == 1, recv, np.maximum(send, recv)))
-    per_work = np.zeros(len(key_of_work))
-    np.add.at(per_work, pc["work"], side)
+    per_block = np.zeros(len(key_of_block))
+    np.add.at(per_block, pc["block"], side)
     per_key = np.zeros(len(chan_of_key))
-    np.maximum.at(per_key, key_of_work, per_work)
+    np.maximum.at(per_key, key_of_block, per_block)
     per_chan = np.zeros(len(row_of_chan))
     np.add.at(per_chan, chan_of_key, per_key)
     tw = np.zeros(len(meas))

@@ -463,8 +463,8 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
           protocol is Simple and its GPUs NVLink 4 (:meth:`_warps_apply`);
         * the two combine as (ports^p + warps^p)^(1/p), ``p`` = ``port_softness``: a port fed by
           few pieces, or pieces that nearly fill it, runs below both bounds (a pair's 16
-          works of 19 warps, each sending and receiving, reach 262-275 GB/s two ways where
-          the port alone would carry 350 and the warps 380, ``data/measured/a2a-pair-h100x4``).
+          blocks of 19 warps, each sending and receiving, reach 262-275 GB/s two ways where
+          the port alone would carry 355 and the warps 375, ``data/measured/a2a-pair-h100x4``).
 
         The combined time rides on the phase's ``bw_fraction`` so that every pricing of the
         plan (cost, steps, the engine's flows) carries it. Across the network: the links

@@ -25,19 +25,19 @@ included, parts of zero elements left out). Facts from NCCL's source (2.28), non
 
 So an uneven split makes some pieces big *and* few-warped: a rank that receives 40 % of a
 gigabyte from one peer in a channel that three rounds share receives it with 2 warps. The
-cost model (:func:`warp_time`) prices each **work** -- a rank's round on a channel: its
-send part to ``r + d`` and its receive part from ``r - d`` -- as its two sides one after the
-other, each side's bytes at the rate of the work's warps (the sum of its two halves;
-:class:`WarpRates`: 16-byte copies, and NCCL's narrow copies where the part's offset in the
-sender's or the receiver's buffer is off the 16-byte boundary,
-:mod:`simulator.network.alignment`): the two warp groups are one thread block on one SM, whose
-copy rate they share, so a lightly loaded side does not leave its share idle (a pair with
-0.7 / 0.3 splits moves as fast as an even one; docs/DESIGN_NOTES.md "A work's two sides
-share its warps"). A rank's own part is one copy by the work's warps, the works of a batch
-run at once (the slowest counts, on any rank: a send and its receive run through the
-receiver's FIFO in lock step), a channel's batches one after another, and the call at its
-slowest channel: the bound the channels put on the exchange beside its port's
-(:meth:`CollectiveModel._a2a_phase` combines the two).
+cost model (:func:`warp_time`) prices each **block** -- a rank's channel in one batch: the
+works placed on it, each a round's send part to ``r + d`` and receive part from ``r - d`` --
+as every side of its works one after the other, each side's bytes at the rate of all the
+block's warps (the sum of its works' halves; :class:`WarpRates`: 16-byte copies, and NCCL's
+narrow copies where the part's offset in the sender's or the receiver's buffer is off the
+16-byte boundary, :mod:`simulator.network.alignment`): the warp groups are one thread block
+on one SM, whose copy rate they share, so a lightly loaded side or work does not leave its
+share idle (a pair with 0.7 / 0.3 splits moves as fast as an even one; docs/DESIGN_NOTES.md
+"A channel's warps share one rate"). A rank's own part is one copy, the slowest block of a
+batch on any rank counts (a send and its receive run through the receiver's FIFO in lock
+step), a channel's batches one after another, and the call at its slowest channel: the bound
+the channels put on the exchange beside its port's (:meth:`CollectiveModel._a2a_phase`
+combines the two).
 """
 
 from __future__ import annotations
@@ -226,28 +226,36 @@ def warp_time(
     rates: WarpRates,
     narrow: Sequence[Sequence[tuple[bool, bool]]] | None = None,
 ) -> float:
-    """The slowest channel of a grouped exchange (:func:`pieces`): each work (a rank's round
-    on a channel) the sum of its sending and receiving sides, each side at the rate of the
-    work's warps (:meth:`WarpRates.seconds`), the works of a batch at once, a channel's
-    batches one after another."""
+    """The slowest channel of a grouped exchange (:func:`pieces`): each block (a rank's
+    channel in one batch) the sum of its works' sending and receiving sides, each side at the
+    rate of the block's warps (:meth:`WarpRates.seconds`), the slowest block of a batch on any
+    rank, a channel's batches one after another."""
     return works_time(_pieces(table, layout, narrow), rates)
 
 
 def works_time(ps, rates: WarpRates) -> float:
     """:func:`warp_time` of pieces laid out by :func:`_pieces`."""
-    per_work: dict[tuple[int, int, int], float] = {}
+    warps: dict[tuple[int, int, int], dict] = {}  # block -> {work: its warps}
+    sides: list[tuple[tuple[int, int, int], float, bool, str]] = []
     key_of: dict[tuple[int, int, int], tuple[int, int]] = {}
     for key, b, _sw, sn, _rw, rn, swork, ws, rwork, wr in ps:
-        if swork == rwork:  # a rank's own part: one copy, at the slower of its two sides
-            t = max(rates.seconds(b, ws, sn, "send"), rates.seconds(b, wr, rn, "recv"))
-            per_work[swork] = per_work.get(swork, 0.0) + t
+        for work, w, narrow, side in (((swork, ws, sn or rn, "copy"),) if swork == rwork
+                                      else ((swork, ws, sn, "send"), (rwork, wr, rn, "recv"))):
+            block = (work[0], work[1], key[1])
+            warps.setdefault(block, {})[work] = w
+            key_of[block] = key
+            sides.append((block, b, narrow, side))
+    per_block: dict[tuple[int, int, int], float] = {}
+    for block, b, narrow, side in sides:
+        w = sum(warps[block].values())
+        if side == "copy":  # a rank's own part: one copy, at the slower of its two sides
+            t = max(rates.seconds(b, w, narrow, "send"), rates.seconds(b, w, narrow, "recv"))
         else:
-            per_work[swork] = per_work.get(swork, 0.0) + rates.seconds(b, ws, sn, "send")
-            per_work[rwork] = per_work.get(rwork, 0.0) + rates.seconds(b, wr, rn, "recv")
-        key_of[swork] = key_of[rwork] = key
+            t = rates.seconds(b, w, narrow, side)
+        per_block[block] = per_block.get(block, 0.0) + t
     per_batch: dict[tuple[int, int], float] = {}
-    for work, t in per_work.items():
-        key = key_of[work]
+    for block, t in per_block.items():
+        key = key_of[block]
         per_batch[key] = max(per_batch.get(key, 0.0), t)
     by_channel: dict[int, float] = {}
     for key, t in per_batch.items():
@@ -257,7 +265,7 @@ def works_time(ps, rates: WarpRates) -> float:
 
 def pieces_time(ps, rates: WarpRates) -> float:
     """Each piece at the slower of its sending and receiving side at their own warps (the
-    model before a work's two sides shared its warps' rate)."""
+    model before a channel's warps shared one rate)."""
     per_batch: dict[tuple[int, int], float] = {}
     for key, b, sw, sn, rw, rn in ps:
         t = max(rates.seconds(b, sw, sn, "send"), rates.seconds(b, rw, rn, "recv"))
