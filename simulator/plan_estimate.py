@@ -43,7 +43,7 @@ from simulator.config.checks import Resolved, resolve
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.build import GRAD_DIMS, MOE_DIMS, Machine, make_layout
 from simulator.engine.combined import chain_items, pair_schedule
-from simulator.engine.dispatch import DEEPEP, routed_copies, routed_cost
+from simulator.engine.dispatch import DEEPEP, deepep_copies, routed_cost
 from simulator.engine.program import (
     StagePrograms,
     build_stage_programs,
@@ -180,11 +180,11 @@ class Estimator:
         self._acts: dict[tuple, tuple[float, float]] = {}
         self._walks: dict[tuple, Walk] = {}  # DualPipe orders played (plan_dualpipe.walk)
         # a DP / ZeRO collective beside compute takes longer (the engine's rule, interference.py)
-        self.slow = slowdown_fn(load_fabrics()["nccl"], machine.gpu.name)
         # the NCCL tables (combined 1F1B's and DualPipe's paired EP collectives read theirs)
         self.nccl = load_fabrics()["nccl"]
+        self.slow = slowdown_fn(self.nccl, machine.gpu.name)
         # kernels slowed beside a collective (the engine's StepPlan.interference)
-        self.interference = float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0))
+        self.interference = float(self.nccl.get("compute_slowdown_beside_comm", 0.0))
 
     # ---- helpers
 
@@ -430,11 +430,10 @@ class Estimator:
     def deepep_copies(self, res: Resolved) -> float:
         """Token vectors a rank sends per token in DeepEP's dispatch (the engine's
         ``deepep_copies``; 1 without DeepEP)."""
-        if self.work.training.moe_dispatcher != DEEPEP or res.ep <= 1:
-            return 1.0
         sizes = {"etp": res.etp, "ep": res.ep, "edp": res.edp, "pp": res.size("pp")}
-        group = Layout.of(sizes, MOE_DIMS).groups("ep", {"pp": (0,)})[0]
-        return routed_copies(self.work.model.moe, self.machine.collectives.topology, group)
+        return deepep_copies(self.work.training.moe_dispatcher, self.work.model.moe,
+                             self.machine.collectives.topology,
+                             lambda: Layout.of(sizes, MOE_DIMS).groups("ep", {"pp": (0,)})[0])
 
     def _combine(self, res: Resolved) -> bool:
         """Whether the candidate runs combined 1F1B (the overlap switch with ep > 1)."""

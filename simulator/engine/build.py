@@ -27,7 +27,7 @@ from simulator.config.checks import Resolved
 from simulator.config.schema import TopologyConfig, WorkloadConfig
 from simulator.engine.contention import contention_modes
 from simulator.engine.deepspeed_zero import deepspeed_plan
-from simulator.engine.dispatch import DEEPEP, routed_copies, routed_cost, routed_steps
+from simulator.engine.dispatch import DEEPEP, deepep_copies, routed_cost, routed_steps
 from simulator.engine.host import (
     HostRates,
     dtensor_extra,
@@ -241,12 +241,8 @@ class _Comm:
         """Token vectors a rank sends per token of its own in DeepEP's dispatch (its first
         EP group, every group placed alike; 1 without DeepEP)."""
         work = self.job.work
-        if work.training.moe_dispatcher != DEEPEP or work.model.moe is None:
-            return 1.0
-        group = self.job.layout_of("ep").groups("ep", {"pp": (0,)})[0]
-        if len(group) <= 1:
-            return 1.0
-        return routed_copies(self.job.work.model.moe, self.coll.topology, group)
+        return deepep_copies(work.training.moe_dispatcher, work.model.moe, self.coll.topology,
+                             lambda: self.job.layout_of("ep").groups("ep", {"pp": (0,)})[0])
 
     def _proc_groups(self, dim, p: Proc) -> list[tuple[int, ...]]:
         if p.coords is not None:
@@ -1046,6 +1042,8 @@ class _Builder:
         full = self.detail == "full"
         sizes = {d: self.lay.size(d) for d in self.lay.dims}
         ep_overlap = moe_sizes.ep_overlap(self.job.work)
+        nccl = load_fabrics()["nccl"]
+        interference = float(nccl.get("compute_slowdown_beside_comm", 0.0))
         return StepPlan(
             procs=self.procs,
             pp=self.pp,
@@ -1090,10 +1088,9 @@ class _Builder:
             unit_bytes=lambda u: tuple(
                 (emb / self.embed_tp if u == "embed" else head / tp) * b for b in (pb, gb)),
             grad_finalize=grad_finalize,
-            interference=float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
+            interference=interference,
             ep_interference=beside_ep_slowdown(
-                float(load_fabrics()["nccl"].get("compute_slowdown_beside_comm", 0.0)),
-                DEEPEP, self.job.machine.gpu.sm_count,
+                interference, DEEPEP, self.job.machine.gpu.sm_count,
             ) if m.moe is not None and self.t.moe_dispatcher == DEEPEP else None,
             host=self.host_rates(),
             unit_tensors=self.unit_tensors,
@@ -1105,9 +1102,9 @@ class _Builder:
             fsdp2_copy_out=self.gather_copy_out(),
             ds=deepspeed_plan(m, t, tp=tp, world=self.shard, work_bytes=BYTES[t.param_dtype],
                               grad_bytes=gb) if t.zero_impl == "deepspeed" else None,
-            comm_slowdown=slowdown_fn(load_fabrics()["nccl"], self.job.machine.gpu.name),
+            comm_slowdown=slowdown_fn(nccl, self.job.machine.gpu.name),
             ep_comm_extra=ep_comm_extra(
-                load_fabrics()["nccl"], self.job.machine.gpu.name, self.ep,
+                nccl, self.job.machine.gpu.name, self.ep,
                 self.t.moe_dispatcher, self.job.machine.gpu.sm_count, self.comm.deepep_copies(),
             ) if m.moe is not None else None,
             part_cost=self.comm.part_cost,

@@ -22,7 +22,7 @@ that share of the links' rate).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from simulator.config.schema import MoEConfig
 from simulator.model.moe import DEEPEP
@@ -30,8 +30,8 @@ from simulator.model.moe_routing import node_aware_split
 from simulator.network.collectives import CollectiveCost, CollectiveModel, Step
 from simulator.network.topology import Topology
 
-__all__ = ["DEEPEP", "DEEPEP_RATE", "routed_copies", "routed_cost", "routed_split",
-           "routed_steps"]
+__all__ = ["DEEPEP", "DEEPEP_RATE", "deepep_copies", "routed_copies", "routed_cost",
+           "routed_split", "routed_steps"]
 
 #: Share of the modelled link rate DeepEP's normal dispatch and combine kernels reach: the
 #: median over its README's eight H800 figures of (this module's time at rate 1) / (the
@@ -51,6 +51,17 @@ def routed_copies(moe: MoEConfig, topo: Topology, group: Sequence[int]) -> float
     what its dispatch kernels move, per token, as an ``all_to_all_single`` moves ``top_k``."""
     split = routed_split(moe, topo, group)
     return sum(split[0])
+
+
+def deepep_copies(dispatcher: str, moe: MoEConfig | None, topo: Topology,
+                  group: Callable[[], Sequence[int]]) -> float:
+    """:func:`routed_copies` of the EP group ``group()`` (built only when needed) where
+    DeepEP dispatches over more than one GPU; 1 otherwise (an all-to-all's bytes already
+    count its copies)."""
+    if dispatcher != DEEPEP or moe is None:
+        return 1.0
+    g = group()
+    return routed_copies(moe, topo, g) if len(g) > 1 else 1.0
 
 
 def routed_cost(coll: CollectiveModel, moe: MoEConfig, groups: Sequence[Sequence[int]],
