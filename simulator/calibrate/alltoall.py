@@ -54,7 +54,7 @@ from simulator.config.load import load_topology
 from simulator.hardware.catalog import load_gpu
 from simulator.network.alignment import split_table
 from simulator.network.collectives import CollectiveModel
-from simulator.network.p2p import WARP_RATE_KEYS, P2pLayout, _pieces, narrow_parts
+from simulator.network.p2p import WARP_RATE_KEYS, P2pLayout, narrow_parts, pieces
 from simulator.network.topology import Topology, load_fabrics
 
 FIT_DATA = REPO / "data/calibration/h100x4-nvswitch/alltoall.jsonl"
@@ -173,7 +173,7 @@ def prepared():
                   else 0.0)
         if proto.name != "Simple":
             continue
-        ps = _pieces(table, _layout(m, r), narrow_parts(table) if laid_out else None)
+        ps = pieces(table, _layout(m, r), narrow_parts(table) if laid_out else None)
         keys, chans, blocks, seen = {}, {}, {}, set()
         for key, b, _sw, sn, _rw, rn, swork, ws, rwork, wr in ps:
             if key not in keys:

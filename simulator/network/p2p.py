@@ -178,18 +178,14 @@ def pieces(
     table: Sequence[Sequence[float]],
     layout: P2pLayout,
     narrow: Sequence[Sequence[tuple[bool, bool]]] | None = None,
-) -> list[tuple[tuple[int, int], float, int, bool, int, bool]]:
+) -> list[tuple]:
     """Every piece of work of a grouped exchange where group rank ``s`` sends ``table[s][j]``
     bytes to ``j`` (module docstring), as ``((channel, batch), bytes, sending warps, send
-    narrow, receiving warps, receive narrow)``; a rank's own part is one copy (its warps on
-    both sides). ``narrow[s][j]`` = (the send part's offset in ``s``'s buffer is off 16 bytes,
-    the receive part's offset in ``j``'s buffer is), none by default."""
-    return [p[:6] for p in _pieces(table, layout, narrow)]
-
-
-def _pieces(table, layout, narrow):
-    """:func:`pieces`, each with its sending and receiving work ``(rank, channel, round)``
-    and their warps (the sum of the work's receive and send halves)."""
+    narrow, receiving warps, receive narrow, sending work, its warps, receiving work, its
+    warps)``, a work ``(rank, channel, round)`` and its warps the sum of its receive and send
+    halves; a rank's own part is one copy (its warps on both sides). ``narrow[s][j]`` = (the
+    send part's offset in ``s``'s buffer is off 16 bytes, the receive part's offset in ``j``'s
+    buffer is), none by default."""
     n = len(table)
     if n < 2:
         return []
@@ -230,11 +226,11 @@ def warp_time(
     channel in one batch) the sum of its works' sending and receiving sides, each side at the
     rate of the block's warps (:meth:`WarpRates.seconds`), the slowest block of a batch on any
     rank, a channel's batches one after another."""
-    return works_time(_pieces(table, layout, narrow), rates)
+    return works_time(pieces(table, layout, narrow), rates)
 
 
 def works_time(ps, rates: WarpRates) -> float:
-    """:func:`warp_time` of pieces laid out by :func:`_pieces`."""
+    """:func:`warp_time` of pieces laid out by :func:`pieces`."""
     warps: dict[tuple[int, int, int], dict] = {}  # block -> {work: its warps}
     sides: list[tuple[tuple[int, int, int], float, bool, str]] = []
     key_of: dict[tuple[int, int, int], tuple[int, int]] = {}
@@ -256,19 +252,6 @@ def works_time(ps, rates: WarpRates) -> float:
     per_batch: dict[tuple[int, int], float] = {}
     for block, t in per_block.items():
         key = key_of[block]
-        per_batch[key] = max(per_batch.get(key, 0.0), t)
-    by_channel: dict[int, float] = {}
-    for key, t in per_batch.items():
-        by_channel[key[0]] = by_channel.get(key[0], 0.0) + t
-    return max(by_channel.values(), default=0.0)
-
-
-def pieces_time(ps, rates: WarpRates) -> float:
-    """Each piece at the slower of its sending and receiving side at their own warps (the
-    model before a channel's warps shared one rate)."""
-    per_batch: dict[tuple[int, int], float] = {}
-    for key, b, sw, sn, rw, rn in ps:
-        t = max(rates.seconds(b, sw, sn, "send"), rates.seconds(b, rw, rn, "recv"))
         per_batch[key] = max(per_batch.get(key, 0.0), t)
     by_channel: dict[int, float] = {}
     for key, t in per_batch.items():
