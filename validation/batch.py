@@ -92,6 +92,74 @@ def generate_workloads(n: int) -> None:
     here = VALIDATION / f"heldout{n}"
     _load(VALIDATION / "heldout7" / "generate.py", "generate_alt").main(n, here)
     _load(VALIDATION / "heldout8" / "generate_third.py", "generate_third").main(n, str(here))
+    generate_forced(n)
+
+
+FORCED_TEMPLATE = VALIDATION / "measured-moe"
+
+
+def forced_cases(n: int) -> dict:
+    """``steps.py``'s forced-routing MoE cases of batch ``n`` (``benchmarks/device/
+    heldout<n>_first.py``, since the seventeenth), or none."""
+    path = VALIDATION.parent / "benchmarks" / "device" / f"heldout{n}_first.py"
+    if not path.exists():
+        return {}
+    mod = _load(path, f"heldout{n}_first")
+    return {name: dict(c, model=mod.SHAPES17[c["shape"]]) for name, c in mod.CASES17.items()}
+
+
+def skew_p() -> list[float]:
+    """``SKEW_P`` of ``benchmarks/device/steps.py`` (the skewed rule's first-choice shares),
+    evaluated from the script's source (it imports torch)."""
+    import ast
+
+    tree = ast.parse((VALIDATION.parent / "benchmarks" / "device" / "steps.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SKEW_P":
+            return eval(compile(ast.Expression(node.value), "SKEW_P", "eval"), {"__builtins__": {}})
+    raise LookupError("SKEW_P not found in steps.py")
+
+
+def forced_loads(experts: int, top_k: int) -> list[float]:
+    """Each expert's share of the routed slots under steps.py's skewed rule: the first choice
+    drawn from ``SKEW_P``, choice j = first + j (mod experts), so expert e carries
+    (1/k) * sum_j P[e - j]; rounded to 6 places, the last taking the remainder."""
+    p = skew_p()
+    assert len(p) == experts, (len(p), experts)
+    shares = [sum(p[(e - j) % experts] for j in range(top_k)) / top_k for e in range(experts)]
+    out = [round(x, 6) for x in shares[:-1]]
+    return out + [round(1.0 - sum(out), 6)]
+
+
+def generate_forced(n: int) -> None:
+    """``h<n>f_*_{uniform,skewed}.yaml``: each forced-routing case's workload is the
+    measured-moe workload of the same script and scheme (``moe_ep<ep>[dp<edp>]``, read when
+    this runs, i.e. at the freeze) with the case's shape, batch, layout and skewed loads."""
+    for name, c in forced_cases(n).items():
+        ep, world, m = c["ep"], c["world"], c["model"]
+        edp = world // ep
+        stem = f"moe_ep{ep}" + (f"dp{edp}" if edp > 1 else "")
+        for kind in ("uniform", "skewed"):
+            w = yaml.safe_load((FORCED_TEMPLATE / f"{stem}_{kind}.yaml").read_text())
+            w["name"] = f"heldout{n}-{name}_{kind}"
+            w["model"].update(layers=m["layers"], hidden=m["hidden"], ffn_hidden=m["ffn"],
+                              heads=m["heads"], kv_heads=m["kv_heads"], vocab=m["vocab"],
+                              seq_len=m["seq"])
+            w["model"]["moe"].update(experts=m["experts"], top_k=m["top_k"], ffn_hidden=m["ffn"])
+            w["training"].update(global_batch=c["mb"] * c["n_mb"] * world, micro_batch=c["mb"])
+            if kind == "skewed":
+                w["training"]["moe_expert_load"] = forced_loads(m["experts"], m["top_k"])
+            w["parallelism"].update(dp=world, ep=ep)
+            w["cluster"]["topology"] = STEP_TOPOLOGY["h100"][world]
+            head = (f"# Held-out training step {name}_{kind} ({ORDINAL[n]} batch, pre-registered; "
+                    f"measured by\n# benchmarks/device/steps.py, case '{name}', {kind} routing). "
+                    "Written by validation/batch.py\n# generate_forced from "
+                    f"validation/measured-moe/{stem}_{kind}.yaml (same script and scheme)\n# with "
+                    "the case's shape, batch, layout and the script's skewed shares: "
+                    f"{c['mb']} x {m['seq']} tokens,\n# {c['n_mb']} micro-batches a step, EP "
+                    f"{ep}, expert DP {edp}, {world} GPU(s).\n")
+            (VALIDATION / f"heldout{n}" / f"{name}_{kind}.yaml").write_text(
+                head + yaml.safe_dump(w, sort_keys=False, width=100))
 
 
 def _ninth():
@@ -199,6 +267,8 @@ def cases_by_world(n: int) -> dict[int, list[str]]:
     for script in ("steps_third.py", "steps_alt.py"):
         for name, c in tables(f"CASES{n}", script)[1].items():
             out.setdefault(c["world"], []).append(name)
+    for name, c in forced_cases(n).items():  # steps.py: one workload per routing
+        out.setdefault(c["world"], []).extend(f"{name}_{k}" for k in ("uniform", "skewed"))
     return dict(sorted(out.items()))
 
 

@@ -8,9 +8,9 @@ R=$OUT/r; mkdir -p "$R"; L=$R/log.txt
 { date -u; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])'; nvidia-smi --query-gpu=index,name,memory.total,clocks.max.sm,power.limit --format=csv; nvidia-smi topo -m; lscpu | grep -E "^(Model name|CPU\(s\))"; } > "$R/env-$CALL.txt" 2>&1
 head -2 "$R/env-$CALL.txt"
 
-steps() {  # script label cases budget: the cases one after another, each in a fresh torchrun
+steps() {  # script label cases budget [case timeout, 80 s]: the cases one after another, each in a fresh torchrun
   timeout $(( $4 + 30 )) python3 "$D/$1" --driver --out "$R" --label "$2" --budget-s "$4" \
-    --case-timeout-s 80 --only "$3" 2>&1 | grep -v "Warning: \[PG" | tee -a "$L" | grep -E "RESULT|===|Error|error"
+    --case-timeout-s "${5:-80}" --only "$3" 2>&1 | grep -v "Warning: \[PG" | tee -a "$L" | grep -E "RESULT|===|Error|error"
 }
 
 comm() {  # nproc groups min_bytes max_bytes file budget: NCCL collectives, CUDA-event timing

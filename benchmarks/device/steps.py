@@ -167,6 +167,12 @@ CASES = {
     "x8_moe_ep8": dict(shape="M", world=8, ep=8, scheme="moe", mb=1, n_mb=4),
     "x8_moe_ep4dp2": dict(shape="M", world=8, ep=4, scheme="moe", mb=1, n_mb=4),
 }
+# The seventeenth held-out batch's forced-routing cases live beside this script (heldout17_first.py).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from heldout17_first import CASES17, SHAPES17  # noqa: E402
+
+SHAPES.update(SHAPES17)
+CASES.update(CASES17)
 HELDOUT_4 = [k for k in CASES if k.startswith("ho_")]
 HELDOUT_2 = [k for k in CASES if k.startswith("h2_")]
 HELDOUT_3 = [k for k in CASES if k.startswith("h3_")]
@@ -1149,7 +1155,8 @@ def run_case(args) -> None:
     assert c["world"] == world, f"{args.case} needs {c['world']} ranks, got {world}"
     warmup, timed = (1, 2) if args.quick else (args.warmup, args.steps)
     t_start = time.time()
-    rec = {"op": "train_step", "case": args.case, "gpus": world, "run": args.label, "tiny": args.tiny,
+    rec = {"op": "train_step", "script": "steps.py", "case": args.case, "gpus": world,
+           "run": args.label, "tiny": args.tiny,
            "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "model": c["model"], "parallelism": {k: c[k] for k in ("tp", "pp", "dp", "v")},
            "scheme": c["scheme"], "schedule": c["schedule"], "recompute": c["recompute"],

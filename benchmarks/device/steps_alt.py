@@ -300,6 +300,27 @@ CASES16 = {
     "h16_moe_ep4_AP": dict(shape="AP", world=4, scheme="moe", mb=4, n_mb=2),
 }
 CASES.update(CASES16)
+# The seventeenth batch (issue 10): new shapes, written 2026-11-27 23:00 UTC before its freeze
+# (4-GPU box).
+SHAPES.update({
+    # 12 GPT-2 blocks of width 3072 (24 heads of 128), GPT-2's padded vocabulary, 2K sequences.
+    "AU": dict(layers=12, hidden=3072, heads=24, vocab=50304, seq=2048),
+    # MoE: 4 blocks of width 2048 (16 heads of 128), 32 GELU experts of 1536, top-2, 2K
+    # sequences.
+    "AV": dict(layers=4, hidden=2048, heads=16, vocab=32768, seq=2048, experts=32, top_k=2,
+               expert_ffn=1536),
+})
+CASES17 = {
+    "h17_single_AU": dict(shape="AU", world=1, scheme="single", mb=2, n_mb=2),
+    "h17_pp2_1f1b_AU": dict(shape="AU", world=2, scheme="pp", schedule="1f1b", mb=1, n_mb=8),
+    "h17_ddp4_AU": dict(shape="AU", world=4, scheme="ddp", mb=2, n_mb=2),
+    "h17_fsdp4_AU_ac": dict(shape="AU", world=4, scheme="fsdp", mb=4, n_mb=1, ac=True),
+    "h17_tp4sp_AU": dict(shape="AU", world=4, scheme="tp", sp=True, mb=2, n_mb=1),
+    "h17_pp4_gpipe_AU": dict(shape="AU", world=4, scheme="pp", schedule="gpipe", mb=1, n_mb=8),
+    "h17_moe_ep2_AV": dict(shape="AV", world=2, scheme="moe", mb=4, n_mb=2),
+    "h17_moe_ep4_AV": dict(shape="AV", world=4, scheme="moe", mb=4, n_mb=2),
+}
+CASES.update(CASES17)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

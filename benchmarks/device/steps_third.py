@@ -280,8 +280,29 @@ CASES16 = {
     "h16t_moe_ep2_AM": dict(shape="AM", world=2, scheme="moe", mb=8, n_mb=2),
     "h16t_moe_ep4_AM": dict(shape="AM", world=4, scheme="moe", mb=8, n_mb=2),
 }
+# The seventeenth batch (issue 10): new shapes, written 2026-11-27 23:00 UTC before its freeze
+# (4-GPU box).
+SHAPES.update({
+    # 12 blocks of width 4096, 32 query heads / 4 KV heads of 128, SwiGLU 11264, a 64000-token
+    # vocabulary, 2K sequences (about 2.7 B parameters).
+    "AQ": dict(layers=12, hidden=4096, heads=32, kv_heads=4, ffn=11264, vocab=64000, seq=2048),
+    # MoE: 6 blocks of width 3072, 24 query / 8 KV heads of 128, 24 SwiGLU experts of 1536,
+    # top-3, a 32000-token vocabulary, 2K sequences.
+    "AR": dict(layers=6, hidden=3072, heads=24, kv_heads=8, ffn=1536, vocab=32000, seq=2048,
+               experts=24, top_k=3),
+})
+CASES17 = {
+    "h17t_single_AQ": dict(shape="AQ", world=1, scheme="single", mb=1, n_mb=2),
+    "h17t_tp2_AQ": dict(shape="AQ", world=2, scheme="tp", mb=2, n_mb=1),
+    "h17t_ddp4_AQ": dict(shape="AQ", world=4, scheme="ddp", mb=1, n_mb=2),
+    "h17t_fsdp4_AQ": dict(shape="AQ", world=4, scheme="fsdp", mb=2, n_mb=1),
+    "h17t_tp4_AQ": dict(shape="AQ", world=4, scheme="tp", mb=2, n_mb=2),
+    "h17t_pp4_1f1b_AQ": dict(shape="AQ", world=4, scheme="pp", mb=1, n_mb=8),
+    "h17t_moe_ep2_AR": dict(shape="AR", world=2, scheme="moe", mb=4, n_mb=2),
+    "h17t_moe_ep4_AR": dict(shape="AR", world=4, scheme="moe", mb=4, n_mb=2),
+}
 CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12, **CASES13, **CASES14, **CASES15,
-             **CASES16)
+             **CASES16, **CASES17)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 
