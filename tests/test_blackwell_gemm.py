@@ -46,7 +46,30 @@ def test_siblings_keep_their_mamf_ratio_to_b200():
                      / (blackwell_gemm.mamf_efficiency("B200", dtype) * b200.gpu.peak_flops(dtype)))
             t_b, t_g = b200.gemm_s(16384, 16384, 16384, dtype), cm.gemm_s(16384, 16384, 16384, dtype)
             assert t_b / t_g == pytest.approx(ratio, rel=0.01), (gpu, dtype)
-    assert load_gpu("GB300").gemm == load_gpu("GB200").gemm
+
+
+def test_gb300_runs_gb200s_gemms_at_its_sustained_clock():
+    """GB300 (no MAMF published) is GB200's GEMM model at the clock its 1,400 W cap holds
+    against GB200's 1,200 W, both 152 SMs: power per SM ~ f^3, so (1400 / 1200)^(1/3) = 1.053
+    faster at every large shape, tiles and waves unchanged."""
+    gb200, gb300 = (ComputeModel(load_gpu(g)) for g in ("GB200", "GB300"))
+    assert blackwell_gemm.sustained_clock_ratio("GB300", "GB200") == pytest.approx(
+        (1400 / 1200) ** (1 / 3), rel=1e-9)
+    for dtype in ("bf16", "fp8"):
+        f = gb200.gemm_s(16384, 16384, 16384, dtype) / gb300.gemm_s(16384, 16384, 16384, dtype)
+        assert f == pytest.approx((1400 / 1200) ** (1 / 3), abs=0.004), dtype
+
+
+def test_power_cap_law_gives_b200_its_measured_rate_and_gb200_the_assumed_one():
+    """The law is anchored on B200's measured clocks and rate (flashinfer PR #2899), so it
+    returns B200's 1,237 / 1,450 exactly; applied to GB200 (1,200 W over 152 SMs, 2,062 MHz
+    maximum) it gives 0.855, the 0.853 shipped for GB200's attention by assumption; GB300
+    (1,400 W, 2,070 MHz) keeps more of its burst rate, still below its maximum clock."""
+    assert blackwell_gemm.sustained_rate("B200") == pytest.approx(1237 / 1450, rel=1e-9)
+    assert blackwell_gemm.sustained_rate("GB200") == pytest.approx(0.853, abs=0.005)
+    assert 0.87 < blackwell_gemm.sustained_rate("GB300") < 0.9
+    clock = blackwell_gemm.B200_SUSTAINED_MHZ * blackwell_gemm.sustained_clock_ratio("GB300", "B200")
+    assert clock < blackwell_gemm.MAX_CLOCK_MHZ["GB300"]
 
 
 def test_b200_catalog_against_the_published_rows():

@@ -25,8 +25,21 @@ on back-to-back attention, flashinfer PR #2899, the ``sustained_rate`` of gpus.y
 attention entries). :func:`hopper_check` applies the same procedure to the H100's rows and
 returns the eta it gives beside H100's measured sustained eta (``test_blackwell_gemm.py``
 holds them within 3 %). GB200 and B300 (no table rows) take B200's eta times the ratio of
-their MAMF efficiencies to B200's (the same sweep script on each GPU); GB300 (no MAMF
-published) takes GB200's. No validation suite is read here.
+their MAMF efficiencies to B200's (the same sweep script on each GPU). GB300 (no MAMF
+published; the same 152 SMs and BF16/FP8 datasheet rate as GB200) takes GB200's eta times the
+ratio of their sustained SM clocks under their power caps (:func:`sustained_clock_ratio`:
+1,400 W against 1,200 W).
+
+The power-cap law. A GPU kept at its cap by back-to-back tensor-core work settles at the clock
+where its power meets the cap; dynamic power is C V^2 f per SM and, over the DVFS range, the
+voltage rises about in proportion to the clock, so the power per SM goes as f^3 and the
+sustained clock as the cube root of the cap per SM (the same die family: the same energy per
+operation). :func:`sustained_rate` anchors it on B200's one measured pair (flashinfer PR
+#2899: back-to-back BF16 attention at 1,000 W, 148 SMs, the clock falling from 1,965 to
+~1,580 MHz and the rate from 1,450 to 1,237 TFLOP/s, so 0.707 of that kernel's time scales
+with 1/clock) and gives the rate of another GPU's idle-GPU (burst) timings at its own cap and
+maximum clock: GB200 0.855 (B200's 0.853 is shipped for it, assumed until now), GB300 0.886
+(``sustained_rate`` of its cuDNN calibration entry). No validation suite is read here.
 """
 
 from __future__ import annotations
@@ -42,9 +55,42 @@ MAMF = REPO / "data/published/mamf-ml-engineering/mamf.jsonl"
 MIN_FLOP = 2.0**37
 #: B200's sustained / burst throughput under its 1,000 W cap (gpus.yaml B200 calibration)
 SUSTAINED_RATE = 0.853
-#: GPUs derived from B200 by their MAMF efficiency, and GB300 from GB200
+#: GPUs derived from B200 by their MAMF efficiency, and GB300 from GB200 by the power-cap law
 DERIVED = {"GB200": "B200", "B300": "B200"}
-SAME_AS = {"GB300": "GB200"}
+POWER_SCALED = {"GB300": "GB200"}
+#: B200's measured burst and sustained SM clock (MHz) and attention rate (TFLOP/s) under its
+#: 1,000 W cap (flashinfer-ai/flashinfer PR #2899, 2026-03: BF16 FA4, b 4, s 8192, 16 heads,
+#: d 128, 100 back-to-back iterations: iterations 10-19 against 70-79)
+B200_BURST_MHZ, B200_SUSTAINED_MHZ = 1965.0, 1580.0
+B200_BURST_TFLOPS, B200_SUSTAINED_TFLOPS = 1450.0, 1237.0
+#: maximum SM clock (MHz) of the GPUs the law is applied to: B200 as above; GB200 NVML's max
+#: clock 2,062 (NVIDIA/cudnn-frontend PR #314, 2026-06, a GB200 node); GB300 the locked
+#: maximum 2,070 (facebookexperimental/triton PR #2023, 2026-07, denoise.sh on a GB300)
+MAX_CLOCK_MHZ = {"B200": B200_BURST_MHZ, "GB200": 2062.0, "GB300": 2070.0}
+
+
+def sustained_clock_ratio(gpu: str, ref: str) -> float:
+    """Sustained SM clock of ``gpu`` over ``ref``'s under their power caps, both held at the
+    cap: the cube root of their caps per SM (power per SM ~ f^3; gpus.yaml ``power_W`` and
+    ``sm_count``)."""
+    g, r = load_gpu(gpu), load_gpu(ref)
+    return ((g.power_W / g.sm_count) / (r.power_W / r.sm_count)) ** (1.0 / 3.0)
+
+
+def clock_bound_share() -> float:
+    """Share of B200's back-to-back attention time that scales with 1/clock: the measured
+    rate ratio against the clock ratio, ``1/rate = (1 - c) + c f_burst / f_sustained``."""
+    rate = B200_SUSTAINED_TFLOPS / B200_BURST_TFLOPS
+    return (1.0 / rate - 1.0) / (B200_BURST_MHZ / B200_SUSTAINED_MHZ - 1.0)
+
+
+def sustained_rate(gpu: str) -> float:
+    """Sustained / burst throughput of ``gpu``'s back-to-back kernels under its power cap: its
+    sustained clock (B200's measured one times :func:`sustained_clock_ratio`, at most its
+    maximum clock) against its maximum, through B200's clock-bound share."""
+    f = min(MAX_CLOCK_MHZ[gpu], B200_SUSTAINED_MHZ * sustained_clock_ratio(gpu, "B200"))
+    c = clock_bound_share()
+    return 1.0 / ((1.0 - c) + c * MAX_CLOCK_MHZ[gpu] / f)
 #: table rows not used: Hopper's FP8 modules run a transpose kernel beside the GEMM
 TWO_KERNELS = {("H100-SXM-80GB", "fp8")}
 
@@ -93,8 +139,11 @@ def fit() -> dict[str, dict[str, float]]:
     for gpu, src in DERIVED.items():
         out[gpu] = {k: round(b200[k] * mamf_efficiency(gpu, dt) / mamf_efficiency(src, dt), 3)
                     for k, dt in (("eta", "bf16"), ("eta_fp8", "fp8"))}
-    for gpu, src in SAME_AS.items():
-        out[gpu] = dict(out[src])
+    for gpu, src in POWER_SCALED.items():
+        k = sustained_clock_ratio(gpu, src)
+        base = {key: b200[key] * mamf_efficiency(src, dt) / mamf_efficiency(DERIVED[src], dt)
+                for key, dt in (("eta", "bf16"), ("eta_fp8", "fp8"))}
+        out[gpu] = {key: round(v * k, 3) for key, v in base.items()}
     return out
 
 
@@ -104,4 +153,7 @@ def refit() -> dict[str, tuple[float, float]]:
         g = load_gpu(gpu).gemm
         out[f"{gpu}.gemm.eta"] = (vals["eta"], g.eta)
         out[f"{gpu}.gemm.eta_fp8"] = (vals["eta_fp8"], g.eta_for("fp8"))
+    for gpu in ("GB300",):
+        shipped = [c["sustained_rate"] for c in load_gpu(gpu).calibration if "sustained_rate" in c]
+        out[f"{gpu}.calibration.sustained_rate"] = (round(sustained_rate(gpu), 3), shipped[0])
     return out

@@ -53,14 +53,14 @@ MBRIDGE_RECIPES = {
     ),
     "mbridge-25.11-deepseek-v3-gb200": (
         {"moe_dispatcher": "deepep", "recompute": "selective", "recompute_modules": ["mla_up_proj"]},
-        "Megatron-Bridge scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
-        "at 1804c076f (2025-12-09, the commit that published the 25.11 table): the GB200 preset "
-        "has the table's layout (TP 1, PP 4, VP 4, EP 64; GBS 2,048 against the table's 4,096) "
-        "and runs HybridEP without all-to-all overlap, recompute_modules [mla_up_proj] (which "
-        "the row needs to fit: 181.9 GiB predicted without it, 147.9 with it, of 173.2) and CUDA "
-        "graphs of the router and the preprocess (not modelled); no layout passed, so the "
-        "recipe's (PP 4, VP 4) one: the embedding and 4 layers, 4 a virtual stage, the last "
-        "1 layer and the loss (recipes/deepseek/deepseek_v3.py)",
+        "Megatron-Bridge branch gaod/r0.2.0_test (4fabba48d, 2025-12-05, four days before "
+        "00b7660be put these 25.11 rows in the table; the released presets at v0.2.0 and "
+        "1804c076f have GBS 2,048 and the recipe's layout): the table's TP 1, PP 4, VP 4, EP 64, "
+        "GBS 4,096, HybridEP without all-to-all overlap, recompute_modules [mla_up_proj] (which "
+        "the row needs to fit: 181.9 GiB predicted without it, 147.9 with it, of 173.2), CUDA "
+        "graphs of the router and the preprocess (not modelled), and the layout "
+        "Et*3|(t*4|)*14ttL: the embedding and 3 layers, 4 a virtual stage, the last 2 layers "
+        "and the loss (parallelism.stage_layers)",
     ),
     # The 25.11 scripts (Megatron-Bridge v0.2.0, 7af9601c9, 2025-11-26, and 1804c076f) have
     # no preset with these rows' layouts (their GB200 / GB300 presets are 64-GPU Qwen3 and
@@ -78,13 +78,17 @@ MBRIDGE_RECIPES = {
         "the routing map itself (no DeepEP indices-to-multihot)",
     ),
     "mbridge-25.11-deepseek-v3-gb300": (
-        {"moe_dispatcher": "deepep"},
-        "Megatron-Bridge scripts/performance/configs/deepseek/ at v0.2.0 (7af9601c9) and "
-        "1804c076f: the GB300 preset (PP 4, VP 4, EP 64, GBS 2,048, recompute_modules "
-        "[moe_act], CUDA graphs of attention, router and preprocess) is not the table's PP 2, "
-        "EP 32, GBS 4,096, so only its HybridEP (every DeepSeek-V3 GB200 / GB300 preset) is "
-        "taken; set_deepseek_v3_common_configs: moe_router_fusion, enable_megatron_core_"
-        "experimental, forced balance, bf16 gradient reduction; all-to-all overlap off",
+        {"moe_dispatcher": "deepep", "recompute": "selective", "recompute_modules": ["mlp", "moe_act"]},
+        "Megatron-Bridge branch gaod/r0.2.0_test (d19cb73c8..6b296ac10, 2025-12-05/06, four "
+        "days before 00b7660be put these 25.11 rows in the table; the released GB300 preset at "
+        "v0.2.0 and 1804c076f is PP 4, VP 4, EP 64, GBS 2,048, recompute [moe_act], attention "
+        "in CUDA graphs, the table's earlier row): the table's PP 2, EP 32, GBS 4,096 with "
+        "HybridEP, no all-to-all overlap, recompute_modules [mlp, moe_act], CUDA graphs of the "
+        "router and the preprocess only (not modelled); its layout Et*3|(t*4|)*14ttL has 16 "
+        "virtual stages, which at PP 2 is VP 8 where the table says VP 4 (Megatron-Core "
+        "asserts the two agree), so the row keeps the table's VP 4 and the rule's split; "
+        "set_deepseek_v3_common_configs: moe_router_fusion, enable_megatron_core_experimental, "
+        "forced balance, bf16 gradient reduction",
     ),
     # NeMo 2.0 rows: NVIDIA/NeMo v2.2.0 (7192a2c944, the 25.02 container's NeMo) and v2.3.0
     # (2b03b748bb, 25.04): the performance scripts build pretrain_recipe(performance_mode=True),
@@ -148,6 +152,7 @@ MBRIDGE_DSV3_LAYOUTS = {
 #: between virtual stages), as parallelism.stage_layers, per row-name prefix.
 MBRIDGE_LAYOUTS = {
     "mbridge-25.09-deepseek-v3-h100": [1] + [2] * 30 + [0],  # Et|(tt|)*30mL
+    "mbridge-25.11-deepseek-v3-gb200": [3] + [4] * 14 + [2],  # Et*3|(t*4|)*14ttL
 }
 
 
@@ -193,10 +198,9 @@ HYPOTHESES = {
         "is priced at the NIC's rate, as its README measures it after its April 2025 internode "
         "optimisation (47-62 GB/s logical on a 50 GB/s NIC)"),
     "mbridge-25.11-deepseek-v3-gb200": (
-        "still fast (-14 %) where the same model on GB300 is -1 % (the preset read before, "
-        "e59a57360, was the base config); the GB300 preset at 1804c076f (PP 4, EP 64, GBS "
-        "2,048, recompute moe_act, attention in CUDA graphs) is not the table's PP 2, EP 32, "
-        "GBS 4,096, so that row takes only its HybridEP"),
+        "the table's earlier 25.11 rows (before 00b7660be) ran both racks' released presets "
+        "(PP 4, VP 4, EP 64, GBS 2,048): GB300 3,403 against GB200 3,037 tokens/s/GPU, 1.12x; "
+        "these rows' 1.23x also carries GB300's PP 2, EP 32 layout"),
     "nemo-docs": (
         "Blackwell FP8 GEMM efficiency is derived from B200's FP8 MAMF and H100's measured "
         "eta, not measured (the dense Blackwell FP8 rows are -9 % too); the 8x7B GB200 row, "
@@ -529,7 +533,7 @@ SOURCES = {
     },
     "nemo-mbridge-moe": {
         "summary": "NeMo / Megatron-Bridge MoE rows on H100, B200, GB200, GB300",
-        "note": "Mixtral FP8 on Blackwell -10 to -20 %, DeepSeek-V3 H100 -19 %, GB300 BF16 +10 / +15 % (Blackwell GEMMs published)",
+        "note": "Mixtral FP8 on Blackwell -10 to -20 %, DeepSeek-V3 H100 -19 %, GB300 BF16 +6 / +11 % (GB300 at its 1,400 W clock)",
         "prefix": ("nemo-", "mbridge-"),
         "min_cases": 3,
         "metric": "step_time_s",
