@@ -97,3 +97,17 @@ def test_gb300_forward_beats_b200_by_more_than_its_clock():
     f = b200.attention_s(1, 128, 32768, 128, kv_heads=8) / gb300.attention_s(
         1, 128, 32768, 128, kv_heads=8)
     assert 1.2 < f < 1.35
+
+
+def test_b300_attention_derivation_agrees_with_the_power_cap_law():
+    """B300's attention is GB300's times their GEMM-eta ratio. Derived instead from GB300's
+    burst rate (the fitted eta over its sustained rate) through the clocks and SMs of each
+    (GB300 2,070 MHz x 152, B300 2,032 x 148) and B300's own sustained rate by the law (1,100
+    W over 148 SMs), it lands within 1.5 %."""
+    gb300, b300 = load_gpu("GB300"), load_gpu("B300")
+    clocks = blackwell_gemm.MAX_CLOCK_MHZ
+    for ps in ("fwd", "bwd"):
+        burst = getattr(gb300.attention, ps).eta * gb300.peak_flops("bf16") / blackwell_gemm.sustained_rate("GB300")
+        b300_burst = burst * clocks["B300"] * b300.sm_count / (clocks["GB300"] * gb300.sm_count)
+        law = b300_burst * blackwell_gemm.sustained_rate("B300") / b300.peak_flops("bf16")
+        assert getattr(b300.attention, ps).eta == pytest.approx(law, rel=0.015), ps

@@ -65,8 +65,10 @@ B200_BURST_MHZ, B200_SUSTAINED_MHZ = 1965.0, 1580.0
 B200_BURST_TFLOPS, B200_SUSTAINED_TFLOPS = 1450.0, 1237.0
 #: maximum SM clock (MHz) of the GPUs the law is applied to: B200 as above; GB200 NVML's max
 #: clock 2,062 (NVIDIA/cudnn-frontend PR #314, 2026-06, a GB200 node); GB300 the locked
-#: maximum 2,070 (facebookexperimental/triton PR #2023, 2026-07, denoise.sh on a GB300)
-MAX_CLOCK_MHZ = {"B200": B200_BURST_MHZ, "GB200": 2062.0, "GB300": 2070.0}
+#: maximum 2,070 (facebookexperimental/triton PR #2023, 2026-07, denoise.sh on a GB300); B300
+#: 2,032 at 1,100 W (sgl-project/sglang PR #28460, 2026-06, an 8x B300 node against B200's
+#: 1,965 at 1,000 W)
+MAX_CLOCK_MHZ = {"B200": B200_BURST_MHZ, "GB200": 2062.0, "GB300": 2070.0, "B300": 2032.0}
 
 
 def sustained_clock_ratio(gpu: str, ref: str) -> float:
