@@ -136,3 +136,29 @@ def test_blockwise_fp8_on_hopper_runs_at_its_measured_rate():
             assert _op_time(cm, op, "fp8/blockwise") == pytest.approx(want)
             assert gemm_rate(cur, gpu, wgrad) == 1.0
     assert gemm_rate(blk, "B200", True) == 1.0 and gemm_rate(None, "H100-SXM-80GB", True) == 1.0
+
+
+def test_lm_head_and_router_stay_bf16_in_fused_code():
+    """Megatron-Core's LM head (``tensor_parallel.ColumnParallelLinear``) and MoE router
+    (``torch.nn.functional.linear``) are not Transformer Engine modules, so under any
+    low-precision recipe their forward, dgrad and wgrad GEMMs take exactly a bf16 GEMM's
+    time with no quantisation kernel; TE's linear layers keep the recipe's pricing; eager
+    code is not covered by the rule."""
+    from simulator.engine.program import _op_time
+    from simulator.hardware.precision import keeps_bf16
+    from simulator.model.ops import gemm_op
+
+    cm = ComputeModel(load_gpu("B200"))
+    m, k, n = 16384, 4096, 32000
+    for name in ("lm_head", "lm_head_dgrad", "lm_head_wgrad", "router"):
+        op = gemm_op(name, "head", m, k, n, 2)
+        bf16 = _op_time(cm, op, "bf16")
+        assert bf16 == pytest.approx(cm.gemm_s(m, k, n, "bf16") + cm.gpu.kernel_launch_s)
+        for dtype in ("fp8/current", "fp8/delayed", "mxfp8", "nvfp4"):
+            assert _op_time(cm, op, dtype) == bf16
+        assert keeps_bf16(name, "fused") and not keeps_bf16(name, "eager")
+    fc1 = gemm_op("fc1", "mlp", m, k, 28672, 2)
+    quant = quantize_bytes(recipe("fp8", "current"), m, k, 28672, False)
+    assert _op_time(cm, fc1, "fp8/current") == pytest.approx(
+        cm.gemm_s(m, k, 28672, "fp8") + cm.memory_s(quant) + 2 * cm.gpu.kernel_launch_s)
+    assert not keeps_bf16("expert_fc1", "fused") and not keeps_bf16("fc2_wgrad", "fused")

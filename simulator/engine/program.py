@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import (
     gemm_rate,
+    keeps_bf16,
     pricing_dtype,
     quantize_bytes,
     split_dtype,
@@ -117,6 +118,8 @@ def _op_time(
     access: str | None = None, gemm_scale: float = 1.0,
 ) -> float:
     gemm_dtype, rec = split_dtype(dtype)
+    if op.kind == "gemm" and rec is not None and keeps_bf16(op.name, kernels):
+        gemm_dtype, rec = "bf16", None  # the LM head and router: outside TE's autocast
     if op.kind == "gemm":
         # A batched GEMM (unfused attention: one product per head) fills the GPU like one
         # GEMM with the batch folded into m.

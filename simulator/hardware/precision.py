@@ -113,6 +113,25 @@ HOPPER_GPUS = ("H100", "H800", "H200", "GH200")
 BLOCKWISE_RATE_HOPPER = {"fwd": 0.916, "wgrad": 0.74}
 
 
+#: GEMMs that stay in bf16 when the linear layers run low precision, in fused (Megatron-Core /
+#: Transformer Engine) code: the LM head is Megatron-Core's own ``tensor_parallel.
+#: ColumnParallelLinear`` (``GPTModel.output_layer``, models/gpt/gpt_model.py; the multi-token
+#: prediction heads share it), and the MoE router's logits are ``torch.nn.functional.linear``
+#: (``TopKRouter``, transformer/moe/router.py): neither is a Transformer Engine module, so
+#: TE's ``fp8_autocast`` does not quantise them (it only reaches TE modules; FP8, MXFP8 and
+#: NVFP4 alike), and they run cuBLAS bf16 GEMMs with no quantisation kernels.
+BF16_GEMMS_FUSED = ("lm_head", "router")
+
+
+def keeps_bf16(op_name: str, kernels: str) -> bool:
+    """Whether GEMM ``op_name`` (a forward GEMM or its ``_dgrad`` / ``_wgrad``) runs in bf16
+    under a low-precision recipe (:data:`BF16_GEMMS_FUSED`; fused kernels only)."""
+    if kernels != "fused":
+        return False
+    base = op_name.removesuffix("_dgrad").removesuffix("_wgrad")
+    return base in BF16_GEMMS_FUSED
+
+
 def gemm_rate(rec: Recipe | None, gpu_name: str, wgrad: bool) -> float:
     """A low-precision GEMM's rate relative to the per-tensor FP8 (or the format's own) model:
     :data:`BLOCKWISE_RATE_HOPPER` for blockwise FP8 on a Hopper GPU, else 1 (Blackwell's
