@@ -53,7 +53,7 @@ from simulator.engine.program import (
     program_time,
     weight_cast_share,
 )
-from simulator.hardware.precision import pricing_dtype, weight_bytes
+from simulator.hardware.precision import non_tn_fp8, pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import memory as mem
 from simulator.model import moe_layer, moe_sizes, mtp
@@ -396,7 +396,8 @@ class Estimator:
             act_head -= tm.head_cast
         worst = 0.0
         skw = dict(zero=cand.zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
-                   kernels=t.kernels, weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0],
+                   kernels=t.kernels,
+                   weight_bytes=weight_bytes(t, BYTES[t.param_dtype], non_tn_fp8(self.machine.gpu))[0],
                    moments_dtype=t.optimizer_moments_dtype, master_weights=t.master_weights)
         sched = cand.pp_schedule
         h = holders(sched)  # DualPipe: states sharded over the mirrored ranks too

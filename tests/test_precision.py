@@ -62,18 +62,49 @@ def test_weight_memory_of_each_recipe():
     assert w == pytest.approx(2 * (0.5 + 1 / 256)) and g == pytest.approx(0.5 + 1 / 16)
 
 
-def test_a_run_holds_the_low_precision_weight_copies():
+@pytest.mark.parametrize("gpu, transposed", [("H100-SXM-80GB", True), ("B200", False)])
+def test_a_run_holds_the_low_precision_weight_copies(gpu, transposed):
+    """bf16 weights (2 B) beside the FP8 copy (1 B) and, on a GPU whose FP8 GEMMs are TN only
+    (Hopper), its transpose (1 B); with fp8_param_gather the FP8 copies alone."""
     path = ROOT / "workloads" / "llama3-8b.yaml"
-    base = ["topology.gpu=B200"]
+    base = [f"topology.gpu={gpu}"]
     bf16 = simulate(load_workload(path, base)).summary
     fp8 = simulate(load_workload(path, base + ["training.precision=fp8"])).summary
     fp8p = simulate(
         load_workload(path, base + ["training.precision=fp8", "training.fp8_param_gather=true"])
     ).summary
     w = bf16["memory_gib"]["weights"]
-    assert fp8["memory_gib"]["weights"] == pytest.approx(2 * w)
-    assert fp8p["memory_gib"]["weights"] == pytest.approx(w)
+    copies = 2 if transposed else 1
+    assert fp8["memory_gib"]["weights"] == pytest.approx(w * (2 + copies) / 2)
+    assert fp8p["memory_gib"]["weights"] == pytest.approx(w * copies / 2)
     assert fp8["step_time_s"] < bf16["step_time_s"]
+
+
+def test_blackwell_per_tensor_fp8_writes_no_transpose():
+    """Transformer Engine 2.x creates no transposed FP8 copy where FP8 GEMMs take any layout
+    (compute capability 10.x): per-tensor quantisation of an [m, k] operand moves 1 B an
+    element less on B200 / GB200 / GB300 than on H100 (delayed 3 against 4, current 5
+    against 6); block-scaled recipes already write each orientation as its own copy."""
+    from simulator.engine.program import _op_time
+    from simulator.hardware.precision import non_tn_fp8
+    from simulator.model.ops import gemm_op
+
+    assert not non_tn_fp8(load_gpu("H100-SXM-80GB"))
+    assert all(non_tn_fp8(load_gpu(g)) for g in ("B200", "GB200", "GB300"))
+    m, k, n = 16384, 4096, 14336
+    for rec, hopper in (("delayed", 4), ("current", 6)):
+        r = recipe("fp8", rec)
+        assert quantize_bytes(r, m, k, n, False) == hopper * m * k
+        assert quantize_bytes(r, m, k, n, False, non_tn=True) == (hopper - 1) * m * k
+        assert quantize_bytes(r, m, k, n, True, non_tn=True) == 0.0
+    for name in ("mxfp8", "nvfp4"):
+        r = recipe(name)
+        assert quantize_bytes(r, m, k, n, False, non_tn=True) == quantize_bytes(r, m, k, n, False)
+    cm = ComputeModel(load_gpu("B200"))
+    op = gemm_op("fc1", "mlp", m, k, n, 2)
+    launch = cm.gpu.kernel_launch_s
+    assert _op_time(cm, op, "fp8/current") == pytest.approx(
+        cm.gemm_s(m, k, n, "fp8") + cm.memory_s(5 * m * k) + 2 * launch)
 
 
 def test_a_format_the_gpu_lacks_is_one_line_exit_2():
@@ -158,7 +189,7 @@ def test_lm_head_and_router_stay_bf16_in_fused_code():
             assert _op_time(cm, op, dtype) == bf16
         assert keeps_bf16(name, "fused") and not keeps_bf16(name, "eager")
     fc1 = gemm_op("fc1", "mlp", m, k, 28672, 2)
-    quant = quantize_bytes(recipe("fp8", "current"), m, k, 28672, False)
+    quant = quantize_bytes(recipe("fp8", "current"), m, k, 28672, False, non_tn=True)
     assert _op_time(cm, fc1, "fp8/current") == pytest.approx(
         cm.gemm_s(m, k, 28672, "fp8") + cm.memory_s(quant) + 2 * cm.gpu.kernel_launch_s)
     assert not keeps_bf16("expert_fc1", "fused") and not keeps_bf16("fc2_wgrad", "fused")

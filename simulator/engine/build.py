@@ -50,7 +50,7 @@ from simulator.errors import ConfigError
 from simulator.hardware import power
 from simulator.hardware.catalog import GPUSpec
 from simulator.hardware.compute import ComputeModel
-from simulator.hardware.precision import pricing_dtype, weight_bytes
+from simulator.hardware.precision import non_tn_fp8, pricing_dtype, weight_bytes
 from simulator.model import comm as mc
 from simulator.model import deepspeed as dsz
 from simulator.model import eager, kernel_first, moe_layer, moe_sizes, mtp, shape_cache
@@ -550,7 +550,8 @@ class _Builder:
         kw = dict(zero=zero, param_dtype=t.param_dtype, grad_dtype=t.grad_reduce_dtype,
                   kernels=t.kernels, moments_dtype=t.optimizer_moments_dtype,
                   master_weights=t.master_weights,
-                  weight_bytes=weight_bytes(t, BYTES[t.param_dtype])[0])  # fmt: skip
+                  weight_bytes=weight_bytes(t, BYTES[t.param_dtype],
+                                            non_tn_fp8(self.job.machine.gpu))[0])  # fmt: skip
         ds_w = ds_g = 0.0
         if t.zero_impl == "deepspeed":  # DeepSpeed's own states, whatever the kernels
             kw["kernels"] = "fused"

@@ -16,6 +16,7 @@ from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import (
     gemm_rate,
     keeps_bf16,
+    non_tn_fp8,
     pricing_dtype,
     quantize_bytes,
     split_dtype,
@@ -145,7 +146,8 @@ def _op_time(
             # activation-side operands are quantised from bf16 first (a memory-bound kernel,
             # bytes per recipe in simulator/hardware/precision.py); weights are quantised once
             # per step (cached across micro-batches) and amax/scale updates are negligible.
-            q = quantize_bytes(rec, op.m, op.k, op.n, op.name.endswith("_wgrad"))
+            q = quantize_bytes(rec, op.m, op.k, op.n, op.name.endswith("_wgrad"),
+                               non_tn_fp8(cm.gpu))
             if q:
                 t += cm.memory_s(q) + cm.gpu.kernel_launch_s
             # block-scaled formats: the two operands' scales swizzled first (two kernels)

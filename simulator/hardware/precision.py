@@ -60,6 +60,9 @@ class Recipe:
     #: scale bytes per operand element that Transformer Engine swizzles into cuBLAS's layout
     #: before each GEMM (:func:`swizzle_bytes`); 0: none
     swizzle_scale_bytes: float = 0.0
+    #: bytes per element of the transposed copy inside ``quant_bytes`` and ``weight_bytes``
+    #: that only a GPU whose FP8 GEMMs take TN layouts alone needs (:func:`non_tn_fp8`)
+    transpose_bytes: float = 0.0
 
 
 RECIPES: dict[str, Recipe] = {
@@ -68,11 +71,13 @@ RECIPES: dict[str, Recipe] = {
         "TE DelayedScaling: the scale comes from an amax history, so one cast-transpose pass "
         "reads bf16 and writes the fp8 copy and its transpose (for wgrad); the weight is "
         "cached as fp8 and fp8-transposed (2 B/param)",
+        transpose_bytes=1.0,
     ),
     "fp8/current": Recipe(
         "fp8/current", "fp8", 1.0, 2 + 2 + 1 + 1, 0.0, 2.0,
         "TE Float8CurrentScaling: an amax pass over the whole tensor before the cast-transpose "
         "(read bf16 twice, write fp8 and its transpose)",
+        transpose_bytes=1.0,
     ),
     "fp8/blockwise": Recipe(
         "fp8/blockwise", "fp8", 1 + 4 / 128, 2 + 2 * (1 + 4 / 128), 0.0,
@@ -155,17 +160,31 @@ def recipe(precision: str, fp8_recipe: str = "delayed") -> Recipe | None:
     return RECIPES[f"fp8/{fp8_recipe}"]
 
 
-def quantize_bytes(rec: Recipe, m: int, k: int, n: int, wgrad: bool) -> float:
+def non_tn_fp8(gpu) -> bool:
+    """Whether ``gpu``'s per-tensor FP8 GEMMs take any operand layout, so Transformer Engine
+    writes no transposed FP8 copy of an activation, gradient or weight: Blackwell (sm_100 /
+    sm_103), the GPUs whose tensor cores also take block-scaled formats (a catalog ``mxfp8``
+    peak). TE 2.0-2.3 ``non_tn_fp8_gemm_supported()`` (compute capability major >= 10) and
+    2.4 on ``nvte_is_non_tn_fp8_gemm_supported()`` (sm 100-119 and 130 on) gate the
+    quantizers' ``create_transpose`` (``pytorch/csrc/extensions/quantizer.cpp``) on it; Hopper
+    FP8 GEMMs are TN only, so its wgrad reads the transposed copies."""
+    return "mxfp8" in getattr(gpu, "peak_tflops", {})
+
+
+def quantize_bytes(rec: Recipe, m: int, k: int, n: int, wgrad: bool,
+                   non_tn: bool = False) -> float:
     """HBM bytes of quantising a GEMM's operands from bf16.
 
     Forward and dgrad GEMMs quantise their left ``[m, k]`` operand (activation or output
     gradient; the weight's copy is cached across micro-batches), writing every copy the
-    backward needs. A wgrad GEMM (``[m, k] @ [k, n]``, both operands from the forward/dgrad
-    passes) pays only the recipe's extra wgrad work on both operands.
+    backward needs: per-tensor FP8 the row-wise copy and, where the GPU's FP8 GEMMs are TN
+    only (``non_tn`` false, :func:`non_tn_fp8`), its transpose. A wgrad GEMM (``[m, k] @
+    [k, n]``, both operands from the forward/dgrad passes) pays only the recipe's extra wgrad
+    work on both operands.
     """
     if wgrad:
         return rec.wgrad_extra_bytes * (m * k + k * n)
-    return rec.quant_bytes * m * k
+    return (rec.quant_bytes - (rec.transpose_bytes if non_tn else 0.0)) * m * k
 
 
 def swizzle_bytes(rec: Recipe, m: int, k: int, n: int, experts: int = 1) -> float:
@@ -196,21 +215,23 @@ def split_dtype(dtype: str) -> tuple[str, Recipe | None]:
     return (rec.gemm_dtype if rec else name), rec
 
 
-def weight_bytes(training, param_bytes: int) -> tuple[float | None, float]:
+def weight_bytes(training, param_bytes: int, non_tn: bool = False) -> tuple[float | None, float]:
     """(bytes per parameter of the working weights with their low-precision copies, bytes per
     parameter a ZeRO parameter all-gather moves).
 
     bf16/fp16: None (the working weights as ``param_dtype`` says), gathered as they are. Low precision: the cached copies
     beside the bf16 weights (:attr:`Recipe.weight_bytes`); with ``fp8_param_gather`` the
     weights are kept only in the low-precision format (its two orientations) and gathered as
-    one orientation (``operand_bytes``).
+    one orientation (``operand_bytes``). ``non_tn`` (:func:`non_tn_fp8`): per-tensor FP8
+    keeps no transposed weight copy.
     """
     rec = recipe(training.precision, training.fp8_recipe)
     if rec is None:
         return None, float(param_bytes)
+    cached = rec.weight_bytes - (rec.transpose_bytes if non_tn else 0.0)
     if training.fp8_param_gather:
-        return rec.weight_bytes, rec.operand_bytes
-    return param_bytes + rec.weight_bytes, float(param_bytes)
+        return cached, rec.operand_bytes
+    return param_bytes + cached, float(param_bytes)
 
 
 def moe_dispatch_bytes(training) -> float | None:
