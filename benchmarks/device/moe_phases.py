@@ -223,37 +223,100 @@ def third_forward(mod):
     return forward
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--script", choices=("alt", "third"), required=True)
-    ap.add_argument("--case", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="CPU, gloo, tiny shapes (dry run)")
-    args = ap.parse_args()
-    mod = load("steps_alt" if args.script == "alt" else "steps_third")
-    mod.MoE.forward = (alt_forward if args.script == "alt" else third_forward)(mod)
-    rank, world, dev = mod.setup(args.quick)
-    if args.script == "third" and args.tiny:
-        mod.TINY["on"] = True
-    c = mod.case_config(args.case, args.quick)
-    if args.script == "alt" and args.tiny and not args.quick:
-        m = c["model"]
-        m.update(hidden=16 * m["heads"], seq=128)
-        m["ffn"], m["expert_ffn"] = 2 * m["hidden"], 2 * m["hidden"]
-    assert c["world"] == world, f"{args.case} needs {c['world']} ranks"
-    built = mod.build_moe(c, rank, world, dev)
-    step = built[1]
-    layers = built[3] if args.script == "alt" else [blk.mlp for blk in built[0][0].layers]
-    cuda = dev.type == "cuda"
-    CLOCK.cuda = cuda
+def steps_forward(mod):
+    """``steps.py``'s ``MoE.forward`` (forced routes, ``.tolist()`` of the exchanged counts,
+    one ``torch.arange`` per (source, local expert) piece, out-of-place ``index_add``) with
+    marks: ``f_routed`` after the router, softmax, gate weights, argsort and the gathered
+    copies; ``f_counts`` after ``bincount`` (which reads the ids' range on the host);
+    ``f_synced`` after the counts' host read (EP > 1: their all-to-all first);
+    ``f_dispatched``, ``f_regrouped`` (the aranges, their cat and the index gather),
+    ``f_experts``, ``f_combined`` (inverse permutation, index, combine), ``f_end``. Backward:
+    ``b_start`` -> ``b_combine`` -> ``b_experts`` (the experts' backward next) -> ``b_regroup``
+    (every expert's backward issued) -> ``b_dispatch`` -> ``b_dispatched`` -> ``b_end``."""
+    _AllToAll, CHECK = mod._AllToAll, mod.CHECK
 
+    def forward(self, x):
+        C, call = CLOCK, CLOCK.next_call()
+        b, s, h = x.shape
+        x = Tap.apply(x, call, "b_end")
+        C.mark(call, "f_start")
+        xt = x.reshape(b * s, h).to(torch.float32 if CHECK["on"] else torch.bfloat16)
+        probs = torch.softmax(self.router(xt).float(), dim=-1)
+        topi = self.forced if self.forced is not None else probs.topk(self.k, dim=-1).indices
+        topv = probs.gather(1, topi)
+        topv = topv / topv.sum(-1, keepdim=True)
+        flat = topi.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        tok = order // self.k
+        xs = xt[tok]
+        xs = Tap.apply(xs, call, "b_dispatched")
+        C.mark(call, "f_routed")
+        counts = torch.bincount(flat, minlength=self.E)
+        C.mark(call, "f_counts")
+        if self.ep > 1:
+            recv_counts = torch.empty_like(counts)
+            dist.all_to_all_single(recv_counts, counts, group=self.group)
+            c_send = counts.view(self.ep, self.L).sum(1).tolist()
+            rc = recv_counts.view(self.ep, self.L).tolist()
+            C.mark(call, "f_synced")
+            c_recv = [sum(r) for r in rc]
+            xr = _AllToAll.apply(xs, c_recv, c_send, self.group)
+            C.mark(call, "f_dispatched")
+            xr = Tap.apply(xr, call, "b_dispatch")
+            offs, o = [], 0
+            for r in rc:
+                offs.append(o)
+                o += sum(r)
+            pieces, per_expert = [], []
+            for e in range(self.L):
+                n = 0
+                for j in range(self.ep):
+                    st = offs[j] + sum(rc[j][:e])
+                    pieces.append(torch.arange(st, st + rc[j][e], device=x.device))
+                    n += rc[j][e]
+                per_expert.append(n)
+            perm = torch.cat(pieces)
+            xr = xr[perm]
+        else:
+            per_expert = counts.tolist()
+            C.mark(call, "f_synced")
+            C.mark(call, "f_dispatched")
+            xr = Tap.apply(xs, call, "b_dispatch")
+        xr = Tap.apply(xr, call, "b_regroup")
+        C.mark(call, "f_regrouped")
+        self.loads.append(sum(per_expert))
+        self.rows.append(list(per_expert))
+        outs, st = [], 0
+        for e, n in enumerate(per_expert):
+            outs.append(self.experts[e](xr[st:st + n]))
+            st += n
+        yr = torch.cat(outs)
+        yr = Tap.apply(yr, call, "b_experts")
+        C.mark(call, "f_experts")
+        if self.ep > 1:
+            inv = torch.empty_like(perm)
+            inv[perm] = torch.arange(perm.numel(), device=x.device)
+            yr = _AllToAll.apply(yr[inv], c_send, c_recv, self.group)
+        yr = Tap.apply(yr, call, "b_combine")
+        C.mark(call, "f_combined")
+        w = topv.reshape(-1)[order].to(yr.dtype)
+        out = torch.zeros(b * s, h, device=x.device, dtype=yr.dtype)
+        out = out.index_add(0, tok, yr * w[:, None])
+        out = out.view(b, s, h).type_as(x)
+        C.mark(call, "f_end")
+        return Tap.apply(out, call, "b_start")
+
+    return forward
+
+
+def run_kind(args, c, mod, step, layers, rank, world, dev, cuda, kind):
+    """Warm-up and timed steps of one routing; writes OUT/phases-CASE[-kind][-tiny]-rR.json."""
     def sync():
         if cuda:
             torch.cuda.synchronize()
 
+    for mo in layers:
+        mo.rows = []
     steps = []
     for i in range(args.warmup + args.steps):
         timed = i >= args.warmup
@@ -276,16 +339,72 @@ def main() -> int:
         CLOCK.on = False
     rows = [mo.rows[-args.steps * (len(mo.rows) // (args.warmup + args.steps)):]
             for mo in layers]
-    tag = args.case + ("-tiny" if args.tiny else "")
-    rec = {"script": f"steps_{args.script}.py", "case": args.case, "tiny": args.tiny,
+    tag = args.case + (f"-{kind}" if kind else "") + ("-tiny" if args.tiny else "")
+    name = {"alt": "steps_alt", "third": "steps_third", "steps": "steps"}[args.script]
+    rec = {"script": f"{name}.py", "case": args.case, "tiny": args.tiny,
            "rank": rank, "world": world, "model": c["model"], "steps": steps,
-           "rows": rows, "env": {"torch": torch.__version__,
+           "routing": kind, "rows": rows, "env": {"torch": torch.__version__,
                                  "gpu": torch.cuda.get_device_name(dev) if cuda else "cpu"}}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"phases-{tag}-r{rank}.json"), "w") as f:
         json.dump(rec, f)
     if rank == 0:
         print(f"RESULT {tag}: steps {[round(s['wall_s'], 4) for s in steps]}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--script", choices=("alt", "third", "steps"), required=True)
+    ap.add_argument("--routing", default="uniform", help="steps: uniform, skewed or both")
+    ap.add_argument("--case", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="CPU, gloo, tiny shapes (dry run)")
+    args = ap.parse_args()
+    name = {"alt": "steps_alt", "third": "steps_third", "steps": "steps"}[args.script]
+    mod = load(name)
+    mod.MoE.forward = {"alt": alt_forward, "third": third_forward,
+                       "steps": steps_forward}[args.script](mod)
+    rank, world, dev = mod.setup(args.quick)
+    if args.script == "steps":
+        mod.TINY["on"] = args.tiny
+    if args.script == "third" and args.tiny:
+        mod.TINY["on"] = True
+    c = mod.case_config(args.case, args.quick)
+    if args.script == "alt" and args.tiny and not args.quick:
+        m = c["model"]
+        m.update(hidden=16 * m["heads"], seq=128)
+        m["ffn"], m["expert_ffn"] = 2 * m["hidden"], 2 * m["hidden"]
+    assert c["world"] == world, f"{args.case} needs {c['world']} ranks"
+    if args.script == "steps":
+        c["name"] = args.case
+        built = mod.build_moe(c, rank, world, dev, args.quick)
+        layers, state = built[4], built[3]
+        reduce = mod.bucketed_all_reduce
+
+        def marked_reduce(*a, **k):  # the step's gradient reductions, then its optimizer
+            CLOCK.mark(-1, "reduce_start")
+            out = reduce(*a, **k)
+            CLOCK.mark(-1, "reduce_end")
+            return out
+
+        mod.bucketed_all_reduce = marked_reduce
+    else:
+        built = mod.build_moe(c, rank, world, dev)
+        layers = built[3] if args.script == "alt" else [blk.mlp for blk in built[0][0].layers]
+    step = built[1]
+    cuda = dev.type == "cuda"
+    CLOCK.cuda = cuda
+
+    kinds = [None]
+    if args.script == "steps":
+        kinds = ["uniform", "skewed"] if args.routing == "both" else [args.routing]
+    for kind in kinds:
+        if kind is not None:
+            state["kind"] = kind
+        run_kind(args, c, mod, step, layers, rank, world, dev, cuda, kind)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
