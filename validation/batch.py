@@ -172,7 +172,9 @@ def write_steps(b: Batch, box: str, name: str, metric: str, key: str, tol: float
     data = VALIDATION.parent / "data" / "measured" / f"heldout{b.n}-{box}x4"
     nine = _ninth()
     cases = nine.rows(metric, key, nine.frozen(b.here, b.n, box), data, STEP_TOPOLOGY[box], box)
-    summary = (f"{len(cases)} steps on 4x {box.upper()} by the third and second scripts"
+    scripts = ("the third and second scripts and steps.py" if forced_cases(b.n)
+               else "the third and second scripts")
+    summary = (f"{len(cases)} steps on 4x {box.upper()} by {scripts}"
                if metric == "step_time_s" else f"peak memory of those {len(cases)} steps")
     suite = {"name": name, "role": "held_out", "predicted_at": f"heldout-predictions-{b.n}",
              "summary": summary, "note": note, "role_note": b.role_note,
