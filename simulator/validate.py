@@ -21,7 +21,8 @@ collective on their own disjoint groups at the same time (as measured); ``timing
 the rows were timed, and a row whose own ``timing`` field says otherwise is not read:
 ``device`` (default: the GPU's own time, nccl-tests style), ``events`` (a CUDA event between
 calls a Python loop issues back to back: predicted as the longer of the device time and the
-host's interval between two calls, the box's gpus.yaml ``host_events_call_s``), ``host_sync`` (a
+host's interval between two calls, the box's gpus.yaml ``host_events_call_s``, for an
+all-to-all ``host_events_a2a_s`` with its part per peer), ``host_sync`` (a
 barrier and a synchronisation around each call: the host overhead is added)::
 
     kind: collectives
@@ -265,8 +266,8 @@ def timed_collective_s(coll, op: str, groups, nbytes: float, timing: str,
                        splits: str = "uniform", table=None) -> float:
     """What a measurement timed by ``timing`` shows of one collective: the GPU's time
     (``device``), the longer of it and the host's interval between back-to-back calls
-    (``events``: the box's gpus.yaml ``host_events_call_s``, for an all-to-all plus its
-    ``host_events_peer_s`` per peer), or it plus the host overhead of a barrier and a synchronisation
+    (``events``: the box's gpus.yaml ``host_events_call_s``, for an all-to-all its
+    ``host_events_a2a_s`` plus its ``host_events_peer_s`` per peer), or it plus the host overhead of a barrier and a synchronisation
     around the call (``host_sync``). The device time is NCCL's with the measuring scripts'
     buffers: each rank's share cut as ``benchmarks/device/comm.py`` cuts it, so the parts off a
     16-byte boundary run NCCL's narrow copies (:mod:`simulator.network.alignment`). An

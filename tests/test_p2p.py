@@ -136,13 +136,17 @@ def test_uniform_exchanges_are_priced_alike_on_every_path():
 
 
 def test_an_all_to_all_adds_its_host_time_per_peer():
+    """An all-to-all's interval is the box's all-to-all figure (gpus.yaml host_events_a2a_s,
+    not the other collectives') plus its kind's part per peer."""
     m = _h100x4()
-    peer = dict(m.topology.gpu.host_events_peer_s)
-    base = m.events_call_s
+    gpu = m.topology.gpu
+    peer = dict(gpu.host_events_peer_s)
+    base, a2a = m.events_call_s, gpu.host_events_a2a_s
+    assert base == gpu.host_events_call_s and a2a > 0 and a2a != base
     assert m.events_interval_s("all_reduce", 4) == base
-    assert m.events_interval_s("all_to_all", 4) == pytest.approx(base + 3 * peer["all_to_all"])
+    assert m.events_interval_s("all_to_all", 4) == pytest.approx(a2a + 3 * peer["all_to_all"])
     assert m.events_interval_s("all_to_all", 2, "hot") == pytest.approx(
-        base + peer["all_to_all_splits"])
+        a2a + peer["all_to_all_splits"])
 
 
 def test_host_peer_extra_equals_its_refit():

@@ -28,11 +28,14 @@ Data, every row >= 16 MiB a rank or device-timed (no host in its time):
 5. ``data/measured/a2a-pair-h100x4`` (>= 256 MiB; its 64 MiB pairs scatter with the host's
    interval): the same patterns under ``NCCL_MAX_P2P_NCHANNELS`` 8 / 16 / 32 and
    ``NCCL_MIN_P2P_NCHANNELS`` 64, each launch priced on its own layout (the channels and
-   channels per peer of its NCCL INFO line, :data:`LAYOUTS`).
+   channels per peer of its NCCL INFO line, :data:`LAYOUTS`);
+6. ``data/measured/a2a-floor-h100x4/alltoall.jsonl`` (128 MiB-1 GiB, ``a2a_floor.py`` phase
+   ``narrow``): pairs whose transfer is narrow on its send side only, its receive side only,
+   both (one rank), or neither, one way and both ways: what pins the two narrow rates apart.
 
-Rows of 2-5 on ``topologies/h100x4-nvswitch.yaml`` (pairs as two pairs at once), the tables
+Rows of 2-6 on ``topologies/h100x4-nvswitch.yaml`` (pairs as two pairs at once), the tables
 laid out in rank order in both buffers (parts off 16 bytes run narrow). Fit: least squares on
-log(predicted / measured), each data set (pair-device, uniform, uneven, probe, ports) weighing
+log(predicted / measured), each data set (pair-device, uniform, uneven, probe, ports, narrow) weighing
 alike (:func:`weights`), ten constants free, Nelder-Mead from a fixed start; the prediction is the model's own, taken apart once per row (:func:`prepared`: what does
 not depend on the constants, checked against ``CollectiveModel`` in tests) so that the search
 is a vector computation. Shipped: the launch to 0.1 us, the fill to 4 KiB, the rest at three
@@ -65,6 +68,8 @@ PROBES = (REPO / "data/measured/a2a-probe-h100x4/a2a_probe.jsonl",
           REPO / "data/measured/a2a-probe2-h100x4/a2a_probe.jsonl")
 PORTS = (REPO / "data/measured/a2a-ports-h100x4/a2a_probe.jsonl",
          REPO / "data/measured/a2a-pair-h100x4/a2a_probe.jsonl")
+#: pairs whose one transfer runs narrow on one side only (a2a_floor.py phase narrow)
+NARROW = REPO / "data/measured/a2a-floor-h100x4/alltoall.jsonl"
 #: (p2p channels, channels per peer) of a launch with NCCL_MAX/MIN_P2P_NCHANNELS set (its NCCL
 #: INFO line, data/measured/a2a-pair-h100x4/nccl_channels.txt); every other launch: fabrics.yaml
 LAYOUTS = {"max8": (8, 8), "max16": (16, 16), "max32": (32, 32), "min64": (64, 64)}
@@ -127,6 +132,8 @@ def fit_rows() -> list[tuple[str, dict, list[list[float]], bool, str]]:
         out += [(name, r, [[float(b) for b in row] for row in r["table_bytes"]], True, "x4")
                 for path in paths for r in jsonl(path)
                 if r.get("phase") == "large" and r["bytes"] >= lo]
+    out += [("narrow", r, [[float(b) for b in row] for row in r["table_bytes"]], True, "x4")
+            for r in jsonl(NARROW) if r.get("phase") == "narrow"]
     return out
 
 

@@ -22,16 +22,20 @@ that run shows), least squares on log(predicted / measured) over a 0.1 us grid.
 
 Event timing: a Python loop issuing calls back to back with a CUDA event between them (the
 ``timing: events`` suites) times max(the call's device time, the host's interval between two
-calls). That interval is the box's (gpus.yaml ``host_events_call_s``, per GPU entry: the host
-is part of the machine): the median of the event-timed rows <= 256 KiB (all-reduce,
-all-gather, reduce-scatter, uniform all-to-all, groups of 4 and 2) of the box's files
-(:data:`HOST_BOUND_DATA`), whose device time is 8-12 us (the device-bound rows above), so the
-host bounds them: on the 4x H100 box its three calibration files
-(``data/calibration/h100x4-nvswitch/collectives.jsonl``, ``alltoall.jsonl`` and
-``collectives-pair-alone.jsonl``, three processes whose loops ran at medians of 69, 52 and 55
-us; the catalog's default; until 2026-11-27 the third was left out, 67.0 us), on the 4x H200 box its development files (``data/measured/h200x4/collectives.jsonl``,
-``data/measured/h200x4-alltoall/alltoall.jsonl``). (The device-bound file's own event rows,
-58-73 us, were timed with NCCL's per-call tuning log on, which slows the host.) Until 2026-11-27 the split was the median difference between
+calls): the slowest rank's host time a call plus its event record
+(``data/measured/a2a-floor-h100x4``), which moves between runs with the state the processes
+run in. The interval is the box's (gpus.yaml ``host_events_call_s`` for all-reduce,
+all-gather and reduce-scatter, ``host_events_a2a_s`` for all-to-all, per GPU entry: the host
+is part of the machine): the :func:`centre` (the value minimising the mean relative error,
+what the suites score) of the event-timed rows <= 256 KiB of the kind (the all-to-alls
+uniform, each less its per-peer part) of every non-held-out run on the box
+(:data:`HOST_BOUND_DATA`), each at least twice the device's time (8-12 us): on the 4x H100
+box its three calibration files, the floor probe's two default launches and the development
+batches heldout10-14 (comm.py); on the 4x H200 box its development files (measure.py's,
+comm.py's all-to-all run, heldout9). (The device-bound file's own event rows, 58-73 us, were
+timed with NCCL's per-call tuning log on, which slows the host.) Until 2026-11-28 one figure
+per box for every kind, the median of the calibration files alone (H100 59.2 us, H200 31.6:
+the H200's all-to-alls -30 %); until 2026-11-27 the split was the median difference between
 host-synchronised and CUDA-event rows at <= 256 KiB, whose event rows time that host interval
 too: 25.6 us of "launch" on the GPU, three times the device's.
 """
@@ -60,13 +64,22 @@ TOPOLOGY = REPO / "topologies/h200x4-nvswitch.yaml"
 DEVICE_TOPOLOGY = REPO / "topologies/h100x2-nvswitch.yaml"
 DEVICE_OPS, DEVICE_MAX_BYTES = ("all_gather", "reduce_scatter"), 2**20
 #: per GPU entry of gpus.yaml (``defaults``: the catalog's default, the 4x H100 box's), the
-#: event-timed files of its box whose small rows time the host's call interval
+#: event-timed files of its box whose small rows time the host's call interval: every run on
+#: the box that is not held out (the development batches' collective files among them)
 HOST_BOUND_DATA = {
     "defaults": (REPO / "data/calibration/h100x4-nvswitch/collectives.jsonl",
                  REPO / "data/calibration/h100x4-nvswitch/alltoall.jsonl",
-                 REPO / "data/calibration/h100x4-nvswitch/collectives-pair-alone.jsonl"),
+                 REPO / "data/calibration/h100x4-nvswitch/collectives-pair-alone.jsonl",
+                 REPO / "data/measured/a2a-floor-h100x4/events.jsonl",
+                 *(REPO / f"data/measured/heldout{b}-h100x4/{f}.jsonl"
+                   for b, files in ((10, ("comm-g3-aligned", "comm-g3-misaligned", "comm-g4")),
+                                    (11, ("comm-g3", "comm-g4")), (12, ("comm-g3", "comm-g4")),
+                                    (13, ("comm-g3", "comm-g4")), (14, ("comm-g3", "comm-g4")))
+                   for f in files)),
     "H200-SXM-141GB": (REPO / "data/measured/h200x4/collectives.jsonl",
-                       REPO / "data/measured/h200x4-alltoall/alltoall.jsonl"),
+                       REPO / "data/measured/h200x4-alltoall/alltoall.jsonl",
+                       REPO / "data/measured/heldout9-h200x4/comm-g3.jsonl",
+                       REPO / "data/measured/heldout9-h200x4/comm-g4-offset.jsonl"),
 }
 HOST_BOUND_OPS, HOST_BOUND_MAX_BYTES = ("all_reduce", "all_gather", "reduce_scatter",
                                         "all_to_all"), 2**18
@@ -230,15 +243,35 @@ def host_bound_rows(gpu: str = "defaults") -> list[dict]:
             and r.get("splits", "uniform") == "uniform" and r["bytes"] <= HOST_BOUND_MAX_BYTES]
 
 
+def centre(values) -> float:
+    """The value minimising the mean relative error over ``values`` (what a suite's MAPE
+    scores): their median weighted 1 / value."""
+    v = sorted(float(x) for x in values)
+    half, acc = sum(1.0 / x for x in v) / 2.0, 0.0
+    for x in v:
+        acc += 1.0 / x
+        if acc >= half:
+            return x
+    raise ValueError("no values")
+
+
 def events_call_us(gpu: str = "defaults") -> float:
     """The host's interval between back-to-back calls of an events-timed loop on ``gpu``'s
-    box: the median of :func:`host_bound_rows`, each less what its kind adds beyond an
-    all-reduce (:func:`events_peer_us`: an all-to-all's), rounded to 0.1 us."""
-    peer = events_peer_us()
-    return round(statistics.median(
-        r["time_s"] * 1e6 - (peer["all_to_all"] * (r["group"] - 1) if r["op"] == "all_to_all"
-                             else 0.0)
-        for r in host_bound_rows(gpu)), 1)
+    box: the :func:`centre` of its :func:`host_bound_rows` of all-reduces, all-gathers and
+    reduce-scatters, rounded to 0.1 us."""
+    return round(centre(
+        r["time_s"] * 1e6 for r in host_bound_rows(gpu) if r["op"] != "all_to_all"), 1)
+
+
+def events_a2a_us(gpu: str = "defaults") -> float:
+    """The same interval for ``all_to_all_single`` on ``gpu``'s box (gpus.yaml
+    ``host_events_a2a_s``): its uniform all-to-all rows among
+    :func:`host_bound_rows`, each less its per-peer part (:func:`events_peer_us`): their
+    :func:`centre`, rounded to 0.1 us."""
+    peer = events_peer_us()["all_to_all"]
+    return round(centre(
+        r["time_s"] * 1e6 - peer * (r["group"] - 1)
+        for r in host_bound_rows(gpu) if r["op"] == "all_to_all"), 1)
 
 
 #: the host phase of the all-to-all probe (``benchmarks/device/a2a_probe.py``): per call kind
@@ -280,11 +313,12 @@ def shipped_events_peer_us() -> dict[str, float]:
     return {k: round(float(v) * 1e6, 2) for k, v in cat["defaults"]["host_events_peer_s"].items()}
 
 
-def shipped_events_call_us() -> dict[str, float]:
-    """gpus.yaml's ``host_events_call_s`` in us, per entry of :data:`HOST_BOUND_DATA`."""
+def shipped_events_call_us(key: str = "host_events_call_s") -> dict[str, float]:
+    """gpus.yaml's ``key`` (``host_events_call_s`` or ``host_events_a2a_s``) in us, per
+    entry of :data:`HOST_BOUND_DATA`."""
     cat = yaml.safe_load(CATALOG_FILE.read_text())
     return {g: round(float((cat["defaults"] if g == "defaults" else cat["gpus"][g])
-                           ["host_events_call_s"]) * 1e6, 1) for g in HOST_BOUND_DATA}
+                           [key]) * 1e6, 1) for g in HOST_BOUND_DATA}
 
 
 def launch_split(fab: Mapping | None = None) -> dict[str, float]:
@@ -293,7 +327,8 @@ def launch_split(fab: Mapping | None = None) -> dict[str, float]:
     launch = fit_launch(fab)
     total = shipped(fab)["launch_total_us"]
     return {"host_sync_overhead_us": round(total - launch, 1), "launch_us": launch,
-            **{f"events_call_us[{g}]": events_call_us(g) for g in HOST_BOUND_DATA}}
+            **{f"events_call_us[{g}]": events_call_us(g) for g in HOST_BOUND_DATA},
+            **{f"events_a2a_us[{g}]": events_a2a_us(g) for g in HOST_BOUND_DATA}}
 
 
 def refit() -> dict[str, tuple[float, float]]:
@@ -307,6 +342,8 @@ def refit() -> dict[str, tuple[float, float]]:
     out["launch_us"] = (split["launch_us"], float(fab["nccl"]["launch_us"]))
     for g, v in shipped_events_call_us().items():  # gpus.yaml host_events_call_s
         out[f"events_call_us[{g}]"] = (split[f"events_call_us[{g}]"], v)
+    for g, v in shipped_events_call_us("host_events_a2a_s").items():  # host_events_a2a_s
+        out[f"events_a2a_us[{g}]"] = (split[f"events_a2a_us[{g}]"], v)
     peer, now = events_peer_us(), shipped_events_peer_us()
     for k, v in now.items():  # gpus.yaml host_events_peer_s
         out[f"events_peer_us[{k}]"] = (peer[k], v)

@@ -36,7 +36,7 @@ __all__ = ["DEEPEP", "DEEPEP_RATE", "deepep_copies", "routed_copies", "routed_co
 #: Share of the modelled link rate DeepEP's normal dispatch and combine kernels reach: the
 #: median over its README's eight H800 figures of (this module's time at rate 1) / (the
 #: README's time), refitted by ``python -m simulator.calibrate deepep`` (module docstring).
-DEEPEP_RATE = 0.9071
+DEEPEP_RATE = 0.9069
 
 
 def routed_split(moe: MoEConfig, topo: Topology, group: Sequence[int]):

@@ -199,6 +199,10 @@ class GPUSpec:
     #: than it shows (``validate``'s ``timing: events``; never paid in training, whose host
     #: clock is the step model's). Per box kind: the host is part of the machine (gpus.yaml)
     host_events_call_s: float = 0.0
+    #: the same interval for ``all_to_all_single`` (without split lists, before its per-peer
+    #: part below): its own figure per box (gpus.yaml ``host_events_a2a_s``); 0 reads as
+    #: ``host_events_call_s``
+    host_events_a2a_s: float = 0.0
     #: what an all-to-all call adds to that interval per peer of its group beyond the other
     #: collectives', ``{all_to_all: s, all_to_all_splits: s}`` (without and with split lists;
     #: gpus.yaml ``host_events_peer_s``)
@@ -495,7 +499,7 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
                 "host_fsdp_call_s", "host_fsdp_tensor_s", "host_fused_op_s",
                 "host_fused_collective_s", "host_multihot_s", "host_gemm_new_shape_fwd_s",
                 "host_gemm_new_shape_dgrad_s", "host_gemm_new_shape_wgrad_s",
-                "host_events_call_s", "sync_jitter", "host_jitter", "host_barrier_s",
+                "host_events_call_s", "host_events_a2a_s", "sync_jitter", "host_jitter", "host_barrier_s",
                 "host_dtensor_opt_step_s",
                 "host_dtensor_opt_tensor_s", "host_dtensor_opt_tensor_nosp_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,

@@ -189,6 +189,8 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         #: (what an event-timed measurement of a call shorter than it shows; not in training):
         #: the box's own (gpus.yaml ``host_events_call_s``)
         self.events_call_s = float(topology.gpu.host_events_call_s)
+        #: an all-to-all's (gpus.yaml ``host_events_a2a_s``; the box's interval where unset)
+        self.events_a2a_s = float(topology.gpu.host_events_a2a_s) or self.events_call_s
         #: what an all-to-all adds to it per peer of its group (gpus.yaml host_events_peer_s)
         self.events_peer_s = dict(topology.gpu.host_events_peer_s)
         self.copy_Bps = float(fab["copy_GBps"]) * 1e9
@@ -227,12 +229,13 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
     def events_interval_s(self, op: str, n: int, splits: str = "uniform") -> float:
         """The host's interval between back-to-back calls of ``op`` over groups of ``n`` in an
         event-timed Python loop (what such a measurement shows of a shorter call; never paid
-        in training): the box's interval, an all-to-all's extra per peer added (with split
-        lists where ``splits`` is not ``uniform``)."""
+        in training): the box's interval, for an all-to-all the box's all-to-all interval
+        with its extra per peer added (with split lists where ``splits`` is not
+        ``uniform``)."""
         if op != "all_to_all":
             return self.events_call_s
         kind = "all_to_all" if splits == "uniform" else "all_to_all_splits"
-        return self.events_call_s + self.events_peer_s.get(kind, 0.0) * max(n - 1, 0)
+        return self.events_a2a_s + self.events_peer_s.get(kind, 0.0) * max(n - 1, 0)
 
     def algorithm(self, op: str, group: Sequence[int], nbytes: float) -> str:
         """The ``"algorithm/protocol"`` NCCL would pick: the lowest predicted time."""
