@@ -64,8 +64,10 @@ def test_fp8_dispatch_halves_the_bytes_towards_the_experts():
     assert bwd["moe_combine"] == pytest.approx(t * k * h * BLOCK)
     assert bwd["moe_dispatch"] == pytest.approx(t * k * h * 2)
     # per rank and layer: 2 x 1.03 + 2 x 2 bytes per element instead of 4 x 2
-    total = sum(fwd.values()) + sum(bwd.values()) - fwd["moe_counts"]
+    total = sum(v for d in (fwd, bwd) for n, v in d.items() if n in ("moe_dispatch", "moe_combine"))
     assert total == pytest.approx(t * k * h * (2 * BLOCK + 2 * 2))
+    # the copies' routing probabilities (Megatron-Core's alltoall dispatcher) stay fp32
+    assert fwd["moe_dispatch_probs"] == bwd["moe_dispatch_probs"] == pytest.approx(t * k * 4)
 
 
 def _run(tmp_path, capsys, training: dict) -> dict:

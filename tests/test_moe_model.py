@@ -86,10 +86,13 @@ def test_alltoall_bytes_per_rank(ep, tp, b):
     assert moe.alltoall_bytes_per_rank(t, 8, 7168, 2, ep) == pytest.approx(per)
     kw = dict(tp=tp, ep=ep, etp=1, d=2)
     for ops in (moe.moe_forward_ops(DSV3, loc, **kw), moe.moe_backward_ops(DSV3, loc, **kw)):
-        big = [c for c in _comms(ops) if c.name != "moe_counts"]
+        big = [c for c in _comms(ops) if c.name not in ("moe_counts", "moe_dispatch_probs")]
         assert len(big) == 2
         # nbytes as nccl-tests counts it (the whole send buffer); (ep-1)/ep leaves the rank
         assert all(c.nbytes * (ep - 1) / ep == pytest.approx(per) for c in big)
+        # Megatron-Core's alltoall dispatcher sends each copy's fp32 probability beside it
+        probs = [c for c in _comms(ops) if c.name == "moe_dispatch_probs"]
+        assert [c.nbytes for c in probs] == [pytest.approx(t * 8 * 4)]
 
 
 def test_uniform_load_spreads_copies_evenly():

@@ -567,6 +567,16 @@ class TrainingConfig(Frozen):
         "false: its PyTorch _indices_to_multihot, 27 kernels and 5 host synchronisations "
         "(boolean indexing, repeat_interleave) after every dispatch, 5 kernels backward",
     )
+    moe_probs_alltoall: Bool = Field(
+        True,
+        description="fused MoE code with moe_dispatcher alltoall: the routing probabilities "
+        "of the permuted token copies travel with them in a second all-to-all (and a second "
+        "all-gather over etp), fp32, forward and backward, and the experts' activation "
+        "weights each row, as Megatron-Core runs it since Megatron-LM 2659630721 "
+        "(2025-04-09: main since then, core_v0.12.1, 0.13 on); false: the probabilities stay "
+        "on their rank and the un-permutation merges them, as core_v0.12.0 and earlier "
+        "(NeMo 25.02 / 25.04) ran it",
+    )
     moe_routes: Literal["learned", "replayed"] = Field(
         "learned",
         description="where an eager MoE step's routes come from: learned (a router picks "

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 
-from simulator.model.moe import MULTIHOT_KERNELS, engine_op, routing_op
+from simulator.model.moe import MULTIHOT_KERNELS, PLAIN_ATEN_PREFIXES, engine_op, routing_op
 from simulator.model.ops import HOST_SYNC
 from simulator.model.sync import BARRIER_SYNCS
 
@@ -70,8 +70,9 @@ class HostRates:
     #: slices, :data:`simulator.model.moe.ENGINE_OPS`); 0: ``op_s``
     engine_op_s: float = 0.0
     #: per kernel of Megatron-Core's unfused DeepEP routing map (``moe.MULTIHOT_KERNELS``:
-    #: plain aten calls on integer tensors, measured as a call, :func:`multihot_op_s`);
-    #: 0: ``op_s``
+    #: plain aten calls on integer tensors, measured as a call, :func:`multihot_op_s`), and
+    #: of its alltoall dispatcher's count kernels and copies (``moe.PLAIN_ATEN_PREFIXES``:
+    #: the same kind of call); 0: ``op_s``
     multihot_op_s: float = 0.0
     #: more host time on each synchronisation that follows a collective of the EP group (a
     #: barrier of its hosts, :data:`simulator.model.sync.BARRIER_SYNCS`), beyond ``sync_s``:
@@ -129,7 +130,8 @@ class HostRates:
             return self.collective_s
         if self.engine_op_s > 0.0 and engine_op(part.name):
             return self.engine_op_s
-        if self.multihot_op_s > 0.0 and part.name in MULTIHOT_KERNELS:
+        if self.multihot_op_s > 0.0 and (part.name in MULTIHOT_KERNELS
+                                         or part.name.startswith(PLAIN_ATEN_PREFIXES)):
             return self.multihot_op_s
         if self.moe_op_s > 0.0 and part.block == "moe" and routing_op(part.name):
             return self.moe_op_s

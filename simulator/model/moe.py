@@ -66,6 +66,13 @@ ROUTER_NO_BACKWARD = ("router_random", "router_map", "router_tokens", "router_au
 #: experts' input concatenations (``regroup: concat``), whose backward is views
 NO_BACKWARD_PREFIXES = ("perm_arange", "perm_ids", "perm_sort", "expert_cat_in",
                         *ROUTER_NO_BACKWARD)
+#: Megatron-Core's alltoall dispatcher's bookkeeping on integer tensors (fused code,
+#: :func:`_alltoall_preprocess_ops`): the count kernels, the split sizes' device-to-host
+#: copies and the un-sort's split sizes; plain aten calls, no backward (host time per call:
+#: the plain-aten rate measured on ``_indices_to_multihot``, gpus.yaml ``host_multihot_s``)
+PLAIN_ATEN_PREFIXES = ("a2a_counts_", "a2a_dtoh_", "unsort_sizes")
+#: Transformer Engine's row map of its fused permutation (two Triton kernels, no backward)
+ROW_MAP_PREFIX = "te_row_map"
 
 #: The collective of a node-aware dispatch or combine (``moe_dispatcher: deepep``): ``nbytes``
 #: is one vector per token of the rank, spread as :func:`simulator.model.moe_routing.
@@ -809,6 +816,58 @@ def _sent_rows(loc: MoELocal, E: int, k: int, dispatcher: str) -> float:
     return float(loc.tokens * k)
 
 
+def _alltoall_preprocess_ops(t: int, E: int, L: int, ep: int, etp: int, capped: bool,
+                             fused_permute: bool) -> tuple[list[Op], Comm | None, list[Op]]:
+    """Megatron-Core's alltoall dispatcher's ``preprocess`` of a dropless (not padded) layer
+    and its device-to-host copies (``token_dispatcher.py`` at Megatron-LM 1e057005,
+    2025-05-24; the same kernels in core_v0.11.0 and at main in 2026-08), on ``t`` tokens,
+    ``E`` experts, ``L`` local experts: ``(before the count exchange, the exchange, after it)``.
+
+    * ``routing_map.sum(dim=0)`` (the rank's copies per expert), with a capacity factor
+      (``capped``: tokens dropped, not padded) their ``.sum()`` (``num_out_tokens``);
+    * with ``ep * etp > 1``: the input splits (``reshape(ep, L).sum(axis=1)``), the
+      all-gather of the counts over the expert TP x EP group
+      (``gather_from_sequence_parallel_region``: ``E`` int64 from each rank), the local
+      experts' slice (``.contiguous()``), its sums per rank (the output splits), per TP rank
+      and per local expert;
+    * the copies to the host, ``non_blocking`` on a side stream (``cuda_dtoh_stream``;
+      core_v0.11 on the compute stream), each one ``cudaMemcpyAsync`` of a few int64: the
+      tokens per local expert, with ``ep * etp > 1`` the input, output and TP output splits,
+      with ``capped`` ``num_out_tokens``, with ``L > 1`` and the PyTorch permutation the
+      local experts' counts from every rank (``num_global_tokens_per_local_expert``).
+
+    Each kernel reads and writes a few hundred bytes (a few microseconds each on the GPU);
+    they matter as launches (:data:`PLAIN_ATEN_PREFIXES`). ``fused_permute`` adds Transformer
+    Engine's row map of the fused permutation (``triton_permutation.make_row_id_map``, TE
+    2.1-2.5: two Triton kernels, a block cumulative sum of the ``[t, E]`` map into an int64
+    ``[E, t]`` map and its completion), placed after the copies, before the permutation."""
+    group = ep * etp
+    before = [mem_op("a2a_counts_sum", "moe", t * E + E * I64)]
+    if capped:
+        before.append(mem_op("a2a_counts_out", "moe", E * I64 + I64))
+    comm, after = None, []
+    if group > 1:
+        before.append(mem_op("a2a_counts_splits", "moe", E * I64 + ep * I64))
+        comm = Comm("moe_counts", "all_gather", "ep" if ep > 1 else "etp", group * E * I64)
+        after += [mem_op("a2a_counts_slice", "moe", 2 * group * L * I64),
+                  mem_op("a2a_counts_rank", "moe", group * (L + 1) * I64),
+                  mem_op("a2a_counts_tp", "moe", (group + etp) * I64),
+                  mem_op("a2a_counts_local", "moe", (group + 1) * L * I64)]
+    copies = [("tokens", L)]
+    if group > 1:
+        copies += [("input", ep), ("output", ep), ("output_tp", etp)]
+    if capped:
+        copies.append(("out_tokens", 1))
+    if L > 1 and not fused_permute:
+        copies.append(("global", group * L))
+    after += [mem_op(f"a2a_dtoh_{name}", "moe", n * I64) for name, n in copies]
+    if fused_permute:
+        m = t * E
+        after += [mem_op(f"{ROW_MAP_PREFIX}_1", "moe", m + m * I64),
+                  mem_op(f"{ROW_MAP_PREFIX}_2", "moe", 2 * m * I64)]
+    return before, comm, after
+
+
 def _unfused_permute_ops(t: int, E: int, R: float, h: int, d: int, pad: bool) -> list[Op]:
     """Megatron-Core's PyTorch ``permute`` (``moe_utils.py``, core_v0.11.0-0.12, what NeMo
     2.2 / 2.3 ran with ``moe_permute_fusion`` off) of a rank's ``t`` tokens into ``R`` rows
@@ -895,6 +954,7 @@ def moe_forward_ops(
     multihot: str = "fused",
     regroup: str = "aranges",
     permute_kind: str = "fused",
+    probs_alltoall: bool = True,
 ) -> list[Op | Comm]:
     """Kernels and collectives of one MoE block's forward on the busiest EP rank, after the
     attention's residual add: ``norm2, router, router_topk, permute, [count exchange,
@@ -909,7 +969,11 @@ def moe_forward_ops(
     (:func:`_eager_regroup_ops`). ``permute_kind``: :func:`permute_kernels` (the alltoall
     dispatcher of fused code). With ``model.moe.pad_to_capacity`` each rank sends every expert
     its capacity (``loc.pad_capacity`` rows) and fused code exchanges no counts (Megatron-Core's
-    alltoall dispatcher knows them: ``preprocess`` returns before its count gather)."""
+    alltoall dispatcher knows them: ``preprocess`` returns before its count gather); dropless
+    it runs its count kernels, all-gather and copies (:func:`_alltoall_preprocess_ops`).
+    ``probs_alltoall`` (``training.moe_probs_alltoall``, alltoall dispatcher of fused code):
+    the copies' routing probabilities (fp32) follow them in a second all-to-all (and
+    all-gather over ``etp``) and through the chunk sort."""
     moe, h = model.moe, model.hidden
     q = d if dispatch_bytes is None else dispatch_bytes
     t, k, E = loc.tokens, moe.top_k, moe.experts
@@ -955,16 +1019,31 @@ def moe_forward_ops(
             before, after = _deepep_routing_ops(
                 t, E, k, deepep_received_tokens(loc, E, k, ep), loc.local_experts, R_ep,
                 multihot)
-        ops += [*before, *counts, *permute] if grouped else [*permute, *counts]
+        # Megatron-Core's alltoall dispatcher (fused code): its preprocess and copies
+        mcore_a2a = grouped and dispatcher == "alltoall"
+        probs = mcore_a2a and probs_alltoall
+        share = None if loc.uniform else loc.busiest_share
+        if mcore_a2a and not padded:
+            pre, gather, post = _alltoall_preprocess_ops(
+                t, E, loc.local_experts, ep, etp, moe.capacity_factor is not None,
+                permute_kind == "fused")
+            ops += [*pre, *([gather] if gather is not None else []), *post, *permute]
+        else:
+            ops += [*before, *counts, *permute] if grouped else [*permute, *counts]
         if ep > 1:
-            ops.append(Comm("moe_dispatch", a2a, "ep", t_rows * copies * h * q, None if loc.uniform else loc.busiest_share))
+            ops.append(Comm("moe_dispatch", a2a, "ep", t_rows * copies * h * q, share))
+            if probs:
+                ops.append(Comm("moe_dispatch_probs", "all_to_all", "ep",
+                                t_rows * copies * FP32, share))
         ops += after
         if etp > 1:
             ops.append(Comm("moe_etp_gather", "all_gather", "etp", R * h * q))
+            if probs:
+                ops.append(Comm("moe_etp_gather_probs", "all_gather", "etp", R * FP32))
         if not grouped:
             ops += _eager_regroup_ops(regroup, loc, ep, R_ep, h, d)
         elif ep > 1 and (loc.local_experts > 1 or fused_deepep):
-            ops.append(mem_op("sort_chunks", "moe", 2 * R_ep * h * d))
+            ops.append(mem_op("sort_chunks", "moe", 2 * R_ep * (h * d + (FP32 if probs else 0))))
     ops += _expert_ops(model, loc, d, grouped)
     if not grouped:  # torch.cat of the experts' outputs
         ops.append(mem_op("expert_cat", "moe", 2 * R * h * d))
@@ -979,9 +1058,14 @@ def moe_forward_ops(
         if ep > 1 and not grouped and regroup != "concat":
             ops += _eager_index_ops("inv", 2, R_ep)
         if ep > 1 and (loc.local_experts > 1 or fused_deepep) and (grouped or regroup != "concat"):
+            if grouped and dispatcher == "alltoall" and not padded and permute_kind == "fused":
+                # the un-sort's split sizes, ``num_global_tokens_per_local_expert.T.ravel()``:
+                # a transposed view made contiguous on the GPU
+                ops.append(mem_op("unsort_sizes", "moe", 2 * ep * etp * loc.local_experts * I64))
             ops.append(mem_op("unsort_chunks", "moe", 2 * R_ep * h * d))
         if ep > 1:
-            ops.append(Comm("moe_combine", a2a, "ep", t_rows * copies * h * d, None if loc.uniform else loc.busiest_share))
+            ops.append(Comm("moe_combine", a2a, "ep", t_rows * copies * h * d,
+                            None if loc.uniform else loc.busiest_share))
         if grouped and not fused_deepep and permute_kind == "unfused":
             ops += _unfused_unpermute_ops(t, E, t_rows * copies, h, d, padded)
         elif grouped and not fused_deepep:
@@ -1092,6 +1176,7 @@ def moe_backward_ops(
     multihot: str = "fused",
     regroup: str = "aranges",
     permute_kind: str = "fused",
+    probs_alltoall: bool = True,
 ) -> list[Op | Comm]:
     """The forward reversed: each GEMM's dgrad and wgrad, every collective's conjugate (an
     all-to-all stays an all-to-all with the gradients, an all-gather becomes a reduce-scatter
@@ -1110,6 +1195,7 @@ def moe_backward_ops(
     fwd = moe_forward_ops(
         model, loc, tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=grouped,
         router=router, multihot=multihot, regroup=regroup, permute_kind=permute_kind,
+        probs_alltoall=probs_alltoall,
     )
     h, f = model.hidden, loc.ffn
     fc1_out = 2 * f if model.activation == "swiglu" else f
@@ -1166,7 +1252,8 @@ def moe_backward_ops(
         elif op.name.startswith(("permute_", "unpermute_")):  # PyTorch's permutation
             rows = _sent_rows(loc, model.moe.experts, model.moe.top_k, dispatcher)
             out += _unfused_permute_backward(op.name, loc.tokens, model.moe.experts, rows, h, d)
-        elif op.name in NO_BACKWARD or op.name.startswith(NO_BACKWARD_PREFIXES):
+        elif op.name in NO_BACKWARD or op.name.startswith(
+                (*NO_BACKWARD_PREFIXES, *PLAIN_ATEN_PREFIXES, ROW_MAP_PREFIX)):
             continue
         elif op.name in ("permute", "unpermute", "sort_chunks", "unsort_chunks"):
             out.append(mem_op(op.name, op.block, op.bytes, True))

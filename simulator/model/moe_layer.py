@@ -129,7 +129,8 @@ def layer_settings(training, ep: int, etp: int) -> dict:
                 router=moe.router_kernels(training),
                 multihot=moe.multihot_kernels(training),
                 regroup=training.moe_regroup,
-                permute_kind=moe.permute_kernels(training))  # fmt: skip
+                permute_kind=moe.permute_kernels(training),
+                probs_alltoall=training.moe_probs_alltoall)  # fmt: skip
 
 
 def layer_ops(
@@ -158,6 +159,7 @@ def layer_ops(
     multihot: str = "fused",
     regroup: str = "aranges",
     permute_kind: str = "fused",
+    probs_alltoall: bool = True,
 ) -> list[Op]:
     """One layer's forward (or backward) on one rank of an MoE and/or MLA model: kernels and
     collectives over ``tp``, ``cp``, ``ep`` and ``etp`` (module docstring);
@@ -165,7 +167,9 @@ def layer_ops(
     many bytes an element (:func:`simulator.model.moe.expert_wgrad_acc_bytes`); ``router``
     which router kernels run (:func:`simulator.model.moe.router_kernels`); ``regroup`` how
     eager code arranges the received copies for its experts (``training.moe_regroup``);
-    ``permute_kind`` how fused code permutes (:func:`simulator.model.moe.permute_kernels`)."""
+    ``permute_kind`` how fused code permutes (:func:`simulator.model.moe.permute_kernels`);
+    ``probs_alltoall`` whether Megatron-Core's alltoall dispatcher sends the routing
+    probabilities beside the tokens (``training.moe_probs_alltoall``)."""
     b, sp, d = micro_batch, sequence_parallel, precision_bytes
     local = mc.cp_local(model, cp)
     # the dense layer with its TP/CP collectives: its attention and MLP halves are reused
@@ -189,19 +193,21 @@ def layer_ops(
         res2 = [op for op in mlp if op.name.startswith("residual2")]
         body = _moe_body(local, b, tp, d, backward, kernels, param_dtype, ep, etp,
                          expert_load, dispatcher, dispatch_bytes, wgrad_acc_bytes,
-                         router, multihot, regroup, permute_kind)  # fmt: skip
+                         router, multihot, regroup, permute_kind, probs_alltoall)  # fmt: skip
         mlp = [*res2, *body, *norm2] if backward else [*norm2, *body, *res2]
     return [*mlp, *att] if backward else [*att, *mlp]
 
 
 def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, dispatcher,
               dispatch_bytes=None, wgrad_acc_bytes=0, router="fused",
-              multihot="fused", regroup="aranges", permute_kind="fused") -> list[Op]:  # fmt: skip
+              multihot="fused", regroup="aranges", permute_kind="fused",
+              probs_alltoall=True) -> list[Op]:  # fmt: skip
     """The MoE block between norm2 and residual2, its collectives as comm ops."""
     loc = moe.moe_local(model, b, tp, 1, ep, etp, load)
     kw = dict(tp=tp, ep=ep, etp=etp, d=d, dispatcher=dispatcher, grouped=kernels == "fused",
               dispatch_bytes=dispatch_bytes, router=router, multihot=multihot,
-              regroup=regroup, permute_kind=permute_kind)  # fmt: skip
+              regroup=regroup, permute_kind=permute_kind,
+              probs_alltoall=probs_alltoall)  # fmt: skip
     if backward:
         block = moe.moe_backward_ops(model, loc, wgrad_acc_bytes=wgrad_acc_bytes, **kw)
     else:
@@ -223,7 +229,10 @@ def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, di
     # (token_dispatcher.py preprocess: cuda_sync_point "no_sync")
     padded = kernels == "fused" and model.moe.pad_to_capacity and dispatcher == "alltoall"
     if not backward and not padded:
-        body.insert(_sync_at(body, kernels), Op("moe_counts_sync", HOST_SYNC, "moe"))
+        mcore_a2a = None
+        if kernels == "fused" and dispatcher == "alltoall":
+            mcore_a2a = "capped" if model.moe.capacity_factor is not None else "dropless"
+        body.insert(_sync_at(body, kernels, mcore_a2a), Op("moe_counts_sync", HOST_SYNC, "moe"))
         if kernels == "eager" and ep > 1:
             # torch.bincount of the copies' expert ids (every eager script counts them so)
             # reads their min and max on the host before the count exchange (CUDA bincount
@@ -238,7 +247,7 @@ def _moe_body(model, b, tp, d, backward, kernels, param_dtype, ep, etp, load, di
     return body
 
 
-def _sync_at(body: list[Op], kernels: str) -> int:
+def _sync_at(body: list[Op], kernels: str, mcore_a2a: str | None = None) -> int:
     """Where an MoE layer's forward waits on its host for the token counts (the host clock of
     :mod:`simulator.engine.host` prices what follows).
 
@@ -252,10 +261,23 @@ def _sync_at(body: list[Op], kernels: str) -> int:
     host); the allgather dispatcher calls ``.cpu()`` on the tokens per expert after its
     gather; DeepEP's dispatch waits on the host for its count exchange (``num_recv_tokens_
     per_expert_list``) before it sends. So the sync follows the count exchange (or the
-    gather), else comes before the first expert GEMM."""
+    gather), else comes before the first expert GEMM.
+
+    Megatron-Core's alltoall dispatcher (``mcore_a2a``, fused code) is placed as its
+    ``cuda_sync_point`` says: dropless (``"dropless"``) after its permutation, where
+    ``token_dispatch`` waits for the copies (``before_ep_alltoall``: the permutation's kernels
+    were launched before the wait, and the copies, issued after the count kernels, finish
+    while it runs; core_v0.11 waited on the compute stream there, the permutation included);
+    with a capacity factor and no padding (``"capped"``) before the permutation
+    (``before_permutation_1``, which needs ``num_out_tokens``); with neither EP nor expert TP
+    before the experts (``before_finish``)."""
     names = [op.name for op in body]
     if kernels == "eager":
         return max(i for i, n in enumerate(names) if n in ("permute", "moe_counts")) + 1
+    if mcore_a2a == "capped":
+        return max(i for i, n in enumerate(names) if n.startswith("a2a_dtoh_")) + 1
+    if mcore_a2a == "dropless" and "moe_counts" in names:
+        return next(i for i, n in enumerate(names) if n in ("moe_dispatch", "moe_etp_gather"))
     for after in ("moe_counts", "moe_gather"):
         if after in names:
             return names.index(after) + 1

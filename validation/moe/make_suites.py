@@ -99,7 +99,8 @@ MBRIDGE_RECIPES = {
     # ran Megatron-Core's PyTorch code (no router fusion before c08d89bea0, 2025-08-17).
     "nemo-docs-": (
         {"model.moe.capacity_factor": 1.0, "model.moe.pad_to_capacity": True,
-         "moe_routing": "balanced", "moe_router_fusion": False, "fp8_param_gather": True},
+         "moe_routing": "balanced", "moe_router_fusion": False, "fp8_param_gather": True,
+         "moe_probs_alltoall": False},
         "NVIDIA/NeMo scripts/llm/performance/pretrain_mixtral_*.py at v2.2.0 (7192a2c944, "
         "25.02) and scripts/performance/llm/ at v2.3.0 (2b03b748bb, 25.04): "
         "pretrain_recipe(performance_mode=True) (nemo/collections/llm/recipes/mixtral_8x*.py) "
@@ -116,7 +117,10 @@ MBRIDGE_RECIPES = {
         "bf16_with_fp8_mixed fp8_params True in v2.2, fp8_param_gather True in every v2.3 FP8 "
         "plugin: training.fp8_param_gather); DDP overlapped "
         "reduce-scatter and all-gather, bf16 gradient reduction, no recompute (as the rule); "
-        "25.04 model_configs_gb200.csv: CUDA graphs for 8x7B",
+        "25.04 model_configs_gb200.csv: CUDA graphs for 8x7B; Megatron-Core 0.11 (25.02) and "
+        "0.12.0 (25.04, core_r0.12.0 patched for it: Megatron-LM 8d209ba2aa) keep the routing "
+        "probabilities on their rank (training.moe_probs_alltoall false: they travel beside "
+        "the tokens since 2659630721, 2025-04-09, core_v0.12.1)",
     ),
 }  # fmt: skip
 
@@ -192,8 +196,10 @@ HYPOTHESES = {
         "layer would take about 15 ms instead of 9.25 (on a 3-layer rank as well): the gap is "
         "per layer, not the layout (bubble 2 %, 31 / (3 x 512); the 16 MiB pipeline sends over "
         "InfiniBand hidden but 0.25 s); hypothesis: the host, as for the TP 4 row (same code "
-        "version, main 1e057005), and the alltoall dispatcher's own bookkeeping (six count "
-        "kernels, four copies, the probabilities' second all-to-all) not priced"),
+        "version, main 1e057005); the alltoall dispatcher's own bookkeeping is priced since "
+        "2026-11-28 (six count kernels, four copies, TE's two row-map kernels, the "
+        "probabilities' all-to-all each way, the wait after the permutation: +0.2 %), so it "
+        "is not the gap"),
     "zoo-qwen3-235b-h100-bf16-256-cross-node-ep-1f1b-overlap": (
         "combined 1F1B as Megatron-Core issues it (model_chunk_schedule_plan.py: per layer pair "
         "combine_bwd, attention_fwd, mlp_bwd, dispatch_fwd, dispatch_bwd, mlp_fwd, combine_fwd, "
@@ -467,7 +473,11 @@ SOURCES = {
             "Without folding (MCore rows) expert TP = attention TP (etp = tp), as MCore ties them.",
             "The paper counts TFLOP/s with Megatron's formula; the simulator's model FLOPs count "
             "causal attention and active experts, which can differ from it by a few percent.",
+            "Megatron-Core as before 2025-04-09 (the paper is of 2025-04-20): the routing "
+            "probabilities stay on their rank (training.moe_probs_alltoall false; Megatron-LM "
+            "2659630721 sends them beside the tokens).",
         ],
+        "training": {"moe_probs_alltoall": False},
         "recompute": lambda p: "none",
         "modelzoo_vp": True,
         "measured": _tflops,
@@ -499,6 +509,7 @@ SOURCES = {
         "(context scaling to 128K tokens with CP) on NVIDIA Eos (DGX H100): model TFLOP/s per "
         "GPU = MFU x 989.5.",
         "assumptions": None,  # parallel-folding's, below
+        "training": {"moe_probs_alltoall": False},
         "recompute": lambda p: "none",
         "modelzoo_vp": True,
         "measured": _tflops,
