@@ -23,5 +23,9 @@ case "$CALL" in
   C) steps steps.py first "$FIRST" 260 110
      comm 4 2 12288 805306368 comm-g4.jsonl 120
      comm 3 3 6144 402653184 comm-g3.jsonl 60 ;;
+  # added after A-C had run (23:47 UTC), with the device time left: every MoE case again
+  D) steps steps_third.py repeat h17t_moe_ep2_AR,h17t_moe_ep4_AR 80
+     steps steps_alt.py repeat h17_moe_ep2_AV,h17_moe_ep4_AV 70
+     steps steps.py repeat "$FIRST" 170 110 ;;
 esac
 finish
