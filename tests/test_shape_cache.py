@@ -11,6 +11,9 @@ import pytest
 import yaml
 
 from simulator.calibrate import routes
+from simulator.config.load import load_workload
+from simulator.config.schema import ROUTE_WIDENING_PER_HIDDEN2
+from simulator.model.moe import route_widening
 from simulator.model.shape_cache import (
     Stream,
     correlation,
@@ -18,7 +21,9 @@ from simulator.model.shape_cache import (
     expected_distinct,
     new_share,
     slowest_share,
+    step_weights,
 )
+from tests.conftest import ROOT
 
 
 def test_the_pmf_is_binomial_and_beta_binomial():
@@ -196,3 +201,50 @@ def test_the_slowest_rank_of_logged_steps(case):
     fwd, bwd = routes.measured_slowest(case, 4, 9)
     assert slowest_share(q, local, ranks) / q == pytest.approx(fwd, rel=0.08)
     assert slowest_share(q, local * layers, ranks) / q == pytest.approx(bwd, rel=0.08)
+
+
+def test_a_widening_router_is_one_stream_a_step():
+    """A stream whose correlation grows as rho + widen (s - 1)^2 draws each step at its own
+    correlation: its distinct counts over two steps are those of two fixed streams, one a
+    step; a fractional last step counts its share of the draws."""
+    s = Stream(64, 0.25, 1e-3, 3, 2e-3)
+    assert step_weights(s, 2.5) == [(1e-3, 3.0), (3e-3, 3.0), (pytest.approx(9e-3), 1.5)]
+    assert step_weights(Stream(64, 0.25, 1e-3, 3), 2.5) == [(1e-3, 7.5)]
+    split = [Stream(64, 0.25, 1e-3, 3), Stream(64, 0.25, 3e-3, 3)]
+    assert expected_distinct([s], 2) == pytest.approx(expected_distinct(split, 1), rel=1e-12)
+    assert expected_distinct([s], 2) > expected_distinct([Stream(64, 0.25, 1e-3, 3)], 2)
+
+
+def test_the_widening_by_layout():
+    """route_widening's closed form on the AD workloads of steps_third.py: w (seq / tokens)
+    h^2 / global_batch; EP 4 (twice the call's tokens and the step's sequences) a quarter of
+    EP 2's; a router set to its own correlation does not widen."""
+    ep2 = load_workload(ROOT / "validation" / "heldout14" / "h14t_moe_ep2_AD.yaml").workload
+    ep4 = load_workload(ROOT / "validation" / "heldout14" / "h14t_moe_ep4_AD.yaml").workload
+    want = ROUTE_WIDENING_PER_HIDDEN2 * (1024 / 8192) * 2048 ** 2 / 16
+    assert route_widening(ep2.model, ep2.training, 8192) == pytest.approx(want, rel=1e-12)
+    assert route_widening(ep4.model, ep4.training, 16384) == pytest.approx(want / 4, rel=1e-12)
+    fixed = ep2.training.model_copy(update={"moe_route_correlation": 1.7e-4})
+    fixed.model_fields_set.add("moe_route_correlation")
+    assert route_widening(ep2.model, fixed, 8192) == 0.0
+
+
+@pytest.mark.skipif(not routes.stable_cases(), reason="no logged expert rows")
+def test_the_growth_scales_with_the_sequences_of_a_call_and_a_step():
+    """The logged EP 2 / EP 4 twins of the stable router (B, AD, AH): the raw growth of the
+    correlation falls 2.5-5.3x from EP 2 to EP 4, where a per-sequence growth alone
+    (1 / the call's sequences) would halve it; scaled by the sequences of the call and of the
+    step (route_widening's form) the twins' slopes agree within a factor of two."""
+    def slope(c):
+        rho = routes.step_correlations(c)
+        x = (np.arange(len(rho)) * float(c.hidden)) ** 2
+        return float(np.sum((rho - rho[0]) * x) / np.sum(x * x))
+
+    by = {c.name: c for c in routes.stable_cases()}
+    for two, four in (("h8t_moe_ep2_B", "h8t_moe_ep4_B"), ("h14t_moe_ep2_AD", "h14t_moe_ep4_AD"),
+                      ("h15t_moe_ep2_AH", "h15t_moe_ep4_AH")):
+        a, b = by[two], by[four]
+        raw = slope(a) / slope(b)
+        assert 2.2 < raw < 6.0, (two, raw)
+        scale = (b.n / a.n) ** 2 * b.micro_batches / a.micro_batches
+        assert 0.5 < raw / scale < 2.0, (two, raw / scale)

@@ -26,6 +26,14 @@ each case's model, micro-batch, micro-batches and GPUs (EP = GPUs).
   the mean over ``data/measured/expert-rows-h100x4/``'s ``steps_alt.py`` cases whose router
   learns (top-k > 1) of the first step's correlations, expert and rank; what a router that
   receives no gradient keeps (:data:`INIT_ROUTER`, :data:`INIT_RANKS`).
+* :func:`fit_widening`: the stable router widens as it trains (its correlation rises through
+  the logged steps, :func:`step_correlations`): ``(rho_s - rho_1) (tokens / seq_len)
+  (global batch)`` (the growth of a sequence's correlation, times the sequences of an
+  optimizer step) against ``(h (s - 1))^2`` (``h`` the hidden size:
+  :func:`simulator.model.moe.route_widening`), least squares through the origin over every
+  logged ``steps_third.py`` case, each rank's rows from the first step (:data:`DIAG`,
+  :data:`ROWS`, :data:`ROWS2`): ``schema.ROUTE_WIDENING_PER_HIDDEN2``; the first step's
+  correlation, mean over the same cases, is ``schema.ROUTE_CORRELATION_DEFAULT``.
 No validation suite is read here.
 """
 
@@ -38,13 +46,20 @@ from pathlib import Path
 import numpy as np
 
 from simulator.calibrate import REPO, jsonl
-from simulator.config.schema import RANK_CORRELATION_DEFAULT, ROUTE_CORRELATION_DEFAULT
+from simulator.config.schema import (
+    RANK_CORRELATION_DEFAULT,
+    ROUTE_CORRELATION_DEFAULT,
+    ROUTE_WIDENING_PER_HIDDEN2,
+)
 from simulator.model import route_skew
 from simulator.model.shape_cache import Stream, correlation, new_share
 
 DIAG = REPO / "data" / "measured" / "diagnosis9-h100x4"
 #: more logged cases, every step from the first (helper emoe9, 4x H100)
 ROWS = REPO / "data" / "measured" / "expert-rows-h100x4"
+#: the second logging (the EP 4 twins of the stable router's AD and AH, AD at EP 2, AF):
+#: development cases only (its ``eval/`` holds the seventeenth batch's, not read here)
+ROWS2 = REPO / "data" / "measured" / "expert-rows2-h100x4"
 #: the script whose router the default describes (a stable learning router)
 STABLE = "steps_third.py"
 #: the script whose router collapses, and the correlation its workloads set
@@ -65,6 +80,8 @@ class Case:
     micro_batches: int
     warmup: int
     top_k: int = 0
+    hidden: int = 0
+    seq: int = 0
 
     def calls(self) -> int:
         """Expert GEMM calls of one kind per step on a rank: layers x micro-batches x local
@@ -86,7 +103,7 @@ def cases(where: Path = DIAG) -> list[Case]:
         m = rec["model"]
         out.append(Case(rec["case"], rec["script"], np.array([g["layers"] for g in logs]),
                         rec["micro_batch"] * m["seq"] * rec["gpus"], m["top_k"] / m["experts"],
-                        rec["micro_batches"], logs[0]["warmup"], m["top_k"]))
+                        rec["micro_batches"], logs[0]["warmup"], m["top_k"], m["hidden"], m["seq"]))
     return sorted(out, key=lambda c: c.name)
 
 
@@ -164,8 +181,10 @@ def refit() -> dict[str, tuple[float, float]]:
         return {}
     g = fit_rank()
     init = fit_init()
-    return {"schema.ROUTE_CORRELATION_DEFAULT": (shipped_round(f[STABLE]),
-                                                 ROUTE_CORRELATION_DEFAULT),
+    rho1, widen = fit_widening()
+    return {"schema.ROUTE_CORRELATION_DEFAULT": (shipped_round(rho1), ROUTE_CORRELATION_DEFAULT),
+            "schema.ROUTE_WIDENING_PER_HIDDEN2": (shipped_round(widen),
+                                                  ROUTE_WIDENING_PER_HIDDEN2),
             f"{COLLAPSING} workloads' moe_route_correlation": (shipped_round(f[COLLAPSING]),
                                                                 COLLAPSED_ROUTER),
             "schema.RANK_CORRELATION_DEFAULT": (shipped_round(g[STABLE]),
@@ -229,7 +248,7 @@ def first_step(case: Case) -> Case:
     """``case`` with only the calls of its first step (the router as initialized)."""
     mb = case.micro_batches
     return Case(case.name, case.script, case.rows[:, :, :mb, :], case.n, case.p, mb, 0,
-                case.top_k)
+                case.top_k, case.hidden, case.seq)
 
 
 def fit_init() -> tuple[float, float]:
@@ -243,3 +262,41 @@ def fit_init() -> tuple[float, float]:
         return 0.0, 0.0
     return (float(np.mean([correlation_of(c) for c in first])),
             float(np.mean([rank_correlation_of(c) for c in first])))
+
+
+def step_correlations(case: Case) -> np.ndarray:
+    """The correlation of each logged step (its micro-batches' calls, mean over the ranks)."""
+    mb = case.micro_batches
+    steps = case.rows.shape[2] // mb
+    return np.array([correlation_of(Case(case.name, case.script,
+                                         case.rows[:, :, k * mb:(k + 1) * mb, :], case.n,
+                                         case.p, mb, 0, case.top_k, case.hidden,
+                                         case.seq))
+                     for k in range(steps)])
+
+
+def stable_cases() -> list[Case]:
+    """Every logged case of the stable router (:data:`STABLE`), each rank's rows from the
+    first step."""
+    return [c for c in cases(DIAG) + cases(ROWS) + cases(ROWS2) if c.script == STABLE]
+
+
+def fit_widening() -> tuple[float, float]:
+    """(first-step correlation, widening) of the stable router: the mean first-step
+    correlation of :func:`stable_cases`, and the median over them of each case's
+    least-squares slope through the origin of ``(rho_s - rho_1) (n / seq) (n mb / seq)``
+    against ``(h (s - 1))^2`` over its steps (its own ``rho_1``; ``n / seq`` the sequences
+    of a call, ``n mb / seq`` those of an optimizer step, the global batch): the median, as
+    one case's jumpy steps (AH's, 4-8x the others' slope at EP 2 and EP 4) would set a pooled
+    fit; (0, 0) before the data."""
+    first, slopes = [], []
+    for c in stable_cases():
+        rho = step_correlations(c)
+        first.append(rho[0])
+        x = (np.arange(len(rho)) * float(c.hidden)) ** 2
+        y = (rho - rho[0]) * (c.n / c.seq) * (c.n * c.micro_batches / c.seq)
+        if float(np.sum(x * x)) > 0.0:
+            slopes.append(float(np.sum(y * x)) / float(np.sum(x * x)))
+    if not first or not slopes:
+        return 0.0, 0.0
+    return float(np.mean(first)), float(np.median(slopes))

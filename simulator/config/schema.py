@@ -57,12 +57,18 @@ MAX_GPUS = 131_072  # nodes * gpus_per_node (issue 11: a 131,072-GPU step; bench
 MAX_GPUS_PER_NODE = 1024  # an NVL576 rack is 576
 MAX_SLOWDOWN = 1e9  # a straggler's compute slowdown factor (1e9: a GPU that all but stopped)
 MIN_BANDWIDTH_FACTOR = 1e-9  # a degraded link keeps at least this share (0 = failed)
-#: training.moe_route_correlation's default: a stable learning router's, measured
-#: (simulator/calibrate/routes.py refits it from data/measured/diagnosis9-h100x4)
-ROUTE_CORRELATION_DEFAULT = 1.7e-4
+#: training.moe_route_correlation's default: a stable learning router's first step, measured
+#: (simulator/calibrate/routes.py refits it from data/measured/diagnosis9-h100x4,
+#: expert-rows-h100x4 and expert-rows2-h100x4)
+ROUTE_CORRELATION_DEFAULT = 1.5e-4
 #: training.moe_rank_correlation's default: the same stable router's, per EP rank
 #: (simulator/calibrate/routes.py refits it from data/measured/diagnosis9-h100x4)
 RANK_CORRELATION_DEFAULT = 8.4e-5
+#: training.moe_route_widening's default: a stable router's per-sequence correlation grows by
+#: this x (hidden x (step - 1))^2 / global_batch (AdamW at lr 3e-4; simulator/calibrate/routes.py
+#: refits it from data/measured/diagnosis9-h100x4, expert-rows-h100x4 and expert-rows2-h100x4;
+#: simulator/model/moe.py route_widening)
+ROUTE_WIDENING_PER_HIDDEN2 = 1.8e-10
 MAX_LATENCY_US = 1e6  # one second per hop
 MAX_BUCKET_MB = 1e6
 
@@ -608,6 +614,15 @@ class TrainingConfig(Frozen):
         "router). With measured_steps it sets how often an eager expert GEMM's row count is "
         "new to the process (simulator/model/shape_cache.py). Default: a stable learning "
         "router as measured (data/measured/diagnosis9-h100x4)",
+    )
+    moe_route_widening: Float | None = Field(
+        None, ge=0, le=1,
+        description="how fast a learned router's moe_route_correlation grows with the "
+        "optimizer's steps: step s adds w (seq_len / tokens) (hidden (s - 1))^2 / "
+        "global_batch to it "
+        "(tokens: a call's, every EP source's; simulator/model/moe.py route_widening). Null: "
+        "a stable learning router's as measured (schema.ROUTE_WIDENING_PER_HIDDEN2, AdamW at "
+        "lr 3e-4) when moe_route_correlation is left at its default, 0 when it is set",
     )
     moe_rank_correlation: Float = Field(
         RANK_CORRELATION_DEFAULT, ge=0, le=1,

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from simulator.model.shape_cache import Stream, count_pmf
+from simulator.model.shape_cache import Stream, count_pmf, step_weights
 
 #: rows a kernel band spans up to :data:`FINE_LIMIT` (kernel-map.txt: ``[1-8] [9-16] ...``)
 FINE_ROWS = 8
@@ -107,10 +107,11 @@ def expected_bands(streams: Sequence[Stream], steps: float,
     nb = int(bands.max()) + 1
     log_miss = np.zeros(nb)
     for s in streams:
-        pmf = count_pmf(s.n, s.p, s.rho)[1:]
-        pb = np.bincount(bands[: s.n], weights=pmf, minlength=nb)
-        with np.errstate(divide="ignore"):
-            log_miss += s.calls * steps * np.log1p(-np.minimum(pb, 1.0))
+        for rho, draws in step_weights(s, steps):
+            pmf = count_pmf(s.n, s.p, rho)[1:]
+            pb = np.bincount(bands[: s.n], weights=pmf, minlength=nb)
+            with np.errstate(divide="ignore"):
+                log_miss += draws * np.log1p(-np.minimum(pb, 1.0))
     return float(np.sum(-np.expm1(log_miss)))
 
 

@@ -39,7 +39,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from simulator.config.schema import ModelConfig, TrainingConfig
+from simulator.config.schema import ROUTE_WIDENING_PER_HIDDEN2, ModelConfig, TrainingConfig
 from simulator.model import kernel_first, route_skew, shape_cache
 from simulator.model.ops import (
     DTYPE_BYTES,
@@ -133,11 +133,41 @@ def _fresh_process_streams(model: ModelConfig, training: TrainingConfig, loc: Mo
     if training.measured_steps is None or loc is None:
         return None
     first, last = training.measured_steps
-    return expert_row_streams(training, loc, calls, sources), first, last
+    widen = route_widening(model, training, sources * loc.tokens)
+    return expert_row_streams(training, loc, calls, sources, widen), first, last
+
+
+def route_widening(model: ModelConfig, training: TrainingConfig, tokens: int) -> float:
+    """How fast a stable learning router's correlation grows with the step (``widen`` of
+    :class:`~simulator.model.shape_cache.Stream`, ``rho + widen (s - 1)^2`` at step ``s``) for
+    a call of ``tokens`` tokens: ``training.moe_route_widening x (seq_len / tokens) x
+    hidden^2 / global_batch``, where null :data:`~simulator.config.schema.ROUTE_WIDENING_PER_HIDDEN2`
+    while ``moe_route_correlation`` is left at its default (a router set to its own
+    correlation, collapsing or at initialization, keeps it: 0).
+
+    From first principles: AdamW moves each of an expert's ``h`` router weights by about
+    ``lr`` a step in the direction of the step's mean gradient, a sum over the
+    ``global_batch`` sequences of the step; the part of it that favours one sequence's tokens
+    is ``1 / sqrt(global_batch)`` of it, so a sequence's mean logit for an expert drifts by
+    ``lr`` times an L1 norm of order ``h / sqrt(global_batch)`` a step, and the variance of a
+    sequence's share of an expert grows as ``(h (s - 1))^2 / global_batch``. Tokens of one
+    sequence share that drift; a call of ``tokens / seq_len`` sequences adds ``seq_len /
+    tokens`` of it to the correlation of two of its tokens. Doubling EP doubles both the
+    call's sequences and the step's, a quarter of the growth: the logged EP 2 / EP 4 pairs of
+    ``steps_third.py`` (B, AD, AH) grow 5.3, 4.2 and 2.5 times as fast at EP 2
+    (data/measured/expert-rows2-h100x4). ``simulator.calibrate.routes.fit_widening`` fits the
+    constant on the logged rows."""
+    per = training.moe_route_widening
+    if per is None:
+        if "moe_route_correlation" in training.model_fields_set:
+            return 0.0
+        per = ROUTE_WIDENING_PER_HIDDEN2
+    return (per * model.seq_len / max(tokens, 1) * float(model.hidden) ** 2
+            / training.global_batch)
 
 
 def expert_row_streams(training: TrainingConfig, loc: MoELocal, calls: int,
-                       sources: int) -> list[shape_cache.Stream]:
+                       sources: int, widen: float = 0.0) -> list[shape_cache.Stream]:
     """The row counts of the busiest EP rank's expert GEMMs, one
     :class:`~simulator.model.shape_cache.Stream` per local expert (experts of equal load
     merged), ``calls`` draws a step: each of the ``sources x tokens`` tokens sends the expert a
@@ -148,7 +178,7 @@ def expert_row_streams(training: TrainingConfig, loc: MoELocal, calls: int,
     for m in loc.expert_tokens:
         if m >= 1.0:
             by[m] = by.get(m, 0) + calls
-    return [shape_cache.Stream(n, min(1.0, m / n), training.moe_route_correlation, c)
+    return [shape_cache.Stream(n, min(1.0, m / n), training.moe_route_correlation, c, widen)
             for m, c in sorted(by.items())]
 
 

@@ -37,6 +37,11 @@ GEMM (PyTorch's ``mm`` / ``addmm`` return an empty product, or fill a weight gra
 Limits: counts spread over far more values than calls give every call new (the upper bound);
 one fixed count gives one new call, then none.
 
+**A router that widens as it trains** (``Stream.widen``): the correlation of step ``s`` is
+``rho + widen (s - 1)^2`` (``rho`` the first step's), and ``D`` takes each step's draws from
+that step's distribution, ``prod_s (1 - p_{s}(m))^c``
+(:func:`simulator.model.moe.route_widening` sets ``widen``).
+
 Pure functions, numpy only."""
 
 from __future__ import annotations
@@ -56,6 +61,28 @@ class Stream:
     p: float
     rho: float
     calls: int
+    #: growth of ``rho`` with the step: ``rho + widen (s - 1)^2`` at step ``s`` (module
+    #: docstring); 0: the same distribution every step
+    widen: float = 0.0
+
+
+def step_rho(rho: float, widen: float, step: int) -> float:
+    """The correlation of step ``step`` (1-based) of a router of first-step correlation ``rho``
+    that widens by ``widen``: ``rho + widen (step - 1)^2``, at most 1."""
+    return min(1.0, rho + widen * (step - 1) ** 2)
+
+
+def step_weights(s: Stream, steps: float) -> list[tuple[float, float]]:
+    """``[(rho, draws)]``: the correlation of each of the first ``steps`` steps and the
+    stream's draws in it (one entry of ``steps x calls`` draws when the stream does not
+    widen; a fractional last step counts its share of the draws)."""
+    if s.widen <= 0.0:
+        return [(s.rho, s.calls * steps)]
+    whole = int(np.floor(steps))
+    out = [(step_rho(s.rho, s.widen, k), float(s.calls)) for k in range(1, whole + 1)]
+    if steps > whole:
+        out.append((step_rho(s.rho, s.widen, whole + 1), s.calls * (steps - whole)))
+    return out
 
 
 def _log_rising(a: float, n: int) -> np.ndarray:
@@ -93,8 +120,9 @@ def expected_distinct(streams: Sequence[Stream], steps: float) -> float:
     log_miss = np.zeros(size)
     with np.errstate(divide="ignore"):
         for s in streams:
-            pmf = count_pmf(s.n, s.p, s.rho)
-            log_miss[: s.n + 1] += s.calls * steps * np.log1p(-np.minimum(pmf, 1.0))
+            for rho, draws in step_weights(s, steps):
+                pmf = count_pmf(s.n, s.p, rho)
+                log_miss[: s.n + 1] += draws * np.log1p(-np.minimum(pmf, 1.0))
     return float(np.sum(-np.expm1(log_miss[1:])))
 
 
