@@ -22,7 +22,10 @@ the rows were timed, and a row whose own ``timing`` field says otherwise is not 
 ``device`` (default: the GPU's own time, nccl-tests style), ``events`` (a CUDA event between
 calls a Python loop issues back to back: predicted as the longer of the device time and the
 host's interval between two calls, the box's gpus.yaml ``host_events_call_s``, for an
-all-to-all ``host_events_a2a_s`` with its part per peer), ``host_sync`` (a
+all-to-all ``host_events_a2a_s`` with its part per peer), ``loop`` (a Python loop of N
+calls back to back between one pair of CUDA events, the interval over N: nccl-tests' method
+as PyTorch all-to-all benchmarks use it; the longer of the device time and that host
+interval less the event record a call, gpus.yaml ``host_event_record_s``), ``host_sync`` (a
 barrier and a synchronisation around each call: the host overhead is added)::
 
     kind: collectives
@@ -267,8 +270,10 @@ def timed_collective_s(coll, op: str, groups, nbytes: float, timing: str,
     """What a measurement timed by ``timing`` shows of one collective: the GPU's time
     (``device``), the longer of it and the host's interval between back-to-back calls
     (``events``: the box's gpus.yaml ``host_events_call_s``, for an all-to-all its
-    ``host_events_a2a_s`` plus its ``host_events_peer_s`` per peer), or it plus the host overhead of a barrier and a synchronisation
-    around the call (``host_sync``). The device time is NCCL's with the measuring scripts'
+    ``host_events_a2a_s`` plus its ``host_events_peer_s`` per peer), the longer of it and that
+    interval less the event recorded after each call (``loop``: calls back to back between one
+    pair of events, the interval over the calls; gpus.yaml ``host_event_record_s``), or it plus
+    the host overhead of a barrier and a synchronisation around the call (``host_sync``). The device time is NCCL's with the measuring scripts'
     buffers: each rank's share cut as ``benchmarks/device/comm.py`` cuts it, so the parts off a
     16-byte boundary run NCCL's narrow copies (:mod:`simulator.network.alignment`). An
     all-to-all with ``comm.py``'s uneven ``splits`` (``rotated``, ``hot``) or a row's own
@@ -284,11 +289,7 @@ def timed_collective_s(coll, op: str, groups, nbytes: float, timing: str,
     else:
         t = narrow_time(coll.cost(op, groups, nbytes), measured_stores(op, n, nbytes),
                         coll.unaligned_Bps)
-    if timing == "host_sync":
-        return t + coll.host_sync_overhead_s
-    if timing == "events":
-        return max(t, coll.events_interval_s(op, n, splits))
-    return t
+    return coll.timed_s(t, op, n, timing, splits)
 
 
 def run_collective_suite(prep: PreparedSuite, progress=None) -> SuiteResult:

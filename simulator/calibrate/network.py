@@ -307,6 +307,31 @@ def events_peer_us() -> dict[str, float]:
     return out
 
 
+#: the floor probe's default launches (``benchmarks/device/a2a_floor.py``): each cell timed
+#: both with an event after every call and as one loop between one pair of events
+RECORD_DATA = REPO / "data/measured/a2a-floor-h100x4/events.jsonl"
+
+
+def events_record_us() -> float:
+    """What recording a CUDA event after each call adds to the host's interval between
+    back-to-back calls (gpus.yaml ``host_event_record_s``): per cell <= 256 KiB of the floor
+    probe's two default launches (the floor's all-to-alls and the order phase's collectives,
+    both timings of the same calls in the same process), the event-timed interval (the slowest
+    rank's median) less the loop's (100 calls between one pair of events, the GPU's mean
+    interval, the slowest rank's); their median, rounded to 0.1 us. A ``timing: loop``
+    measurement (nccl-tests' method in a PyTorch loop) shows the box's event-timed
+    interval less it."""
+    return round(statistics.median(
+        (r["time_s"] - r["loop_time_s"]) * 1e6 for r in jsonl(RECORD_DATA)
+        if r["bytes"] <= HOST_BOUND_MAX_BYTES), 1)
+
+
+def shipped_events_record_us() -> float:
+    """gpus.yaml's ``host_event_record_s`` (defaults) in us."""
+    cat = yaml.safe_load(CATALOG_FILE.read_text())
+    return round(float(cat["defaults"]["host_event_record_s"]) * 1e6, 1)
+
+
 def shipped_events_peer_us() -> dict[str, float]:
     """gpus.yaml's ``host_events_peer_s`` (defaults) in us."""
     cat = yaml.safe_load(CATALOG_FILE.read_text())
@@ -347,4 +372,5 @@ def refit() -> dict[str, tuple[float, float]]:
     peer, now = events_peer_us(), shipped_events_peer_us()
     for k, v in now.items():  # gpus.yaml host_events_peer_s
         out[f"events_peer_us[{k}]"] = (peer[k], v)
+    out["events_record_us"] = (events_record_us(), shipped_events_record_us())
     return out

@@ -135,11 +135,14 @@ class CollectiveSuite(_Suite):
     ops: tuple[Literal[COLLECTIVE_OPS], ...] = Field(  # type: ignore[valid-type]
         ("all_reduce", "all_gather", "reduce_scatter"), min_length=1
     )
-    timing: Literal["device", "events", "host_sync"] = Field(
+    timing: Literal["device", "events", "loop", "host_sync"] = Field(
         "device",
-        description="how the rows were timed: device (the GPU's time: nccl-tests style loops, "
-        "or the stream held while the host enqueues), events (a CUDA event between calls a "
-        "Python loop issues back to back: max(device time, the host's call interval)), "
+        description="how the rows were timed: device (the GPU's time: the stream held while "
+        "the host enqueues, or calls longer than the host's), events (a CUDA event between "
+        "calls a Python loop issues back to back: max(device time, the host's call interval)), "
+        "loop (a Python loop of N calls back to back between one pair of CUDA events, the "
+        "interval over N, nccl-tests' method as PyTorch all-to-all benchmarks use it: "
+        "max(device time, the host's call interval less the event record a call)), "
         "host_sync (a barrier and a synchronisation around each call); rows whose own "
         "``timing`` says otherwise are not read",
     )

@@ -208,6 +208,10 @@ class GPUSpec:
     #: gpus.yaml ``host_events_peer_s``)
     host_events_peer_s: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({}))
+    #: what recording a CUDA event after each call adds to that interval (gpus.yaml
+    #: ``host_event_record_s``): a loop of calls between one pair of events (``timing: loop``)
+    #: shows the event-timed interval less it
+    host_event_record_s: float = 0.0
     #: host time PyTorch DTensor tensor parallelism adds to one unit of its plan beyond the
     #: same work on plain tensors, ``{unit: (forward_s, backward_s)}`` for the units of
     #: :data:`DTENSOR_UNITS` (``parallelism.tp_impl: dtensor``; gpus.yaml ``host_dtensor``)
@@ -499,7 +503,8 @@ def _build(name: str, entry: dict[str, Any], *, file: str | None, field: str) ->
                 "host_fsdp_call_s", "host_fsdp_tensor_s", "host_fused_op_s",
                 "host_fused_collective_s", "host_multihot_s", "host_gemm_new_shape_fwd_s",
                 "host_gemm_new_shape_dgrad_s", "host_gemm_new_shape_wgrad_s",
-                "host_events_call_s", "host_events_a2a_s", "sync_jitter", "host_jitter", "host_barrier_s",
+                "host_events_call_s", "host_events_a2a_s", "host_event_record_s",
+                "sync_jitter", "host_jitter", "host_barrier_s",
                 "host_dtensor_opt_step_s",
                 "host_dtensor_opt_tensor_s", "host_dtensor_opt_tensor_nosp_s"):
         values[key] = _positive(entry.get(key, defaults.get(key, 0.0)), file=file,

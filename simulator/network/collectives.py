@@ -68,6 +68,9 @@ from simulator.network.protocols import BUSBW, ProtocolCosts
 from simulator.network.topology import Topology, load_fabrics
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send")
+#: how a measurement timed a collective (:meth:`CollectiveModel.timed_s`; a collectives
+#: suite's ``timing``, ``simulator collective --timing``)
+TIMINGS = ("device", "events", "loop", "host_sync")
 ALGORITHMS = {
     "all_reduce": ("ring", "tree", "hierarchical", *IN_NETWORK),
     "all_gather": ("ring",),
@@ -193,6 +196,8 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
         self.events_a2a_s = float(topology.gpu.host_events_a2a_s) or self.events_call_s
         #: what an all-to-all adds to it per peer of its group (gpus.yaml host_events_peer_s)
         self.events_peer_s = dict(topology.gpu.host_events_peer_s)
+        #: what the event recorded after each call adds to it (gpus.yaml host_event_record_s)
+        self.event_record_s = float(topology.gpu.host_event_record_s)
         self.copy_Bps = float(fab["copy_GBps"]) * 1e9
         #: a rank's store rate through NCCL's narrow packs (copies off a 16-byte boundary;
         #: :func:`simulator.network.alignment.narrow_time`)
@@ -236,6 +241,32 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
             return self.events_call_s
         kind = "all_to_all" if splits == "uniform" else "all_to_all_splits"
         return self.events_a2a_s + self.events_peer_s.get(kind, 0.0) * max(n - 1, 0)
+
+    def loop_interval_s(self, op: str, n: int, splits: str = "uniform") -> float:
+        """The host's interval a call of a loop issuing ``op`` back to back between one pair of
+        CUDA events (nccl-tests' method in a PyTorch loop: the interval over the calls): the event-timed interval
+        (:meth:`events_interval_s`) less the event record after each call (gpus.yaml
+        ``host_event_record_s``)."""
+        return max(self.events_interval_s(op, n, splits) - self.event_record_s, 0.0)
+
+    def timed_s(self, device_s: float, op: str, n: int, timing: str,
+                splits: str = "uniform") -> float:
+        """What a measurement timed by ``timing`` (:data:`TIMINGS`) shows of a call of ``op``
+        over groups of ``n`` whose device time is ``device_s``: ``device`` itself; ``events``
+        (a CUDA event after each call of a Python loop) the longer of it and
+        :meth:`events_interval_s`; ``loop`` (calls back to back between one pair of events,
+        the interval over the calls: nccl-tests' method in a PyTorch loop) the longer of it and
+        :meth:`loop_interval_s`; ``host_sync`` (a barrier and a synchronisation around each
+        call) it plus the host's overhead of them."""
+        if timing == "device":
+            return device_s
+        if timing == "events":
+            return max(device_s, self.events_interval_s(op, n, splits))
+        if timing == "loop":
+            return max(device_s, self.loop_interval_s(op, n, splits))
+        if timing == "host_sync":
+            return device_s + self.host_sync_overhead_s
+        raise ValueError(f"unknown timing {timing!r} (accepted: {', '.join(TIMINGS)})")
 
     def algorithm(self, op: str, group: Sequence[int], nbytes: float) -> str:
         """The ``"algorithm/protocol"`` NCCL would pick: the lowest predicted time."""
@@ -810,12 +841,16 @@ class CollectiveModel(InNetworkPhases, AlgorithmPhases, ProtocolCosts):
 
     # ------------------------------------------------------------------ algorithms
 
-def collective_summary(topology: Topology, op: str, nbytes: float, gpus: int | None = None) -> dict:
+def collective_summary(topology: Topology, op: str, nbytes: float, gpus: int | None = None,
+                       timing: str = "device") -> dict:
     """One collective on GPUs 0..gpus-1 (default all), with nccl-tests' figures.
 
     ``send`` runs nccl-tests' sendrecv pattern: every GPU sends ``nbytes`` to the next one
     (in a ring) at once. Returns ``time_s``, ``algbw_GBps`` (bytes / time), ``busbw_GBps``
-    (algbw x the nccl-tests factor), ``algorithm``, ``n_steps``, ``launch_s`` and ``gpus``.
+    (algbw x the nccl-tests factor), ``algorithm``, ``n_steps``, ``launch_s`` and ``gpus``;
+    with a ``timing`` other than ``device`` (:data:`TIMINGS`) also ``timing`` and
+    ``timed_s``, what a measurement timed so shows of the call
+    (:meth:`CollectiveModel.timed_s`: a Python loop's host interval where it is longer).
     """
     n = int(gpus or topology.n_gpus)
     model = CollectiveModel(topology)
@@ -825,7 +860,7 @@ def collective_summary(topology: Topology, op: str, nbytes: float, gpus: int | N
     else:
         c = model.cost(op, [group], nbytes)
     algbw = nbytes / c.time_s / 1e9 if c.time_s > 0 else math.inf
-    return {
+    out = {
         "time_s": float(c.time_s),
         "algbw_GBps": float(algbw),
         "busbw_GBps": float(algbw * BUSBW[op](n)),
@@ -834,3 +869,7 @@ def collective_summary(topology: Topology, op: str, nbytes: float, gpus: int | N
         "launch_s": float(c.launch_s),
         "gpus": n,
     }
+    if timing != "device":
+        out["timing"] = timing
+        out["timed_s"] = float(model.timed_s(float(c.time_s), op, n, timing))
+    return out
