@@ -19,6 +19,7 @@ from simulator.config.load import pydantic_to_config_error, read_yaml
 from simulator.config.schema import Float, Frozen, NonNegativeInt, PositiveFloat, PositiveInt
 from simulator.config.yaml_safe import read_bounded
 from simulator.errors import ConfigError
+from simulator.network.collectives import TIMINGS
 
 ROLES = ("fit", "development", "held_out")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
@@ -135,7 +136,7 @@ class CollectiveSuite(_Suite):
     ops: tuple[Literal[COLLECTIVE_OPS], ...] = Field(  # type: ignore[valid-type]
         ("all_reduce", "all_gather", "reduce_scatter"), min_length=1
     )
-    timing: Literal["device", "events", "loop", "host_sync"] = Field(
+    timing: Literal[TIMINGS] = Field(  # type: ignore[valid-type]
         "device",
         description="how the rows were timed: device (the GPU's time: the stream held while "
         "the host enqueues, or calls longer than the host's), events (a CUDA event between "

@@ -1088,14 +1088,13 @@ def moe_forward_ops(
         if ep > 1 and not grouped and regroup != "concat":
             ops += _eager_index_ops("inv", 2, R_ep)
         if ep > 1 and (loc.local_experts > 1 or fused_deepep) and (grouped or regroup != "concat"):
-            if grouped and dispatcher == "alltoall" and not padded and permute_kind == "fused":
+            if mcore_a2a and not padded and permute_kind == "fused":
                 # the un-sort's split sizes, ``num_global_tokens_per_local_expert.T.ravel()``:
                 # a transposed view made contiguous on the GPU
                 ops.append(mem_op("unsort_sizes", "moe", 2 * ep * etp * loc.local_experts * I64))
             ops.append(mem_op("unsort_chunks", "moe", 2 * R_ep * h * d))
         if ep > 1:
-            ops.append(Comm("moe_combine", a2a, "ep", t_rows * copies * h * d,
-                            None if loc.uniform else loc.busiest_share))
+            ops.append(Comm("moe_combine", a2a, "ep", t_rows * copies * h * d, share))
         if grouped and not fused_deepep and permute_kind == "unfused":
             ops += _unfused_unpermute_ops(t, E, t_rows * copies, h, d, padded)
         elif grouped and not fused_deepep:
