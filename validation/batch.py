@@ -61,6 +61,7 @@ class Batch:
     band_tolerances: tuple = (0.8, 0.6)  # the <= 1 MiB and 1-96 MiB bands' (>= 96 MiB: 0.5)
     cases_when: str = "before any helper landed"  # when the shapes were fixed, helpers-wise
     comm_call: str = "B"  # the call of call_heldoutN.sh that measured the collectives
+    loop_sizes: str = ""  # "groups of 4 and pairs at 20 KiB x 4^k": the loop-timed set, if any
 
     @property
     def here(self) -> Path:
@@ -105,7 +106,8 @@ def forced_cases(n: int) -> dict:
     if not path.exists():
         return {}
     mod = _load(path, f"heldout{n}_first")
-    return {name: dict(c, model=mod.SHAPES17[c["shape"]]) for name, c in mod.CASES17.items()}
+    shapes, cases = getattr(mod, f"SHAPES{n}"), getattr(mod, f"CASES{n}")
+    return {name: dict(c, model=shapes[c["shape"]]) for name, c in cases.items()}
 
 
 def skew_p() -> list[float]:
@@ -189,22 +191,26 @@ def write_steps(b: Batch, box: str, name: str, metric: str, key: str, tol: float
 
 def write_collectives(b: Batch, box: str, tag: str, what: str, result: str, note: str) -> None:
     data = f"heldout{b.n}-{box}x4"
-    groups = "groups of 4 and pairs" if tag == "g4" else "a group of 3"
+    groups = "a group of 3" if tag == "g3" else "groups of 4 and pairs"
+    timing = "loop" if tag == "loop" else "events"
+    suffix = "-loop" if tag == "loop" else ""
     small, mid = b.band_tolerances
     suite = {"kind": "collectives", "name": f"heldout{b.n}-collectives-{tag}-{box}x4",
              "role": "held_out", "predicted_at": f"heldout-predictions-{b.n}",
              "summary": f"4 collectives, {groups}, uneven all-to-alls, 4x {box.upper()}",
              "note": note,
-             "predictions": f"predictions-collectives-{box}x4.yaml",
+             "predictions": f"predictions-collectives{suffix}-{box}x4.yaml",
              "role_note": b.role_note, "data": f"../../data/measured/{data}/comm-{tag}.jsonl",
              "topology": f"../../topologies/{box}x4-nvswitch.yaml",
-             "ops": list(OPS), "splits": list(SPLITS), "timing": "events",
+             "ops": list(OPS), "splits": list(SPLITS), "timing": timing,
              "bands": [{"name": "<= 1 MiB", "max_bytes": 1048576, "tolerance_mape": small},
                        {"name": "1-96 MiB", "min_bytes": 1048577, "max_bytes": 100663296,
                         "tolerance_mape": mid},
                        {"name": ">= 96 MiB", "min_bytes": 100663297, "tolerance_mape": 0.5}]}
     head = (f"# HELD OUT, pre-registered (issue 12), {ORDINAL[b.n]} batch: NCCL collectives, "
-            f"{what}, 4x {box.upper()} NVSwitch, bf16,\n# CUDA events between back-to-back calls "
+            f"{what}, 4x {box.upper()} NVSwitch, bf16,\n# "
+            + ("a loop of calls between one pair of CUDA events " if timing == "loop" else
+               "CUDA events between back-to-back calls ") +
             f"(benchmarks/device/comm.py via call_heldout{b.n}.sh {b.comm_call}); all-to-all uniform, rotated "
             f"and hot.\n# Predicted once at tag heldout-freeze-{b.n}. Result as it came out: "
             f"{result}\n# Band tolerances set after the measurement: regression guards only.\n")
@@ -213,8 +219,9 @@ def write_collectives(b: Batch, box: str, tag: str, what: str, result: str, note
 
 
 def make_suites(b: Batch, argv: list[str]) -> None:
-    """``BOX 'STEPS RESULT' 'MEMORY RESULT' 'G4 RESULT' 'G3 RESULT'`` (BOX h100 or h200; the
-    results as ``validate`` prints them, written into the suites' headers)."""
+    """``BOX 'STEPS RESULT' 'MEMORY RESULT' 'G4 RESULT' 'G3 RESULT' ['LOOP RESULT']`` (BOX h100
+    or h200; the results as ``validate`` prints them, written into the suites' headers; the
+    loop-timed collectives since the eighteenth batch)."""
     box, steps, memory, g4, g3 = argv[:5]
     write_steps(b, box, f"heldout{b.n}-suite-{box}x4", "step_time_s", "step_time_s", 0.3,
                 "step time", steps, b.notes["suite"])
@@ -222,25 +229,42 @@ def make_suites(b: Batch, argv: list[str]) -> None:
                 "peak_memory_gib", 0.3, "peak memory", memory, b.notes["memory"])
     write_collectives(b, box, "g4", b.g4_sizes, g4, b.notes["g4"])
     write_collectives(b, box, "g3", b.g3_sizes, g3, b.notes["g3"])
+    if len(argv) > 5:
+        write_collectives(b, box, "loop", b.loop_sizes, argv[5], b.notes["loop"])
+
+
+def timing_of(entry: tuple) -> str:
+    """A plan entry's timing: ``(label, group size, groups, sizes[, timing])``, events unless
+    a fifth element says ``loop`` (since the eighteenth batch)."""
+    return entry[4] if len(entry) > 4 else "events"
+
+
+def predictions_file(here: Path, box: str, timing: str = "events") -> Path:
+    return here / f"predictions-collectives{'-loop' if timing == 'loop' else ''}-{box}.yaml"
 
 
 def predict_collectives(here: Path, plan: tuple, box: str) -> int:
     """Every (op, split, size) of ``plan`` ((label, group size, the groups running at once,
-    sizes), ...) as ``validate`` prices an event-timed row, written once beside the batch."""
+    sizes[, timing]), ...) as ``validate`` prices a row of that timing, written once beside the
+    batch: event-timed rows in ``predictions-collectives-<box>.yaml``, loop-timed ones in
+    ``predictions-collectives-loop-<box>.yaml``."""
     coll = prereg.collective_model(COLLECTIVE_TOPOLOGY[box])
     from simulator.validate import timed_collective_s  # importable once prereg set the path
 
-    rows = []
-    for label, g, groups, sizes in plan:
+    by_timing: dict[str, list] = {}
+    for entry in plan:
+        label, g, groups, sizes = entry[:4]
+        timing = timing_of(entry)
         for op in OPS:
             for sp in (SPLITS if op == "all_to_all" else ("-",)):
                 for nbytes in sizes:
-                    t = float(timed_collective_s(coll, op, groups, nbytes, "events",
+                    t = float(timed_collective_s(coll, op, groups, nbytes, timing,
                                                  "uniform" if sp == "-" else sp))
-                    rows.append({"op": op, "group": g, "set": label, "splits": sp,
-                                 "bytes": nbytes, "predicted_s": t})
-    return prereg.write(here / f"predictions-collectives-{box}.yaml", COLLECTIVE_TOPOLOGY[box],
-                        rows)
+                    by_timing.setdefault(timing, []).append(
+                        {"op": op, "group": g, "set": label, "splits": sp, "bytes": nbytes,
+                         "predicted_s": t})
+    return max(prereg.write(predictions_file(here, box, timing), COLLECTIVE_TOPOLOGY[box], rows)
+               for timing, rows in sorted(by_timing.items()))
 
 
 def collectives_main(here: Path, plan: tuple, doc: str) -> None:
@@ -249,8 +273,10 @@ def collectives_main(here: Path, plan: tuple, doc: str) -> None:
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--box", choices=sorted(COLLECTIVE_TOPOLOGY), required=True)
     ap.add_argument("--score", metavar="DATA.jsonl")
+    ap.add_argument("--timing", choices=["events", "loop"], default="events",
+                    help="which predictions --score reads")
     a = ap.parse_args()
-    out = here / f"predictions-collectives-{a.box}.yaml"
+    out = predictions_file(here, a.box, a.timing)
     raise SystemExit(
         prereg.score(out, a.score, lambda r: f"{r['op']} g{r['group']} {r.get('splits', '-')}")
         if a.score else predict_collectives(here, plan, a.box))
@@ -287,11 +313,13 @@ def predict_all(n: int, checkout: str) -> None:
                         "--dir", str(here), "--glob", f"h{n}*.yaml", "--only", ",".join(cases),
                         f"--suffix=-x{world}", "--boxes", PREDICT_BOXES[world]], check=True)
     plan = _load(here / "predict_collectives.py", f"predict_collectives{n}").PLAN
+    timings = sorted({timing_of(e) for e in plan})
     for box in sorted(COLLECTIVE_TOPOLOGY):
         subprocess.run([sys.executable, f"validation/heldout{n}/predict_collectives.py", "--box",
                         box], cwd=checkout, check=True)
-        shutil.copy(Path(checkout) / "validation" / f"heldout{n}" /
-                    f"predictions-collectives-{box}.yaml", here)
+        for timing in timings:
+            shutil.copy(predictions_file(Path(checkout) / "validation" / f"heldout{n}", box,
+                                         timing), here)
     seen = set()
     for f in here.glob(f"predictions-{tag}-*.yaml"):
         for case, boxes in yaml.safe_load(f.read_text())["cases"].items():
@@ -300,10 +328,12 @@ def predict_all(n: int, checkout: str) -> None:
             seen.add(case)
     cases = {c for cs in by_world.values() for c in cs}
     assert seen == cases, sorted(cases ^ seen)
-    rows = sum(len(sizes) for *_, sizes in plan) * (len(OPS) - 1 + len(SPLITS))
-    for box in sorted(COLLECTIVE_TOPOLOGY):
-        got = yaml.safe_load((here / f"predictions-collectives-{box}.yaml").read_text())["rows"]
-        assert len(got) == rows, (box, len(got), rows)
+    for timing in timings:
+        rows = (sum(len(e[3]) for e in plan if timing_of(e) == timing)
+                * (len(OPS) - 1 + len(SPLITS)))
+        for box in sorted(COLLECTIVE_TOPOLOGY):
+            got = yaml.safe_load(predictions_file(here, box, timing).read_text())["rows"]
+            assert len(got) == rows, (box, timing, len(got), rows)
     print(f"every one of the {len(seen)} cases predicted on both boxes, and the collectives")
 
 

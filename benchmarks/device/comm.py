@@ -18,6 +18,9 @@ Timing (``timing`` field):
 
 - ``events``: a CUDA event between back-to-back launches (no barrier or host sync between
   iterations, as nccl-tests); a rank's value is the median of its per-iteration times;
+- ``loop`` (since 2026-11-28): barrier, then 50 calls (10 above 64 MiB) back to back between
+  one pair of CUDA events, the interval over the calls; a rank's value is the median of 5
+  such loops (3 above 64 MiB), as nccl-tests and PyTorch benchmark loops time collectives;
 - ``host_sync``: each call bracketed by ``dist.barrier()`` + ``torch.cuda.synchronize()`` and a
   host clock; includes PyTorch's launch overhead and the synchronisation.
 
@@ -145,7 +148,24 @@ class Bench:
         self.sync()
         dist.barrier()
         times = []
-        if timing == "events" and self.dev.type == "cuda":
+        calls = None
+        if timing == "loop" and self.dev.type == "cuda":
+            # nccl-tests' and most PyTorch benchmark loops' method: barrier, then `calls` calls
+            # back to back between ONE pair of CUDA events; a repetition's value is the interval
+            # over the calls, a rank's value the median of the repetitions
+            calls = 10 if big else 50
+            iters = 3 if big else 5
+            for _ in range(iters):
+                dist.barrier()
+                self.sync()
+                e0, e1 = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                e0.record()
+                for _ in range(calls):
+                    fn()
+                e1.record()
+                self.sync()
+                times.append(e0.elapsed_time(e1) / 1e3 / calls)
+        elif timing == "events" and self.dev.type == "cuda":
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
             ev[0].record()
             for i in range(iters):
@@ -178,6 +198,8 @@ class Bench:
                "concurrent_groups": 1 if self.args.solo else self.world // g,
                "per_rank_median_s": [float(a[0]) for a in allr],
                "nvls": os.environ.get("NCCL_NVLS_ENABLE")}
+        if calls:
+            rec["loop_calls"] = calls
         rec.update(extra)
         return rec
 

@@ -13,10 +13,10 @@ steps() {  # script label cases budget [case timeout, 80 s]: the cases one after
     --case-timeout-s "${5:-80}" --only "$3" 2>&1 | grep -v "Warning: \[PG" | tee -a "$L" | grep -E "RESULT|===|Error|error"
 }
 
-comm() {  # nproc groups min_bytes max_bytes file budget: NCCL collectives, CUDA-event timing
+comm() {  # nproc groups min_bytes max_bytes file budget [timing, events]: NCCL collectives
   timeout $(( $6 + 40 )) python3 -m torch.distributed.run --standalone --nproc_per_node="$1" "$D/comm.py" \
     --out "$R" --file "$5" --ops all_reduce,all_gather,reduce_scatter,all_to_all --groups "$2" \
-    --timing events --min-bytes "$3" --max-bytes "$4" --budget-s "$6" 2>&1 | grep -v "Warning: \[PG" | tee -a "$L" | tail -2
+    --timing "${7:-events}" --min-bytes "$3" --max-bytes "$4" --budget-s "$6" 2>&1 | grep -v "Warning: \[PG" | tee -a "$L" | tail -2
 }
 
 finish() {  # the call's end time, the rows written, everything packed into $OUT/r.tgz

@@ -321,6 +321,29 @@ CASES17 = {
     "h17_moe_ep4_AV": dict(shape="AV", world=4, scheme="moe", mb=4, n_mb=2),
 }
 CASES.update(CASES17)
+# The eighteenth batch (issue 10): new shapes, written 2026-11-28 01:30 UTC before its freeze
+# (4-GPU box).
+SHAPES.update({
+    # 8 GPT-2 blocks of width 3840 (30 heads of 128), GPT-2's padded vocabulary, 2K sequences.
+    "AY": dict(layers=8, hidden=3840, heads=30, vocab=50304, seq=2048),
+    # MoE: 6 blocks of width 2304 (18 heads of 128), 16 GELU experts of 3072, top-2, 2K
+    # sequences.
+    "AZ": dict(layers=6, hidden=2304, heads=18, vocab=32768, seq=2048, experts=16, top_k=2,
+               expert_ffn=3072),
+})
+CASES18 = {
+    "h18_single_AY": dict(shape="AY", world=1, scheme="single", mb=1, n_mb=3),
+    "h18_tp2sp_AY": dict(shape="AY", world=2, scheme="tp", sp=True, mb=2, n_mb=1),
+    "h18_ddp4_AY_straggler": dict(shape="AY", world=4, scheme="ddp", mb=1, n_mb=2,
+                                  straggler=1.2),
+    "h18_fsdp4_AY": dict(shape="AY", world=4, scheme="fsdp", mb=2, n_mb=1),
+    "h18_pp4_1f1b_AY": dict(shape="AY", world=4, scheme="pp", schedule="1f1b", mb=1, n_mb=8),
+    "h18_pp4_int2_AY": dict(shape="AY", world=4, scheme="pp", schedule="interleaved", v=2, mb=1,
+                            n_mb=8),
+    "h18_moe_ep2_AZ": dict(shape="AZ", world=2, scheme="moe", mb=4, n_mb=2),
+    "h18_moe_ep4_AZ": dict(shape="AZ", world=4, scheme="moe", mb=4, n_mb=2),
+}
+CASES.update(CASES18)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

@@ -301,8 +301,29 @@ CASES17 = {
     "h17t_moe_ep2_AR": dict(shape="AR", world=2, scheme="moe", mb=4, n_mb=2),
     "h17t_moe_ep4_AR": dict(shape="AR", world=4, scheme="moe", mb=4, n_mb=2),
 }
+# The eighteenth batch (issue 10): new shapes, written 2026-11-28 01:30 UTC before its freeze
+# (4-GPU box).
+SHAPES.update({
+    # 12 blocks of width 3584, 28 query heads / 4 KV heads of 128, SwiGLU 9728, a 50000-token
+    # vocabulary, 3K sequences (about 2.0 B parameters).
+    "AW": dict(layers=12, hidden=3584, heads=28, kv_heads=4, ffn=9728, vocab=50000, seq=3072),
+    # MoE, fine-grained: 6 blocks of width 2560, 20 query / 4 KV heads of 128, 32 SwiGLU experts
+    # of 1024, top-4, a 32000-token vocabulary, 2K sequences.
+    "AX": dict(layers=6, hidden=2560, heads=20, kv_heads=4, ffn=1024, vocab=32000, seq=2048,
+               experts=32, top_k=4),
+})
+CASES18 = {
+    "h18t_single_AW": dict(shape="AW", world=1, scheme="single", mb=1, n_mb=3),
+    "h18t_tp2_AW": dict(shape="AW", world=2, scheme="tp", mb=2, n_mb=2),
+    "h18t_ddp4_AW": dict(shape="AW", world=4, scheme="ddp", mb=1, n_mb=3),
+    "h18t_fsdp4_AW": dict(shape="AW", world=4, scheme="fsdp", mb=1, n_mb=2),
+    "h18t_tp4_AW": dict(shape="AW", world=4, scheme="tp", mb=4, n_mb=1),
+    "h18t_pp4_1f1b_AW": dict(shape="AW", world=4, scheme="pp", mb=1, n_mb=12),
+    "h18t_moe_ep2_AX": dict(shape="AX", world=2, scheme="moe", mb=2, n_mb=3),
+    "h18t_moe_ep4_AX": dict(shape="AX", world=4, scheme="moe", mb=2, n_mb=3),
+}
 CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12, **CASES13, **CASES14, **CASES15,
-             **CASES16, **CASES17)
+             **CASES16, **CASES17, **CASES18)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

@@ -24,7 +24,8 @@ HERE = Path(__file__).resolve().parent
 TOPOLOGY = {1: "../heldout6/h100x1.yaml", 2: "../../topologies/h100x2-nvswitch.yaml",
             4: "../../topologies/h100x4-nvswitch.yaml"}
 ORDINAL = {7: "seventh", 8: "eighth", 9: "ninth", 10: "tenth", 11: "eleventh", 12: "twelfth",
-           13: "thirteenth", 14: "fourteenth", 15: "fifteenth", 16: "sixteenth", 17: "seventeenth"}
+           13: "thirteenth", 14: "fourteenth", 15: "fifteenth", 16: "sixteenth", 17: "seventeenth",
+           18: "eighteenth"}
 
 
 def tables(var: str = "CASES7", script: str = "steps_alt.py") -> tuple[dict, dict]:
