@@ -1,6 +1,6 @@
 """The eighteenth held-out batch's cases for ``steps.py`` (forced uniform and skewed routing,
 issue 10), kept beside the script so that helpers working on ``steps.py`` never read them.
-Written 2026-11-28 01:35 UTC before the batch's freeze; ``steps.py`` merges both tables."""
+Written 2026-11-28 01:14 UTC before the batch's freeze; ``steps.py`` merges both tables."""
 
 SHAPES18 = {
     # MoE: 6 layers of width 3584, 28 query / 4 KV heads of 128, 8 SwiGLU experts of 2048, top-2

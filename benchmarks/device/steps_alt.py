@@ -321,7 +321,7 @@ CASES17 = {
     "h17_moe_ep4_AV": dict(shape="AV", world=4, scheme="moe", mb=4, n_mb=2),
 }
 CASES.update(CASES17)
-# The eighteenth batch (issue 10): new shapes, written 2026-11-28 01:30 UTC before its freeze
+# The eighteenth batch (issue 10): new shapes, written 2026-11-28 01:13 UTC before its freeze
 # (4-GPU box).
 SHAPES.update({
     # 8 GPT-2 blocks of width 3840 (30 heads of 128), GPT-2's padded vocabulary, 2K sequences.

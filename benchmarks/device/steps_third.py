@@ -301,7 +301,7 @@ CASES17 = {
     "h17t_moe_ep2_AR": dict(shape="AR", world=2, scheme="moe", mb=4, n_mb=2),
     "h17t_moe_ep4_AR": dict(shape="AR", world=4, scheme="moe", mb=4, n_mb=2),
 }
-# The eighteenth batch (issue 10): new shapes, written 2026-11-28 01:30 UTC before its freeze
+# The eighteenth batch (issue 10): new shapes, written 2026-11-28 01:13 UTC before its freeze
 # (4-GPU box).
 SHAPES.update({
     # 12 blocks of width 3584, 28 query heads / 4 KV heads of 128, SwiGLU 9728, a 50000-token
