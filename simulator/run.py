@@ -39,7 +39,7 @@ from simulator.model import moe_routing
 from simulator.model import transformer as tf
 from simulator.network.collectives import CollectiveModel
 from simulator.network.innetwork import in_network_constants, nvls_available
-from simulator.network.topology import Topology, load_fabrics
+from simulator.network.topology import Topology, build_topology, load_fabrics
 from simulator.reliability import reliability_summary
 from simulator.report.events import EventRows
 from simulator.report.io import first_non_finite
@@ -73,7 +73,9 @@ def make_machine(loaded: LoadedWorkload) -> Machine:
     """GPU spec, topology graph and the compute/collective models of a loaded workload."""
     topo_cfg = loaded.topology
     gpu: GPUSpec = load_gpu(topo_cfg.gpu, file=str(loaded.topology_path), field="gpu")
-    topology = Topology(topo_cfg, gpu, loaded.workload.faults.links)
+    topology = build_topology(topo_cfg, gpu, loaded.workload.faults.links,
+                              file=str(loaded.topology_path),
+                              faults_file=str(loaded.workload_path))
     backend = loaded.workload.training.attention_backend
     if backend == "fa2" and gpu.attention_fa2 is None:
         raise ConfigError(

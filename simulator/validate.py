@@ -83,7 +83,7 @@ from simulator.errors import ConfigError
 from simulator.hardware.catalog import load_gpu
 from simulator.network.alignment import measured_stores, narrow_time, split_table
 from simulator.network.collectives import CollectiveModel
-from simulator.network.topology import Topology
+from simulator.network.topology import build_topology
 from simulator.run import resolve_loaded, simulate
 
 
@@ -233,7 +233,7 @@ def prepare_suite(path: str | Path) -> PreparedSuite:
     tpath = p.parent / suite.topology
     topo_cfg = load_topology(tpath)
     gpu = load_gpu(topo_cfg.gpu, file=str(tpath), field="gpu")
-    topo = Topology(topo_cfg, gpu)
+    topo = build_topology(topo_cfg, gpu, file=str(tpath))
     rows = collective_rows(p, suite, topo.n_gpus)
     return PreparedSuite(p, suite, rows=rows, collectives=CollectiveModel(topo),
                          frozen=frozen_predictions(p, suite))

@@ -402,6 +402,20 @@ def test_nodes_without_nics_are_disconnected(tmp_path, capsys):
     )
 
 
+def test_fabric_errors_of_the_topology_graph_name_the_topology_file(tmp_path, capsys):
+    # Checks made while the graph is built (tiers, NVLink domain, NICs of several nodes) name
+    # the topology file, for every command that builds one.
+    p = write(tmp_path, topo={**BASE_TOPO, "network": "rail_only", "tiers": 3})
+    topo = tmp_path / "topo.yaml"
+    expect(fails(capsys, tmp_path, "run", str(p)), topo, "tiers", "rail-only")
+    argv = ["collective", "all_reduce", "--bytes", "1MB", "--topology", str(topo)]
+    expect(fails(capsys, tmp_path, *argv), topo, "tiers", "rail-only")
+    write(tmp_path, topo=small_topology(1, 4, nics_per_node=0))
+    # plan --gpus 8 makes the one-node topology two nodes, which have no NIC to talk through
+    line = fails(capsys, tmp_path, "plan", str(p), "--gpus", "8", "--no-files", out=False)
+    expect(line, topo, "nics_per_node", "NIC")
+
+
 def test_link_faults_cutting_a_node_off(tmp_path, capsys):
     # 4 GPUs per node over 8 NICs: GPUs use NICs 0, 2, 4, 6; failing those cuts node 1 off.
     faults = {
@@ -486,6 +500,30 @@ def test_set_topology_key_that_does_not_exist(tmp_path, capsys):
         "no such key under topology",
         "did you mean 'nic_bandwidth_Gbps'?",
     )
+
+
+def test_set_topology_key_without_its_prefix(tmp_path, capsys):
+    # `--set nodes=2` means topology.nodes: say so, for run and for collective (which takes
+    # topology keys only), rather than suggest a workload key.
+    p = write(tmp_path)
+    line = fails(capsys, tmp_path, "run", str(p), "--set", "nodes=2")
+    expect(line, "--set", "nodes", "did you mean 'topology.nodes'?")
+    topo = str(tmp_path / "topo.yaml")
+    coll = ["collective", "all_reduce", "--bytes", "1MB", "--topology", topo]
+    line = fails(capsys, tmp_path, *coll, "--set", "nodez=2")
+    expect(line, "--set", "nodez", "only topology keys", "did you mean 'topology.nodes'?")
+    line = fails(capsys, tmp_path, *coll, "--set", "parallelism.tp=2")
+    expect(line, "--set", "parallelism.tp", "only topology keys")
+    assert "accepted" not in line  # no list of workload keys for a topology-only command
+
+
+def test_collective_size_is_a_whole_number_of_bytes(tmp_path, capsys):
+    topo = str(write(tmp_path).parent / "topo.yaml")
+    coll = ["collective", "all_reduce", "--topology", topo, "--bytes"]
+    line = fails(capsys, tmp_path, *coll, "1.5")
+    assert line == "--bytes: size must be a whole number of bytes, got '1.5'"
+    assert main([*coll, "1.5KiB", "--json"]) == 0  # 1,536 bytes
+    assert '"time_s"' in capsys.readouterr().out
 
 
 def test_set_without_value(tmp_path, capsys):

@@ -13,7 +13,7 @@ from simulator.config.load import load_topology
 from simulator.errors import ConfigError
 from simulator.hardware.catalog import load_gpu
 from simulator.network.collectives import OPS, TIMINGS, collective_summary
-from simulator.network.topology import Topology
+from simulator.network.topology import build_topology
 from simulator.report.table import format_bytes
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
@@ -33,6 +33,8 @@ def parse_bytes(text: str) -> float:
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not 0 < value <= MAX_BYTES:
         raise ConfigError(f"size must be in (0, 1 PiB], got {text!r}", file="--bytes")
+    if value != round(value):  # 1.5, 0.5KB: no collective moves part of a byte
+        raise ConfigError(f"size must be a whole number of bytes, got {text!r}", file="--bytes")
     return value
 
 
@@ -73,7 +75,7 @@ def main(args) -> int:
     nbytes = parse_bytes(args.bytes)
     cfg = load_topology(args.topology, args.overrides)
     gpu = load_gpu(cfg.gpu, file=args.topology, field="gpu")
-    topo = Topology(cfg, gpu)
+    topo = build_topology(cfg, gpu, file=args.topology)
     if topo.n_gpus < 2:
         raise ConfigError(
             f"a collective needs at least 2 GPUs; this topology has {topo.n_gpus}",

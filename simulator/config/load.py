@@ -198,6 +198,13 @@ def _check_key(
         cur = _first_model(cur.model_fields[part].annotation)
 
 
+def _topology_hint(key: str) -> str:
+    """`` (did you mean 'topology.nodes'?)`` for a topology key given without its prefix
+    (``nodes``, or a near miss such as ``nodez``); empty when nothing is close."""
+    close = difflib.get_close_matches(key.split(".")[0], list(TopologyConfig.model_fields), n=1)
+    return f" (did you mean 'topology.{close[0]}'?)" if close else ""
+
+
 def set_dotted(data: dict[str, Any], parts: Sequence[str], value: Any) -> None:
     """Set ``data[a][b][c] = value`` for parts a.b.c, creating mappings on the way."""
     cur = data
@@ -242,6 +249,11 @@ def split_overrides(
             _check_key(TopologyConfig, sub.split("."), key, root="topology")
             topo.append((sub, value))
         else:
+            head = key.split(".")[0]
+            if head not in WorkloadConfig.model_fields and head in TopologyConfig.model_fields:
+                raise ConfigError(
+                    "no such key under top level" + _topology_hint(key), file="--set", field=key
+                )
             _check_key(WorkloadConfig, key.split("."), key)
             work.append((key, value))
     return work, topo
@@ -313,12 +325,15 @@ def load_workload(
 def load_topology(path: str | Path, overrides: Sequence[str] = ()) -> TopologyConfig:
     """Load a topology file on its own (for ``collective`` and ``compare``)."""
     raw = read_yaml(path, what="topology file")
-    work_over, topo_over = split_overrides(overrides)
-    if work_over:
-        key = work_over[0][0]
-        raise ConfigError(
-            "only topology keys can be set here (e.g. topology.nodes=4)", file="--set", field=key
-        )
+    for text in overrides:  # a key outside the topology, or one written without its prefix
+        key = parse_override(text)[0]
+        if key != "topology" and not key.startswith("topology."):
+            raise ConfigError(
+                "only topology keys can be set here, as topology.KEY=VALUE" + _topology_hint(key),
+                file="--set",
+                field=key,
+            )
+    _, topo_over = split_overrides(overrides)
     for key, value in topo_over:
         set_topology_key(raw, key, value)
     return validate_topology(raw, file=str(path))

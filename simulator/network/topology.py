@@ -802,3 +802,27 @@ class Topology:
             f"{self.intra}, {self.nics_per_node} NICs/node, {self.n_leaves} leaves, "
             f"{self.n_links} links)"
         )
+
+
+def build_topology(
+    cfg: TopologyConfig,
+    gpu: Any,
+    link_faults: Sequence[LinkFault] = (),
+    *,
+    file: str,
+    faults_file: str | None = None,
+) -> Topology:
+    """``Topology(cfg, gpu, link_faults)`` whose input errors name the file to fix: the
+    topology's ``file`` for its own keys (named as in that file, without ``topology.``), the
+    workload's ``faults_file`` for a ``faults.`` field. The graph's checks (an NVLink domain,
+    NICs for several nodes, tiers) raise :class:`ConfigError` without a file."""
+    try:
+        return Topology(cfg, gpu, link_faults)
+    except ConfigError as e:
+        if e.file is not None:
+            raise
+        field = e.field or ""
+        if field.startswith("faults.") and faults_file:
+            raise ConfigError(e.detail, file=faults_file, field=field) from None
+        field = field.removeprefix("topology.") or None
+        raise ConfigError(e.detail, file=file, field=field) from None
