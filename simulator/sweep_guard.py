@@ -1,6 +1,8 @@
 """Checks a sweep makes before it writes anything (issue 17, items 3 and 7).
 
-* :func:`check_base` -- the base workload is a regular file other than the sweep file itself;
+* :func:`check_base` -- the base workload is a regular file other than the sweep file itself,
+  a YAML mapping of workload keys (what no point's override can mend: otherwise every point
+  would fail alike);
 * :func:`check_ray` -- with ``--engine ray``, the package imports and an ``--address`` answers
   within :data:`RAY_CONNECT_TIMEOUT_S` (Ray itself retries an unreachable address for many
   minutes);
@@ -20,6 +22,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from simulator.config.load import did_you_mean, read_yaml
+from simulator.config.schema import WorkloadConfig
 from simulator.errors import ConfigError
 
 #: Seconds to wait for a Ray cluster's address to accept a connection.
@@ -48,6 +52,15 @@ def check_base(sweep_path: Path, base: Path) -> None:
             "the base is the sweep file itself (give a workload YAML)",
             file=str(sweep_path),
             field="base",
+        )
+    # Malformed, empty or not a mapping: refused here, naming the base file. A top-level key
+    # the workload does not have stays in every point (an override sets keys, never removes).
+    raw = read_yaml(base, what="base workload")
+    fields = list(WorkloadConfig.model_fields)
+    unknown = sorted(str(k) for k in raw if k not in WorkloadConfig.model_fields)
+    if unknown:
+        raise ConfigError(
+            "unknown key" + did_you_mean(unknown[0], fields), file=str(base), field=unknown[0]
         )
 
 

@@ -587,6 +587,27 @@ def test_sweep_key_that_does_not_exist(tmp_path, capsys):
     )
 
 
+def test_sweep_whose_base_no_point_can_mend(tmp_path, capsys):
+    # A base that is not a workload (malformed YAML, not a mapping, a sweep file, a top-level
+    # key no override removes) fails every point alike: refused at once, naming the base file.
+    grid = {"parallelism.tp": [2]}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel: {layers: 2\n")
+    line = sweep_error(capsys, tmp_path, {"name": "s", "base": str(bad), "grid": grid})
+    assert line.startswith(f"{bad}: malformed YAML"), line
+    bad.write_text("- a list\n")
+    line = sweep_error(capsys, tmp_path, {"name": "s", "base": str(bad), "grid": grid})
+    assert line == f"{bad}: expected a YAML mapping at the top level, got list"
+    other = tmp_path / "other-sweep.yaml"
+    other.write_text(yaml.safe_dump({"name": "o", "base": "work.yaml", "grid": grid}))
+    line = sweep_error(capsys, tmp_path, {"name": "s", "base": str(other), "grid": grid})
+    expect(line, other, "base", "unknown key")
+    work = {**BASE_WORK, "cluster": {"topology": "topo.yaml"}, "trainig": {}}
+    write(tmp_path, work)
+    line = sweep_error(capsys, tmp_path, {"name": "s", "base": "work.yaml", "grid": grid})
+    expect(line, tmp_path / "work.yaml", "trainig", "did you mean 'training'?")
+
+
 def test_sweep_topology_key_that_does_not_exist(tmp_path, capsys):
     base = write(tmp_path)
     line = sweep_error(
