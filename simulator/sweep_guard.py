@@ -22,7 +22,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-from simulator.config.load import did_you_mean, read_yaml
+from simulator.config.load import check_kind, did_you_mean, read_yaml
 from simulator.config.schema import WorkloadConfig
 from simulator.errors import ConfigError
 
@@ -56,6 +56,7 @@ def check_base(sweep_path: Path, base: Path) -> None:
     # Malformed, empty or not a mapping: refused here, naming the base file. A top-level key
     # the workload does not have stays in every point (an override sets keys, never removes).
     raw = read_yaml(base, what="base workload")
+    check_kind(raw, "workload", base)
     fields = list(WorkloadConfig.model_fields)
     unknown = sorted(str(k) for k in raw if k not in WorkloadConfig.model_fields)
     if unknown:

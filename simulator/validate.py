@@ -63,6 +63,7 @@ from typing import Any
 
 from simulator.config.load import (
     LoadedWorkload,
+    check_kind,
     load_topology,
     read_yaml,
     set_dotted,
@@ -170,7 +171,9 @@ def load_case(suite_path: Path, defaults: Mapping, case: Mapping, idx: int) -> L
     wl = case.get("workload")
     if isinstance(wl, str):
         wpath = suite_path.parent / wl
-        raw = _merge(defaults, read_yaml(wpath, what="workload file"))
+        raw = read_yaml(wpath, what="workload file")
+        check_kind(raw, "workload", wpath)
+        raw = _merge(defaults, raw)
     elif isinstance(wl, Mapping):
         wpath = suite_path
         raw = _merge(defaults, wl)
@@ -195,6 +198,7 @@ def load_case(suite_path: Path, defaults: Mapping, case: Mapping, idx: int) -> L
     if not tpath.is_absolute():
         tpath = wpath.parent / tpath
     traw = read_yaml(tpath, what="topology file")
+    check_kind(traw, "topology", tpath)
     for key, value in topo_over:
         set_topology_key(traw, key, value)
     topo = validate_topology(traw, file=str(tpath))
@@ -227,7 +231,14 @@ def prepare_suite(path: str | Path) -> PreparedSuite:
         cases = []
         for i, case in enumerate(suite.cases):
             loaded = load_case(p, suite.defaults, case.model_dump(), i)
-            resolve_loaded(loaded)  # a layout that does not fit the cluster fails here
+            try:
+                resolve_loaded(loaded)  # a layout that does not fit the cluster fails here
+            except ConfigError as e:
+                # The case's defaults and set made this workload: name the case, as the
+                # schema's errors do, rather than a workload file that may be valid alone.
+                if e.file != str(loaded.workload_path):
+                    raise
+                raise ConfigError(e.detail, file=f"{p} (cases[{i}])", field=e.field) from None
             cases.append(loaded)
         return PreparedSuite(p, suite, cases=cases)
     tpath = p.parent / suite.topology

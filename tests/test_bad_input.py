@@ -543,6 +543,25 @@ def test_set_value_of_wrong_type_names_the_workload(tmp_path, capsys):
     )
 
 
+def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path, capsys):
+    # A sweep given to run, a workload to sweep, a workload as a topology: one line saying
+    # what the file is and which command takes it, not its first key as an unknown key.
+    work = write(tmp_path)
+    topo = tmp_path / "topo.yaml"
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "s", "base": "work.yaml", "grid": {"seed": [1]}}))
+    line = fails(capsys, tmp_path, "run", str(sweep))
+    assert line == f"{sweep}: this is a sweep file, not a workload file (run it with `simulator sweep`)"
+    line = fails(capsys, tmp_path, "sweep", str(work), "--out", str(tmp_path / "out"))
+    assert line.startswith(f"{work}: this is a workload file, not a sweep file"), line
+    line = fails(capsys, tmp_path, "run", str(topo))
+    assert line.startswith(f"{topo}: this is a topology file, not a workload file"), line
+    line = fails(capsys, tmp_path, "run", str(work), "--topology", str(work))
+    assert line.startswith(f"{work}: this is a workload file, not a topology file"), line
+    coll = ["collective", "all_reduce", "--bytes", "1MB", "--topology", str(sweep)]
+    assert fails(capsys, tmp_path, *coll).startswith(f"{sweep}: this is a sweep file"), coll
+
+
 def test_unknown_option_and_command(tmp_path, capsys):
     assert "unrecognized arguments: --bogus" in fails(
         capsys, tmp_path, "run", str(write(tmp_path)), "--bogus", out=False
@@ -601,7 +620,7 @@ def test_sweep_whose_base_no_point_can_mend(tmp_path, capsys):
     other = tmp_path / "other-sweep.yaml"
     other.write_text(yaml.safe_dump({"name": "o", "base": "work.yaml", "grid": grid}))
     line = sweep_error(capsys, tmp_path, {"name": "s", "base": str(other), "grid": grid})
-    expect(line, other, "base", "unknown key")
+    assert line.startswith(f"{other}: this is a sweep file, not a workload file"), line
     work = {**BASE_WORK, "cluster": {"topology": "topo.yaml"}, "trainig": {}}
     write(tmp_path, work)
     line = sweep_error(capsys, tmp_path, {"name": "s", "base": "work.yaml", "grid": grid})

@@ -85,7 +85,13 @@ def test_malformed_suites_exit_2_with_one_line(tmp_path):
             _workloads(tmp_path, "bl", {"name": "c", "workload": str(w),
                                         "set": {"parallelism.tp": 3},
                                         "measured": {"step_time_s": 1.0}}),
-            "parallelism.tp: tp*pp*dp = 3",  # the key the case sets
+            # the key the case sets, in the case (d_tp4.yaml alone is valid)
+            "bl.yaml (cases[0]): parallelism.tp: tp*pp*dp = 3",
+        ),
+        "a_workload": (str(w), "d_tp4.yaml: this is a workload file, not a validation suite"),
+        "a_sweep": (
+            str(ROOT / "sweeps" / "purchase-llama3-70b.yaml"),
+            "this is a sweep file, not a validation suite file (run it with `simulator sweep`)",
         ),
         "no_cases": (_workloads(tmp_path, "nc", cases=[]), "cases"),
     }

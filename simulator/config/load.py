@@ -63,6 +63,38 @@ def read_yaml(path: str | Path, *, what: str = "file") -> dict[str, Any]:
     return data
 
 
+#: What each kind of input file is for, by the command that takes it.
+_KIND_USE = {
+    "validation suite": "check it with `simulator validate`",
+    "sweep": "run it with `simulator sweep`",
+    "workload": "simulate it with `simulator run`",
+    "topology": "name it with --topology or a workload's cluster.topology",
+}
+
+
+def _kind_of(data: dict[str, Any]) -> str | None:
+    """Which kind of input file ``data`` looks like, by the keys only that kind has."""
+    if "cases" in data or data.get("kind") in ("workloads", "collectives"):
+        return "validation suite"
+    if "base" in data and ("grid" in data or "points" in data):
+        return "sweep"
+    if "model" in data:
+        return "workload"
+    if "gpus_per_node" in data or ("gpu" in data and "nodes" in data):
+        return "topology"
+    return None
+
+
+def check_kind(data: dict[str, Any], expected: str, path: str | Path) -> None:
+    """Refuse a file of another kind (a sweep given to ``run``, a workload to ``validate``)
+    on one line saying what it is, rather than with its first key as an unknown key."""
+    kind = _kind_of(data)
+    if kind is not None and kind != expected:
+        raise ConfigError(
+            f"this is a {kind} file, not a {expected} file ({_KIND_USE[kind]})", file=str(path)
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # pydantic errors -> one line
 
@@ -290,6 +322,7 @@ def load_workload(
     """
     wpath = Path(path)
     raw = read_yaml(wpath, what="workload file")
+    check_kind(raw, "workload", wpath)
     work_over, topo_over = split_overrides(overrides)
     for key, value in work_over:
         set_dotted(raw, key.split("."), value)
@@ -316,6 +349,7 @@ def load_workload(
             field="cluster.topology",
         )
     traw = read_yaml(tpath, what="topology file")
+    check_kind(traw, "topology", tpath)
     for key, value in topo_over:
         set_topology_key(traw, key, value)
     topo = validate_topology(traw, file=str(tpath))
@@ -325,6 +359,7 @@ def load_workload(
 def load_topology(path: str | Path, overrides: Sequence[str] = ()) -> TopologyConfig:
     """Load a topology file on its own (for ``collective`` and ``compare``)."""
     raw = read_yaml(path, what="topology file")
+    check_kind(raw, "topology", path)
     for text in overrides:  # a key outside the topology, or one written without its prefix
         key = parse_override(text)[0]
         if key != "topology" and not key.startswith("topology."):
@@ -342,6 +377,7 @@ def load_topology(path: str | Path, overrides: Sequence[str] = ()) -> TopologyCo
 def load_sweep(path: str | Path) -> SweepConfig:
     """Load and validate a sweep file (keys are checked against the workload schema)."""
     raw = read_yaml(path, what="sweep file")
+    check_kind(raw, "sweep", path)
     try:
         sweep = SweepConfig.model_validate(raw)
     except ValidationError as e:

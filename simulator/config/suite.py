@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from simulator.config.load import pydantic_to_config_error, read_yaml
+from simulator.config.load import check_kind, pydantic_to_config_error, read_yaml
 from simulator.config.schema import Float, Frozen, NonNegativeInt, PositiveFloat, PositiveInt
 from simulator.config.yaml_safe import read_bounded
 from simulator.errors import ConfigError
@@ -206,6 +206,7 @@ def load_suite(path: str | Path) -> WorkloadSuite | CollectiveSuite:
     """Read and validate a suite file; every problem is one ConfigError naming the field."""
     p = Path(path)
     data = read_yaml(p, what="validation suite")
+    check_kind(data, "validation suite", p)
     kind = data.get("kind", "workloads")
     model = {"workloads": WorkloadSuite, "collectives": CollectiveSuite}.get(kind)
     if model is None:
