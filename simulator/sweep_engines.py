@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,9 +110,9 @@ def run_ray(
         raise ConfigError(
             "--engine ray needs the ray package (pip install 'ray>=2.9')", file="--engine"
         ) from None
-    started, reaper = False, None
+    started, reaper, session = False, None, None
     if not ray.is_initialized():
-        reaper = _init_ray(ray, workers, address)
+        reaper, session = _init_ray(ray, workers, address)
         started = True
     remote = ray.remote(num_cpus=1, max_retries=0)(fn)
     it = iter(tasks)
@@ -138,6 +139,21 @@ def run_ray(
             ray.shutdown()
         if reaper is not None:
             reaper.stdin.close()  # the reaper ends whatever of the local instance is left
+        if session is not None:
+            _remove_session(session)
+
+
+def _remove_session(session: str) -> None:
+    """Remove a local Ray instance's session folder (its logs and sockets, under
+    ``/tmp/ray`` or ``$RAY_TMPDIR/ray``), which Ray leaves behind, and the ``session_latest``
+    link to it: the sweep writes only into its output folder."""
+    shutil.rmtree(session, ignore_errors=True)
+    latest = Path(session).parent / "session_latest"
+    try:
+        if latest.is_symlink() and os.path.realpath(latest) == os.path.realpath(session):
+            latest.unlink()
+    except OSError:
+        pass
 
 
 def _start_reaper(marker: str) -> subprocess.Popen | None:
@@ -156,9 +172,13 @@ def _start_reaper(marker: str) -> subprocess.Popen | None:
     )
 
 
-def _init_ray(ray, workers: int, address: str | None) -> subprocess.Popen | None:
+def _init_ray(
+    ray, workers: int, address: str | None
+) -> tuple[subprocess.Popen | None, str | None]:
     """Connect to the cluster at ``address``, or start a local instance of ``workers`` CPUs
-    whose processes end with this one (:mod:`simulator.ray_reaper`; returned, or None)."""
+    whose processes end with this one (:mod:`simulator.ray_reaper`). Returns the reaper
+    (or None) and the local instance's session folder, to remove after the shutdown (None
+    for a cluster of its own)."""
     pkg = str(Path(__file__).resolve().parent)
     if address:
         # A remote cluster gets this package shipped with the job; its Python must have
@@ -178,14 +198,14 @@ def _init_ray(ray, workers: int, address: str | None) -> subprocess.Popen | None
                 "RAY_AUTH_MODE)",
                 file="--address",
             ) from None
-        return None
+        return None, None
     root = str(Path(pkg).parent)
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     marker = f"{os.getpid()}-{secrets.token_hex(8)}"
     reaper = _start_reaper(marker)
     os.environ[ray_reaper.VAR] = marker  # inherited by every process the head starts
     try:
-        ray.init(
+        ctx = ray.init(
             # "local": always a new instance; without it Ray joins the cluster named in
             # RAY_ADDRESS or in /tmp/ray/ray_current_cluster, even a stale one
             address="local",
@@ -200,4 +220,5 @@ def _init_ray(ray, workers: int, address: str | None) -> subprocess.Popen | None
         raise
     finally:
         os.environ.pop(ray_reaper.VAR, None)
-    return reaper
+    session = getattr(ctx, "address_info", {}).get("session_dir")
+    return reaper, session

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -146,12 +149,20 @@ def test_ray_gives_the_same_bytes(full_local, tmp_path):
     pytest.importorskip("ray")
     path, local = full_local
     out = tmp_path / "ray"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    # Ray's own folder, short (its socket paths must fit 107 characters) and our own: the
+    # local instance's session folder is removed when the sweep ends.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    env = dict(os.environ, RAY_TMPDIR=str(ray_tmp), PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, "-m", "simulator", "sweep", str(path), "--engine", "ray",
            "--workers", "2", "--out", str(out), "--no-progress"]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        assert list(ray_tmp.glob("ray/session_*")) == []
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert (out / "sweep.parquet").read_bytes() == local.path.read_bytes()
     table = pd.read_parquet(out / "sweep.parquet")
     pd.testing.assert_frame_equal(comparable(table), comparable(local.table))
