@@ -16,6 +16,7 @@ first point runs before the last is generated.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -212,6 +213,9 @@ def _init_ray(
             num_cpus=workers,
             include_dashboard=False,
             log_to_driver=False,
+            # Ray's start-up notes (token authentication, "Started a local Ray instance")
+            # are not the sweep's; its errors still show.
+            logging_level=logging.ERROR,
             runtime_env={"env_vars": {"PYTHONPATH": path}},
         )
     except BaseException:
