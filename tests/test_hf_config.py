@@ -111,3 +111,20 @@ def test_bad_sources_are_one_line(tmp_path, capsys, model, field, words):
     assert cli_main(["run", path, "--no-files"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and len(err.splitlines()) == 1 and words in err
+
+
+def test_a_missing_or_unreadable_config_names_the_workload_or_the_config(tmp_path):
+    # A path that does not exist is the workload's model.from to fix; a folder, a device or
+    # a file that is not JSON names the config read.
+    path = workload(tmp_path, {"from": "missing/config.json"})
+    with pytest.raises(ConfigError) as e:
+        load_workload(path)
+    assert (e.value.file, e.value.field) == (str(path), "model.from"), str(e.value)
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "text.json").write_text("not json\n")
+    for src, words in [("adir/", "is a directory, expected a JSON file"),
+                       ("/dev/zero", "not a regular file"),
+                       ("text.json", "cannot read the config as JSON")]:
+        with pytest.raises(ConfigError) as e:
+            load_workload(workload(tmp_path, {"from": src}))
+        assert words in str(e.value) and e.value.file.endswith(src.strip("/")), str(e.value)

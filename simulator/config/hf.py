@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from simulator.config.yaml_safe import read_bounded
 from simulator.errors import ConfigError
 
 #: The training sequence length is not in a HF config; ``max_position_embeddings`` is used
@@ -176,12 +177,10 @@ ARCHITECTURES: dict[str, Callable[[Mapping[str, Any], str], dict[str, Any]]] = {
 def from_hf_config(path: str | Path) -> dict[str, Any]:
     """The ``model`` keys of a Hugging Face ``config.json`` (see the module docstring)."""
     file = str(path)
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"Hugging Face config {file!r} does not exist", field="model.from")
+    text = read_bounded(path, what="Hugging Face config", kind="JSON")  # a small regular file, UTF-8
     try:
-        cfg = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
         raise ConfigError(f"cannot read the config as JSON ({e})", file=file) from None
     if not isinstance(cfg, dict):
         raise ConfigError("expected a JSON object", file=file)
@@ -213,7 +212,15 @@ def resolve_model(raw: dict[str, Any], workload_path: Path) -> dict[str, Any]:
         base = json.loads(json.dumps(CATALOG[src]))
     elif src.endswith(".json") or "/" in src:
         p = Path(src)
-        base = from_hf_config(p if p.is_absolute() else workload_path.parent / p)
+        p = p if p.is_absolute() else workload_path.parent / p
+        if not p.exists():
+            raise ConfigError(
+                f"Hugging Face config {src!r} does not exist (a path is relative to the "
+                "workload's folder)",
+                file=str(workload_path),
+                field="model.from",
+            )
+        base = from_hf_config(p)
     else:
         raise ConfigError(
             f"unknown model {src!r} (catalog: {', '.join(CATALOG)}; or a path to a Hugging "

@@ -134,8 +134,11 @@ def parse_yaml(text: str) -> Any:
         loader.dispose()
 
 
-def read_bounded(path: str | Path, *, what: str = "file", limit: int = MAX_FILE_BYTES) -> str:
-    """The text of a regular file of at most ``limit`` bytes, or a one-line ConfigError."""
+def read_bounded(
+    path: str | Path, *, what: str = "file", limit: int = MAX_FILE_BYTES, kind: str = "YAML"
+) -> str:
+    """The text of a regular file of at most ``limit`` bytes, or a one-line ConfigError
+    (``kind``: what the file should hold, for the message)."""
     p = Path(path)
     try:
         st = p.stat()
@@ -144,7 +147,7 @@ def read_bounded(path: str | Path, *, what: str = "file", limit: int = MAX_FILE_
     except OSError as e:
         raise ConfigError(f"cannot read {what}: {e.strerror}", file=str(path)) from None
     if stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{what} is a directory, expected a YAML file", file=str(path))
+        raise ConfigError(f"{what} is a directory, expected a {kind} file", file=str(path))
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{what} is not a regular file (a device, FIFO or socket)",
                           file=str(path))
