@@ -61,6 +61,7 @@ class Batch:
     band_tolerances: tuple = (0.8, 0.6)  # the <= 1 MiB and 1-96 MiB bands' (>= 96 MiB: 0.5)
     cases_when: str = "before any helper landed"  # when the shapes were fixed, helpers-wise
     comm_call: str = "B"  # the call of call_heldoutN.sh that measured the collectives
+    frozen_when: str = "after every helper of the session had landed"
     loop_sizes: str = ""  # "groups of 4 and pairs at 20 KiB x 4^k": the loop-timed set, if any
 
     @property
@@ -70,8 +71,8 @@ class Batch:
     @property
     def role_note(self) -> str:
         return (f"Pre-registered: cases written at {self.cases_written}, shapes fixed "
-                f"{self.cases_when}), model frozen at tag heldout-freeze-{self.n} after every helper of "
-                "the session had landed, predictions for 4x H100 and 4x H200 committed (tag "
+                f"{self.cases_when}), model frozen at tag heldout-freeze-{self.n} {self.frozen_when}, "
+                "predictions for 4x H100 and 4x H200 committed (tag "
                 f"heldout-predictions-{self.n}) before the measurement.")
 
 
