@@ -234,6 +234,15 @@ def test_gpu_not_in_catalog(tmp_path, capsys):
     )
 
 
+def test_unknown_field_of_an_inline_gpu(tmp_path, capsys):
+    # A near miss names the field meant, on a line of readable length (the full list of the
+    # catalog's 60-odd fields made it over 900 characters).
+    p = write(tmp_path, topo={**BASE_TOPO, "gpu": {"base": "H100-SXM-80GB", "tflops": 5}})
+    line = fails(capsys, tmp_path, "run", str(p))
+    expect(line, tmp_path / "topo.yaml", "gpu.tflops", "did you mean 'peak_tflops'?")
+    assert len(line) < 200, line
+
+
 # --------------------------------------------------------------------------------------------
 # Cross-field rules
 
@@ -478,6 +487,16 @@ def test_failed_nvlink_port_cuts_a_gpu_off(tmp_path, capsys):
 def test_bad_faults(tmp_path, capsys, faults, field, words):
     p = write(tmp_path, {**BASE_WORK, "faults": faults})
     expect(fails(capsys, tmp_path, "run", str(p)), p, field, *words)
+
+
+def test_nic_fault_on_a_topology_without_nics(tmp_path, capsys):
+    # One node without NICs: the message says so (it read "nic in 0..-1").
+    faults = {"links": [{"kind": "nic", "node": 0, "nic": 0, "bandwidth_factor": 0}]}
+    work = {**BASE_WORK, "parallelism": {"tp": 2, "pp": 2, "dp": 1}, "faults": faults}
+    p = write(tmp_path, work, topo=small_topology(1, 4, nics_per_node=0))
+    line = fails(capsys, tmp_path, "run", str(p))
+    expect(line, p, "faults.links[0].kind", "no NICs", "kind: nvlink")
+    assert "-1" not in line
 
 
 # --------------------------------------------------------------------------------------------

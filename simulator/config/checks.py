@@ -257,6 +257,12 @@ def resolve(
                 raise fail(
                     f"faults.links[{i}].node", f"a nic fault needs node in 0..{topo.nodes - 1}"
                 )
+            if topo.nics_per_node == 0:
+                raise fail(
+                    f"faults.links[{i}].kind",
+                    "the topology has no NICs (nics_per_node: 0), so no nic link to fault "
+                    "(accepted: kind: nvlink)",
+                )
             if lf.nic is None or lf.nic >= topo.nics_per_node:
                 raise fail(
                     f"faults.links[{i}].nic",
