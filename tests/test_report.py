@@ -640,6 +640,23 @@ def test_stall_segments_split_idle_from_waiting_on_comm():
     assert [tuple(approx(s)) for s in seg["pp_comm"]] == [(3.0, pytest.approx(0.2))]
 
 
+def test_a_bucket_prep_inside_the_last_backward_keeps_it_one_block():
+    # Overlapped DP reduction prepares a bucket (compute stream, no micro-batch) between the
+    # layers of the last backward: that backward is still one labelled block, not slivers.
+    rows = [
+        ("fwd", 31, 0.0, 1.0),
+        ("bwd", 31, 1.0, 1.1),
+        ("bwd", -1, 1.1, 1.11),  # bucket 0 prep
+        ("bwd", 31, 1.11, 1.2),
+        ("bwd", -1, 1.2, 1.21),  # bucket 1 prep
+        ("bwd", 31, 1.21, 1.3),
+        ("optimizer", -1, 1.5, 1.6),
+    ]
+    g = pd.DataFrame(rows, columns=["kind", "microbatch", "start_s", "end_s"])
+    blocks = [(k, mb, s, e) for k, mb, s, e, *_ in timeline._label_groups(g, join_gap=0.05)]
+    assert blocks == [("fwd", 31, 0.0, 1.0), ("bwd", 31, 1.0, 1.3), ("optimizer", -1, 1.5, 1.6)]
+
+
 def test_timeline_at_scale_16_stages_32_microbatches(tmp_path):
     events, _, _, summary = make_step(
         p=16,

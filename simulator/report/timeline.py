@@ -134,13 +134,17 @@ def _label_groups(rows: pd.DataFrame, join_gap: float) -> list[tuple]:
     Returns ``(kind, mb, start, end, run_start, run_end)`` per block, where the run is the
     widest stretch of the block without a gap longer than ``join_gap``: a label centred there
     sits on colour, not on a TP wait between two layers. Communication rows recorded on the
-    compute stream neither start nor end a block.
+    compute stream neither start nor end a block, nor does a row of no micro-batch inside a
+    block of its kind (a DP bucket's preparation between two layers of the last backward,
+    which otherwise cut that backward into unlabelled slivers).
     """
     groups: list[list] = []
     for kind, mb, s, e in zip(
         rows["kind"], rows["microbatch"], rows["start_s"], rows["end_s"], strict=True
     ):
         if kind in COMM_KINDS:
+            continue
+        if mb < 0 and groups and groups[-1][0] == kind and groups[-1][1] >= 0:
             continue
         s, e = float(s), float(e)
         if groups and groups[-1][0] == kind and groups[-1][1] == mb and mb >= 0:
