@@ -27,5 +27,9 @@ case "$CALL" in
   D) comm 4 2 20480 1342177280 comm-g4.jsonl 150
      comm 3 3 24576 402653184 comm-g3.jsonl 70
      comm 4 2 20480 83886080 comm-loop.jsonl 90 loop ;;
+  # added after A-D had run and been scored (01:45 UTC), with the device time left: the
+  # learned-router MoE cases and the widest-spread dense case (FSDP 4 AW) again
+  E) steps steps_third.py repeat h18t_moe_ep2_AX,h18t_moe_ep4_AX,h18t_fsdp4_AW 150
+     steps steps_alt.py repeat h18_moe_ep2_AZ,h18_moe_ep4_AZ 80 ;;
 esac
 finish
