@@ -52,6 +52,7 @@ from simulator.engine.program import (
     optimizer_parts,
     program_time,
     weight_cast_share,
+    weight_quant_share,
 )
 from simulator.hardware.precision import non_tn_fp8, pricing_dtype, weight_bytes
 from simulator.model import comm as mc
@@ -320,9 +321,10 @@ class Estimator:
         t = self.work.training
         casts = weight_cast_share(self.work.parallelism, t, self.work.model, cand.pp,
                                   res.microbatches)
+        wquant = weight_quant_share(t, res.microbatches)
         key = (cand.tp, cand.cp, cand.sequence_parallel, cand.micro_batch, cand.recompute,
                cand.ep, cand.etp, res.sizes if cand.ep is not None else None,
-               cand.pp == 1, casts)  # fmt: skip
+               cand.pp == 1, casts, wquant)  # fmt: skip
         hit = self._progs.get(key)
         if hit is None:
             moe_kw = None
@@ -345,6 +347,7 @@ class Estimator:
                 embed_grad=embed_grad(t, self.work.model, cand.pp),
                 embed_tp=self._embed_tp(cand.tp),
                 weight_cast_share=casts,
+                weight_quant_share=wquant,
             )  # fmt: skip
             self._progs[key] = hit
         return hit

@@ -46,11 +46,12 @@ from __future__ import annotations
 
 from simulator.calibrate import REPO, jsonl
 from simulator.hardware.catalog import load_gpu
-from simulator.hardware.compute import Dataset, fit_gemm, fit_gemm_fp8
+from simulator.hardware.compute import Dataset, fit_gemm, fit_gemm_fp8, fit_gemm_mxfp8
 
 XLA = REPO / "data/published/xla-matmul-table/matmul.jsonl"
 TORCHAO = REPO / "data/published/torchao-matmul-b200/matmul.jsonl"
 MAMF = REPO / "data/published/mamf-ml-engineering/mamf.jsonl"
+MXFP8 = REPO / "data/published/mxfp8-gemm-b200/gemm.jsonl"
 #: rows of at least 2 b m n k = 2^37 FLOP (4096^3 and up)
 MIN_FLOP = 2.0**37
 #: B200's sustained / burst throughput under its 1,000 W cap (gpus.yaml B200 calibration)
@@ -159,3 +160,44 @@ def refit() -> dict[str, tuple[float, float]]:
         shipped = [c["sustained_rate"] for c in load_gpu(gpu).calibration if "sustained_rate" in c]
         out[f"{gpu}.calibration.sustained_rate"] = (round(sustained_rate(gpu), 3), shipped[0])
     return out
+
+
+def mxfp8_rows(dtype: str = "mxfp8", rate: float = SUSTAINED_RATE) -> list[tuple]:
+    """``(b m, k, n, sustained time)`` of the published B200 MXFP8 rows (``dtype``: or their
+    per-tensor FP8 twins) of at least ``MIN_FLOP``, from the printed rate."""
+    out = []
+    for r in jsonl(MXFP8):
+        flop = 2.0 * r["b"] * r["m"] * r["n"] * r["k"]
+        if r["dtype"] == dtype and flop >= MIN_FLOP:
+            out.append((r["b"] * r["m"], r["k"], r["n"], flop / (r["tflops"] * 1e12) / rate))
+    return out
+
+
+def mxfp8_check(rate: float = SUSTAINED_RATE, libraries: tuple[str, ...] | None = None) -> float:
+    """The eta that :func:`fit_eta`'s procedure gives on the published MXFP8 B200 rows
+    (``libraries``: only those; None: all), to set beside B200's ``eta_fp8``, which an MXFP8
+    GEMM takes (``simulator.hardware.catalog.FP8_RATE_DTYPES``). A check, not a fit: nothing
+    shipped is set from it."""
+    g = load_gpu("B200")
+    rows = [r for r, src in zip(mxfp8_rows(rate=rate), _mxfp8_libraries(), strict=True)
+            if libraries is None or src in libraries]
+    return fit_gemm_mxfp8([Dataset("B200:mxfp8", g, rows, 0.0)], fit=("eta",)).etas[g.name]
+
+
+def _mxfp8_libraries() -> list[str]:
+    return [r["library"] for r in jsonl(MXFP8) if r["dtype"] == "mxfp8"
+            and 2.0 * r["b"] * r["m"] * r["n"] * r["k"] >= MIN_FLOP]
+
+
+def mxfp8_pair_ratio() -> float:
+    """MXFP8 over per-tensor FP8 rate at the one shape timed both ways by one harness
+    (flashinfer PR #2256, cuDNN, B200)."""
+    rows = jsonl(MXFP8)
+    out = []
+    for r in rows:
+        if r["dtype"] != "fp8":
+            continue
+        twin = next(x for x in rows if x["dtype"] == "mxfp8" and x["source"] == r["source"]
+                    and (x["b"], x["m"], x["k"], x["n"]) == (r["b"], r["m"], r["k"], r["n"]))
+        out.append(twin["tflops"] / r["tflops"])
+    return sum(out) / len(out)

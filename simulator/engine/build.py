@@ -44,6 +44,7 @@ from simulator.engine.program import (
     embed_tp,
     optimizer_parts,
     weight_cast_share,
+    weight_quant_share,
 )
 from simulator.engine.sim import DP_STREAMS, CommSpec, Proc, StepPlan
 from simulator.errors import ConfigError
@@ -353,6 +354,7 @@ class _Builder:
                     embed_tp=self.embed_tp, gemm_scale=scale,
                     weight_cast_share=weight_cast_share(self.par, t, self.m, self.pp,
                                                         self.job.microbatches),
+                    weight_quant_share=weight_quant_share(t, self.job.microbatches),
                 )  # fmt: skip
             hit = build(1.0)
             scale = self.gemm_clock_scale(p, hit)

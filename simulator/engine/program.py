@@ -14,13 +14,16 @@ from dataclasses import dataclass, replace
 
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import (
+    LOW_PRECISION,
     gemm_rate,
     keeps_bf16,
     non_tn_fp8,
     pricing_dtype,
     quantize_bytes,
+    quantize_kernels,
     split_dtype,
     swizzle_bytes,
+    weight_quantize_bytes,
 )
 from simulator.model import comm as mc
 from simulator.model import moe_layer as ml
@@ -146,10 +149,11 @@ def _op_time(
             # activation-side operands are quantised from bf16 first (a memory-bound kernel,
             # bytes per recipe in simulator/hardware/precision.py); weights are quantised once
             # per step (cached across micro-batches) and amax/scale updates are negligible.
-            q = quantize_bytes(rec, op.m, op.k, op.n, op.name.endswith("_wgrad"),
-                               non_tn_fp8(cm.gpu))
+            non_tn = non_tn_fp8(cm.gpu)
+            q = quantize_bytes(rec, op.m, op.k, op.n, op.name.endswith("_wgrad"), non_tn)
             if q:
-                t += cm.memory_s(q) + cm.gpu.kernel_launch_s
+                # its kernels: per expert in a grouped GEMM, three under current scaling
+                t += cm.memory_s(q) + quantize_kernels(rec, op.serial, non_tn) * cm.gpu.kernel_launch_s
             # block-scaled formats: the two operands' scales swizzled first (two kernels)
             sw = swizzle_bytes(rec, m, op.k, op.n, op.serial)
             if sw:
@@ -170,6 +174,43 @@ def _op_time(
         t = cm.memory_s(op.bytes, access or memory_access(op.name, kernels, param_dtype))
     # kernel_launch_s: the measured gap between back-to-back kernels on one stream.
     return t + cm.gpu.kernel_launch_s
+
+
+#: name suffix of the part that quantises a forward GEMM's weight (:func:`weight_quant_part`)
+WQUANT = "_wquant"
+
+
+def weight_quant_part(cm: ComputeModel, op: Op, dtype: str, kernels: str,
+                      share: float) -> Part | None:
+    """The once-a-step quantisation of forward GEMM ``op``'s weight (every expert's of a
+    grouped round) into its cached low-precision copies, as its share of one micro-batch's
+    forward (``share``: 1 / micro-batches; :func:`weight_quant_share`); None where the GEMM
+    has no weight to quantise (bf16, a batched attention product, the bf16 LM head and
+    router, a backward GEMM). Transformer Engine quantises a weight in the first
+    micro-batch's forward and reuses the copies (``get_weight_workspace`` with
+    ``update_workspace = is_first_microbatch``; Megatron-Core's schedules call
+    ``set_is_first_microbatch()`` on the first micro-batch of a step)."""
+    _, rec = split_dtype(dtype)
+    if (share <= 0 or rec is None or op.kind != "gemm" or op.batch or op.backward
+            or op.name.endswith(("_dgrad", "_wgrad")) or keeps_bf16(op.name, kernels)):
+        return None
+    non_tn = non_tn_fp8(cm.gpu)
+    experts = max(1, op.serial)
+    dur = (cm.memory_s(weight_quantize_bytes(rec, non_tn) * op.k * op.n * experts)
+           + rec.quant_kernels * experts * cm.gpu.kernel_launch_s)
+    return Part(op.name + WQUANT, "compute", dur * share, block=op.block)
+
+
+def weight_quant_share(training, microbatches: int) -> float:
+    """The share of a step's micro-batches whose forward quantises the weights under a
+    low-precision recipe with fused (Transformer Engine) kernels: ``1 / microbatches``; 0 for
+    bf16, eager code, and ``fp8_param_gather`` (the weights are kept only in the
+    low-precision format: the distributed optimizer casts its 1/dp shard after the step, and
+    Hopper transposes the gathered copy; neither is priced)."""
+    if (training.kernels != "fused" or training.precision not in LOW_PRECISION
+            or training.fp8_param_gather or microbatches < 1):
+        return 0.0
+    return 1.0 / microbatches
 
 
 def optimizer_access(t, name: str) -> str | None:
@@ -199,6 +240,9 @@ class Pricer:
     #: GEMM time relative to the calibration (the power-limited SM clock of the step's kernel
     #: mix, :func:`simulator.hardware.power.gemm_clock_factor`)
     gemm_scale: float = 1.0
+    #: share of micro-batches whose forward quantises the GEMM weights
+    #: (:func:`weight_quant_share`; 0: none)
+    weight_quant_share: float = 0.0
 
     def time(self, op: Op, access: str | None = None) -> float:
         return _op_time(self.cm, op, self.dtype, self.kernels, self.param_dtype, access,
@@ -236,6 +280,9 @@ def price(ops: Sequence[Op], pr: Pricer, comm_cost: CommCost | None) -> Program:
                               op.block))
         else:
             parts.append(pr.part(op))
+            wq = weight_quant_part(pr.cm, op, pr.dtype, pr.kernels, pr.weight_quant_share)
+            if wq is not None:
+                parts.append(wq)
     return tuple(parts)
 
 
@@ -263,10 +310,11 @@ def _reruns(op: Op, modules: frozenset[str]) -> bool:
 
 
 def _rerun(parts: Sequence[Part]) -> Program:
-    """Parts run again as recomputation (``re_`` names; collectives as they ran)."""
+    """Parts run again as recomputation (``re_`` names; collectives as they ran; the weights'
+    quantisation not: the recomputed forward reuses the cached copies)."""
     return tuple(
         Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes, dim=p.dim, block=p.block)
-        for p in parts
+        for p in parts if not p.name.endswith(WQUANT)
     )
 
 
@@ -377,6 +425,7 @@ def build_stage_programs(
     embed_tp: int | None = None,
     gemm_scale: float = 1.0,
     weight_cast_share: float = 1.0,
+    weight_quant_share: float = 0.0,
 ) -> StagePrograms:
     """Price every program of one stage.
 
@@ -399,9 +448,12 @@ def build_stage_programs(
     GEMMs' time relative to their calibration (:class:`Pricer`). ``weight_cast_share``: the
     share of micro-batches whose forward casts the fp32 weights under autocast (1; ``1 / m``
     where one autocast region spans the step's ``m`` micro-batches and its cache makes each
-    cast once: :func:`weight_cast_share`).
+    cast once: :func:`weight_cast_share`). ``weight_quant_share``: the share of micro-batches
+    whose forward quantises the GEMM weights under a low-precision recipe (0; ``1 / m`` with
+    Transformer Engine's weight cache: :func:`weight_quant_share`), priced as a ``_wquant``
+    part after each forward GEMM.
     """
-    pr = Pricer(cm, dtype, kernels, param_dtype, gemm_scale)
+    pr = Pricer(cm, dtype, kernels, param_dtype, gemm_scale, weight_quant_share)
 
     def fwd_casts(prog: Program) -> Program:
         return _share_weight_casts(prog, weight_cast_share)

@@ -50,6 +50,17 @@ DTENSOR_UNITS = ("colwise", "rowwise", "rowwise_rs", "sp_colwise", "loss_paralle
 #: the all-to-all call kinds of ``host_events_peer_s``: without and with split lists
 EVENTS_PEER_KINDS = ("all_to_all", "all_to_all_splits")
 
+#: GEMM operand formats that run at the per-tensor FP8 GEMM's efficiency (``eta_fp8``): FP8 e4m3
+#: and MXFP8. Blackwell's tensor cores apply MXFP8's E8M0 block scales inside the MMA
+#: (``tcgen05.mma`` ``kind::mxf8f6f4.block_scale``) at the FP8 MMA rate; the scales add 1/32 of
+#: the operand bytes. Published B200 timings agree: cuDNN's MXFP8 and per-tensor FP8 batched
+#: GEMMs of one shape run 2,348 and 2,369 TFLOP/s (flashinfer-ai/flashinfer PR #2256), and
+#: ``calibrate blackwell_gemm``'s procedure on the published MXFP8 rows of three libraries gives
+#: an eta within 2 % of B200's ``eta_fp8`` (data/published/mxfp8-gemm-b200). NVFP4 keeps
+#: ``eta`` (not published per shape here).
+FP8_RATE_DTYPES = ("fp8", "mxfp8")
+
+
 @dataclass(frozen=True)
 class GemmParams:
     """Calibrated parameters of the GEMM kernel-time model (see compute.py for the formula).
@@ -65,7 +76,8 @@ class GemmParams:
         with fix-up of partial sums) instead of running it as a whole wave.
     tiles: output tile shapes (Tm, Tn) the GEMM library chooses among.
     eta_fp8: ``eta`` of an FP8 (e4m3, per-tensor scaled) GEMM against the FP8 dense peak, where
-        measured; ``None``: assumed equal to ``eta`` (the bf16 figure).
+        measured; ``None``: assumed equal to ``eta`` (the bf16 figure). An MXFP8 GEMM takes it
+        too (:data:`FP8_RATE_DTYPES`).
     """
 
     eta: float
@@ -79,7 +91,9 @@ class GemmParams:
 
     def eta_for(self, dtype: str) -> float:
         """The main-loop efficiency of a GEMM with ``dtype`` operands."""
-        return self.eta_fp8 if dtype == "fp8" and self.eta_fp8 is not None else self.eta
+        if dtype in FP8_RATE_DTYPES and self.eta_fp8 is not None:
+            return self.eta_fp8
+        return self.eta
 
 
 @dataclass(frozen=True)

@@ -389,6 +389,12 @@ def fit_gemm_fp8(datasets: Sequence[Dataset], fit: Sequence[str] = ("eta",)) -> 
     return _fit(datasets, fit, lambda gpu, p, rows: gemm_times(gpu, p, rows, "fp8"), "gemm_fp8")
 
 
+def fit_gemm_mxfp8(datasets: Sequence[Dataset], fit: Sequence[str] = ("eta",)) -> FitResult:
+    """Like :func:`fit_gemm_fp8` on MXFP8 rows (operands of 1 + 1/32 bytes, the MXFP8 peak):
+    the eta they give, starting from the catalog's ``eta_fp8``."""
+    return _fit(datasets, fit, lambda gpu, p, rows: gemm_times(gpu, p, rows, "mxfp8"), "gemm_fp8")
+
+
 def fit_attention(
     datasets: Sequence[Dataset], backward: bool, fit: Sequence[str] = ("eta",)
 ) -> FitResult:

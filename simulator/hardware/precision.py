@@ -9,13 +9,20 @@ scales are computed. Each recipe is priced from first principles, with no fitted
   nvfp4) with the same efficiency model as bf16 and operands of :attr:`Recipe.operand_bytes`
   per element (scales included). Per-tensor FP8 has its own efficiency where one was
   measured or published (``gemm.eta_fp8``: H100 measured here; B200 fitted on published
-  per-shape timings, ``calibrate blackwell_gemm``); block-scaled formats are *assumed* to run
-  at bf16's efficiency (no MXFP8 or NVFP4 GEMM rate measured or found published per shape).
+  per-shape timings, ``calibrate blackwell_gemm``); MXFP8 runs at per-tensor FP8's efficiency
+  (its block scales are applied inside Blackwell's MMA at the FP8 rate; published per-shape
+  B200 timings, data/published/mxfp8-gemm-b200, :data:`simulator.hardware.catalog.
+  FP8_RATE_DTYPES`); NVFP4 is *assumed* to run at bf16's efficiency (not found per shape).
 * quantising a bf16 tensor is a memory-bound kernel at the GPU's streaming bandwidth moving
   :attr:`Recipe.quant_bytes` per element: reading the bf16 input (2 B), once more for a
   separate amax pass where the scale needs the whole tensor first (current scaling), and
   writing each low-precision copy with its scales (row-wise for the forward/dgrad operand,
-  column-wise for the wgrad operand where the format is scaled along K).
+  column-wise for the wgrad operand where the format is scaled along K), in
+  :attr:`Recipe.quant_kernels` kernels per tensor, one tensor per expert in a grouped GEMM
+  (:func:`quantize_kernels`).
+* the weights are quantised once a step, in the first micro-batch's forward (Transformer
+  Engine caches the copies while Megatron-Core's schedule flags the other micro-batches
+  ``is_first_microbatch=False``): :func:`weight_quantize_bytes` per parameter.
 
 Recipes (sources per entry): per-tensor FP8 with delayed scaling (Transformer Engine's
 ``DelayedScaling``; Micikevicius et al. 2022, arXiv 2209.05433), per-tensor FP8 with current
@@ -63,6 +70,16 @@ class Recipe:
     #: bytes per element of the transposed copy inside ``quant_bytes`` and ``weight_bytes``
     #: that only a GPU whose FP8 GEMMs take TN layouts alone needs (:func:`non_tn_fp8`)
     transpose_bytes: float = 0.0
+    #: kernels Transformer Engine runs to quantise one tensor (v2.0-v2.16 ``quantizer.cpp``):
+    #: one cast (delayed scaling takes its scale from the amax history and updates the amax in
+    #: the cast; MXFP8 and blockwise FP8 find each block's amax inside the cast, writing both
+    #: orientations in the one kernel); current scaling three: ``nvte_compute_amax``,
+    #: ``nvte_compute_scale_from_amax`` and the cast (``Float8CurrentScalingQuantizer::
+    #: quantize_impl``)
+    quant_kernels: int = 1
+    #: bytes per element of a separate whole-tensor amax read inside ``quant_bytes`` (current
+    #: scaling; NVFP4's per-tensor second-level scale)
+    amax_bytes: float = 0.0
 
 
 RECIPES: dict[str, Recipe] = {
@@ -77,7 +94,7 @@ RECIPES: dict[str, Recipe] = {
         "fp8/current", "fp8", 1.0, 2 + 2 + 1 + 1, 0.0, 2.0,
         "TE Float8CurrentScaling: an amax pass over the whole tensor before the cast-transpose "
         "(read bf16 twice, write fp8 and its transpose)",
-        transpose_bytes=1.0,
+        transpose_bytes=1.0, quant_kernels=3, amax_bytes=2.0,
     ),
     "fp8/blockwise": Recipe(
         "fp8/blockwise", "fp8", 1 + 4 / 128, 2 + 2 * (1 + 4 / 128), 0.0,
@@ -99,7 +116,7 @@ RECIPES: dict[str, Recipe] = {
         "row-wise E2M1 copy with an E4M3 scale per 16 elements; the wgrad inputs are read "
         "again, passed through a random Hadamard transform and written column-wise; weights "
         "in 16x16 blocks (two orientations)",
-        1 / 16,
+        1 / 16, amax_bytes=2.0,
     ),
 }
 
@@ -185,6 +202,29 @@ def quantize_bytes(rec: Recipe, m: int, k: int, n: int, wgrad: bool,
     if wgrad:
         return rec.wgrad_extra_bytes * (m * k + k * n)
     return (rec.quant_bytes - (rec.transpose_bytes if non_tn else 0.0)) * m * k
+
+
+def quantize_kernels(rec: Recipe, experts: int = 1, non_tn: bool = False) -> int:
+    """Kernels that quantise one GEMM operand of ``experts`` experts (a grouped GEMM's round;
+    1: an ordinary GEMM). Transformer Engine's ``GroupedLinear`` quantises the experts' slices
+    with ``split_quantize`` (v2.6-v2.16 ``pytorch/csrc/extensions/cast.cpp``; v2.0-v2.5
+    ``fused_multi_quantize``), whose ``multi_tensor_quantize_impl`` has one fused kernel,
+    ``nvte_multi_cast_transpose``, only for delayed scaling with a transposed copy (Hopper);
+    every other case runs each expert's quantizer in turn: :attr:`Recipe.quant_kernels` per
+    expert (current scaling's amax, scale and cast; MXFP8's, blockwise's and, on Blackwell,
+    delayed scaling's one cast)."""
+    experts = max(1, experts)
+    if experts > 1 and rec.name == "fp8/delayed" and not non_tn:
+        return 1
+    return rec.quant_kernels * experts
+
+
+def weight_quantize_bytes(rec: Recipe, non_tn: bool = False) -> float:
+    """HBM bytes per parameter of quantising a bf16 weight into its cached low-precision
+    copies, once a step: read the weight (2 B; twice where a separate amax pass comes first,
+    :attr:`Recipe.amax_bytes`) and write every orientation the forward and dgrad GEMMs take
+    (:attr:`Recipe.weight_bytes`, less the transpose a non-TN GPU skips)."""
+    return 2.0 + rec.amax_bytes + rec.weight_bytes - (rec.transpose_bytes if non_tn else 0.0)
 
 
 def swizzle_bytes(rec: Recipe, m: int, k: int, n: int, experts: int = 1) -> float:
