@@ -18,6 +18,7 @@ from simulator.calibrate import (
     interference,
     launch,
     memory,
+    mx_cast,
     network,
     ports,
     power,
@@ -28,7 +29,7 @@ from simulator.hardware.catalog import default_kernel_params
 
 
 @pytest.mark.parametrize("mod", [deepep, interference, launch, memory, routes, sync, host_spread,
-                                 power, blockwise, blackwell_gemm],
+                                 power, blockwise, blackwell_gemm, mx_cast],
                          ids=lambda m: m.__name__)
 def test_closed_form_sets_equal_their_refit(mod):
     for name, (refit, shipped) in mod.refit().items():

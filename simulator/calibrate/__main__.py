@@ -8,7 +8,7 @@ import importlib
 
 SETS = ("network", "alltoall", "p2p", "unaligned", "launch", "interference", "memory", "compute",
         "host", "routes", "sync", "deepep", "host_spread", "host_barrier", "ports", "power",
-        "kernel_bands", "blockwise", "blackwell_gemm")
+        "kernel_bands", "blockwise", "blackwell_gemm", "mx_cast")
 
 
 def main(argv=None) -> int:

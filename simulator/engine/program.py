@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import (
+    GATHERED_16BIT,
     LOW_PRECISION,
     gemm_rate,
     keeps_bf16,
@@ -153,7 +154,8 @@ def _op_time(
             q = quantize_bytes(rec, op.m, op.k, op.n, op.name.endswith("_wgrad"), non_tn)
             if q:
                 # its kernels: per expert in a grouped GEMM, three under current scaling
-                t += cm.memory_s(q) + quantize_kernels(rec, op.serial, non_tn) * cm.gpu.kernel_launch_s
+                t += (cm.memory_s(q, rec.cast_access)
+                      + quantize_kernels(rec, op.serial, non_tn) * cm.gpu.kernel_launch_s)
             # block-scaled formats: the two operands' scales swizzled first (two kernels)
             sw = swizzle_bytes(rec, m, op.k, op.n, op.serial)
             if sw:
@@ -196,7 +198,7 @@ def weight_quant_part(cm: ComputeModel, op: Op, dtype: str, kernels: str,
         return None
     non_tn = non_tn_fp8(cm.gpu)
     experts = max(1, op.serial)
-    dur = (cm.memory_s(weight_quantize_bytes(rec, non_tn) * op.k * op.n * experts)
+    dur = (cm.memory_s(weight_quantize_bytes(rec, non_tn) * op.k * op.n * experts, rec.cast_access)
            + rec.quant_kernels * experts * cm.gpu.kernel_launch_s)
     return Part(op.name + WQUANT, "compute", dur * share, block=op.block)
 
@@ -204,11 +206,15 @@ def weight_quant_part(cm: ComputeModel, op: Op, dtype: str, kernels: str,
 def weight_quant_share(training, microbatches: int) -> float:
     """The share of a step's micro-batches whose forward quantises the weights under a
     low-precision recipe with fused (Transformer Engine) kernels: ``1 / microbatches``; 0 for
-    bf16, eager code, and ``fp8_param_gather`` (the weights are kept only in the
-    low-precision format: the distributed optimizer casts its 1/dp shard after the step, and
-    Hopper transposes the gathered copy; neither is priced)."""
-    if (training.kernels != "fused" or training.precision not in LOW_PRECISION
-            or training.fp8_param_gather or microbatches < 1):
+    bf16, eager code, and ``fp8_param_gather`` with a per-tensor or blockwise recipe (the
+    weights are kept only in the low-precision format: the distributed optimizer casts its
+    1/dp shard after the step, and Hopper transposes the gathered copy; neither is priced).
+    MXFP8's ``fp8_param_gather`` gathers bf16 weights and casts every gathered weight into
+    its MXFP8 copies once a step (:data:`simulator.hardware.precision.GATHERED_16BIT`): the
+    same cast, priced the same way."""
+    if training.kernels != "fused" or training.precision not in LOW_PRECISION or microbatches < 1:
+        return 0.0
+    if training.fp8_param_gather and training.precision not in GATHERED_16BIT:
         return 0.0
     return 1.0 / microbatches
 

@@ -80,6 +80,10 @@ class Recipe:
     #: bytes per element of a separate whole-tensor amax read inside ``quant_bytes`` (current
     #: scaling; NVFP4's per-tensor second-level scale)
     amax_bytes: float = 0.0
+    #: the quantisation kernel's memory access class (gpus.yaml ``memory_access``): ``stream``
+    #: (a copy's rate), or ``mx_cast`` for Transformer Engine's MXFP8 cast writing both
+    #: orientations (published B200 timing, ``python -m simulator.calibrate mx_cast``)
+    cast_access: str = "stream"
 
 
 RECIPES: dict[str, Recipe] = {
@@ -107,7 +111,7 @@ RECIPES: dict[str, Recipe] = {
         "mxfp8", "mxfp8", 1 + 1 / 32, 2 + 2 * (1 + 1 / 32), 0.0, 2 * (1 + 1 / 32),
         "OCP MX v1.0: an E8M0 scale per 32 elements along K; TE writes the row-wise and the "
         "column-wise (wgrad) copy in one pass",
-        1 / 32,
+        1 / 32, cast_access="mx_cast",
     ),
     "nvfp4": Recipe(
         "nvfp4", "nvfp4", 0.5 + 1 / 16, 2 + 2 + (0.5 + 1 / 16), 2 + (0.5 + 1 / 16),
@@ -262,16 +266,28 @@ def weight_bytes(training, param_bytes: int, non_tn: bool = False) -> tuple[floa
     bf16/fp16: None (the working weights as ``param_dtype`` says), gathered as they are. Low precision: the cached copies
     beside the bf16 weights (:attr:`Recipe.weight_bytes`); with ``fp8_param_gather`` the
     weights are kept only in the low-precision format (its two orientations) and gathered as
-    one orientation (``operand_bytes``). ``non_tn`` (:func:`non_tn_fp8`): per-tensor FP8
-    keeps no transposed weight copy.
+    one orientation (``operand_bytes``), except MXFP8 (:data:`GATHERED_16BIT`). ``non_tn``
+    (:func:`non_tn_fp8`): per-tensor FP8 keeps no transposed weight copy.
     """
     rec = recipe(training.precision, training.fp8_recipe)
     if rec is None:
         return None, float(param_bytes)
     cached = rec.weight_bytes - (rec.transpose_bytes if non_tn else 0.0)
     if training.fp8_param_gather:
-        return cached, rec.operand_bytes
+        return cached, float(param_bytes) if rec.name in GATHERED_16BIT else rec.operand_bytes
     return param_bytes + cached, float(param_bytes)
+
+
+#: recipes whose ``fp8_param_gather`` all-gathers 16-bit weights and quantises the gathered
+#: copies every step. MXFP8: Megatron-Core's distributed optimizer copies its fp32 main shard
+#: into the (bf16) parameter buffer, which shares the gradient buffer, all-gathers it and
+#: casts each gathered weight into its MXFP8 parameter (both orientations) by ``copy_``
+#: ("param buffer is not mapped to model params for MXFP8 case. The parameters are cast from
+#: bf16 to MXFP8 during copy": ``_copy_main_params_to_param_buffer``,
+#: ``DistributedDataParallel.start_param_sync`` with ``reuse_grad_buf_for_mxfp8_param_ag``,
+#: which Megatron-Bridge's ``bf16_with_mxfp8_mixed`` sets beside ``fp8_param_gather``). The
+#: MXFP8 copies are the only weights held (the bf16 ones live in the gradient buffer).
+GATHERED_16BIT = ("mxfp8",)
 
 
 def moe_dispatch_bytes(training) -> float | None:
