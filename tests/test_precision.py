@@ -283,3 +283,46 @@ def test_mxfp8_cast_runs_at_its_published_b200_rate():
     with_cast = _op_time(cm, op, "mxfp8")
     assert with_cast - cm.gemm_s(m, k, 4096, "mxfp8") > 52e-6
     assert recipe("fp8", "current").cast_access == "stream"
+
+
+def test_sequence_parallel_gathers_quantised_shares():
+    """Transformer Engine under SP quantises each rank's share before the all-gather and
+    gathers the low-precision copy (``gather_along_first_dim(..., quantizer=...)``): forward
+    inputs of qkv / fc1 and their backward re-gathers at the format's operand bytes (MXFP8:
+    1 + 1/32, row-wise then column-wise), the row-parallel output gradients at both MXFP8
+    copies (2 (1 + 1/32)) or per-tensor FP8's one byte; the quantisation of those operands
+    covers 1/tp of the rows; current scaling all-reduces each one's amax over TP first."""
+    from simulator.hardware.precision import sp_gather_bytes
+    from simulator.model import comm as mc
+
+    model = load_workload(ROOT / "workloads" / "llama3-8b.yaml").workload.model
+    tp, b = 4, 1
+    nbytes = mc.tf.tp_comm_bytes(model, micro_batch=b)
+    mx = sp_gather_bytes(recipe("mxfp8"))
+    assert mx == pytest.approx((33 / 32, 66 / 32))
+    assert sp_gather_bytes(recipe("fp8", "current")) == (1.0, 1.0)
+    assert sp_gather_bytes(recipe("fp8", "blockwise")) is None
+    kw = dict(micro_batch=b, tp=tp, sequence_parallel=True)
+    for lp, amax in ((mc.LowPrecisionGather(*mx, tp), 0),
+                     (mc.LowPrecisionGather(1.0, 1.0, tp, amax=True), 4)):
+        fwd = mc.layer_ops(model, backward=False, lowp_gather=lp, **kw)
+        bwd = mc.layer_ops(model, backward=True, lowp_gather=lp, **kw)
+        gathers = [op.bytes for op in fwd if op.collective == "all_gather"]
+        assert gathers == pytest.approx([nbytes * lp.fwd / 2] * 2)
+        assert {op.name: op.gathered for op in fwd if op.kind == "gemm"} == {
+            "qkv": tp, "out_proj": 0, "fc1": tp, "fc2": 0}
+        g_bwd = sorted(op.bytes for op in bwd if op.collective == "all_gather")
+        assert g_bwd == pytest.approx(sorted([nbytes * lp.fwd / 2] * 2 + [nbytes * lp.grad / 2] * 2))
+        dg = {op.name: op.gathered for op in bwd if op.name.endswith("_dgrad")}
+        assert dg == {"fc2_dgrad": tp, "fc1_dgrad": 0, "out_proj_dgrad": tp, "qkv_dgrad": 0}
+        amaxes = [op for op in fwd + bwd if op.name == "tp_amax_all_reduce"]
+        assert len(amaxes) == amax and all(op.bytes == 4 for op in amaxes)
+        plain = mc.layer_ops(model, backward=False, **kw)
+        assert [op.bytes for op in plain if op.collective == "all_gather"] == [nbytes] * 2
+    m, k = 8192, 4096
+    assert quantize_bytes(recipe("mxfp8"), m, k, 1, False, True, gathered=4) == pytest.approx(
+        (2 + 2 * 33 / 32) * m * k / 4)
+    cur = recipe("fp8", "current")
+    assert quantize_bytes(cur, m, k, 1, False, True, gathered=4) == 5 * m * k / 4
+    # Hopper: the share's cast without the transpose, then the gathered copy transposed
+    assert quantize_bytes(cur, m, k, 1, False, False, gathered=4) == 5 * m * k / 4 + 2 * m * k

@@ -16,12 +16,14 @@ from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import (
     GATHERED_16BIT,
     LOW_PRECISION,
+    gathered_kernels,
     gemm_rate,
     keeps_bf16,
     non_tn_fp8,
     pricing_dtype,
     quantize_bytes,
     quantize_kernels,
+    sp_gather_bytes,
     split_dtype,
     swizzle_bytes,
     weight_quantize_bytes,
@@ -151,11 +153,13 @@ def _op_time(
             # bytes per recipe in simulator/hardware/precision.py); weights are quantised once
             # per step (cached across micro-batches) and amax/scale updates are negligible.
             non_tn = non_tn_fp8(cm.gpu)
-            q = quantize_bytes(rec, op.m, op.k, op.n, op.name.endswith("_wgrad"), non_tn)
+            q = quantize_bytes(rec, op.m, op.k, op.n, op.name.endswith("_wgrad"), non_tn,
+                               op.gathered)
             if q:
                 # its kernels: per expert in a grouped GEMM, three under current scaling
-                t += (cm.memory_s(q, rec.cast_access)
-                      + quantize_kernels(rec, op.serial, non_tn) * cm.gpu.kernel_launch_s)
+                kernels = (gathered_kernels(rec, non_tn) if op.gathered > 1
+                           else quantize_kernels(rec, op.serial, non_tn))
+                t += cm.memory_s(q, rec.cast_access) + kernels * cm.gpu.kernel_launch_s
             # block-scaled formats: the two operands' scales swizzled first (two kernels)
             sw = swizzle_bytes(rec, m, op.k, op.n, op.serial)
             if sw:
@@ -460,6 +464,12 @@ def build_stage_programs(
     part after each forward GEMM.
     """
     pr = Pricer(cm, dtype, kernels, param_dtype, gemm_scale, weight_quant_share)
+    _, rec = split_dtype(dtype)
+    lowp = None
+    if rec is not None and kernels == "fused" and sp and tp > 1 and sp_gather_bytes(rec):
+        # Transformer Engine quantises each rank's share before the SP all-gathers
+        fwd_b, grad_b = sp_gather_bytes(rec)
+        lowp = mc.LowPrecisionGather(fwd_b, grad_b, tp, amax=rec.name == "fp8/current")
 
     def fwd_casts(prog: Program) -> Program:
         return _share_weight_casts(prog, weight_cast_share)
@@ -475,7 +485,7 @@ def build_stage_programs(
         param_dtype=param_dtype, cp=cp,
     )  # fmt: skip
     lkw = dict(kw, flash_attention=flash_attention, cp_comm=cp_comm, tp_input_dtype=tp_input_dtype,
-               tp_impl=tp_impl)
+               tp_impl=tp_impl, lowp_gather=lowp)
     ekw = kw if embed_tp in (None, tp) else dict(kw, tp=embed_tp, sequence_parallel=False)
     first: dict = {}
     if model.moe is not None or model.attention_kind == "mla":

@@ -193,7 +193,7 @@ def non_tn_fp8(gpu) -> bool:
 
 
 def quantize_bytes(rec: Recipe, m: int, k: int, n: int, wgrad: bool,
-                   non_tn: bool = False) -> float:
+                   non_tn: bool = False, gathered: int = 0) -> float:
     """HBM bytes of quantising a GEMM's operands from bf16.
 
     Forward and dgrad GEMMs quantise their left ``[m, k]`` operand (activation or output
@@ -201,11 +201,33 @@ def quantize_bytes(rec: Recipe, m: int, k: int, n: int, wgrad: bool,
     backward needs: per-tensor FP8 the row-wise copy and, where the GPU's FP8 GEMMs are TN
     only (``non_tn`` false, :func:`non_tn_fp8`), its transpose. A wgrad GEMM (``[m, k] @
     [k, n]``, both operands from the forward/dgrad passes) pays only the recipe's extra wgrad
-    work on both operands.
+    work on both operands. ``gathered`` > 1 (:func:`sp_gather_bytes`): the operand reached the
+    GEMM through a sequence-parallel all-gather over that many ranks and each rank quantised
+    its own ``m / gathered`` rows first, without the transpose, which a TN-only GPU makes
+    after the gather from the gathered copy (a separate kernel: read and write 1 B).
     """
     if wgrad:
         return rec.wgrad_extra_bytes * (m * k + k * n)
+    if gathered > 1:
+        t = rec.transpose_bytes
+        return (rec.quant_bytes - t) * m * k / gathered + (0.0 if non_tn else 2.0 * t * m * k)
     return (rec.quant_bytes - (rec.transpose_bytes if non_tn else 0.0)) * m * k
+
+
+def sp_gather_bytes(rec: Recipe) -> tuple[float, float] | None:
+    """Bytes per element of Transformer Engine's sequence-parallel all-gathers under ``rec``:
+    (forward input and its backward re-gather, output gradient), each rank's share quantised
+    before the gather (:class:`simulator.model.comm.LowPrecisionGather`, TE 2.x
+    ``gather_along_first_dim(..., quantizer=...)``). Per-tensor FP8 gathers its row-wise copy
+    (``supports_only_rowwise_all_gather``); MXFP8 the copy each use wants: row-wise forward,
+    column-wise re-gather, both for the output gradient (``_all_gather_mxfp8`` gathers each
+    usage's data and scales). None: not modelled (blockwise FP8, NVFP4 keep the 16-bit
+    gather)."""
+    if rec.name in ("fp8/delayed", "fp8/current"):
+        return rec.operand_bytes, rec.operand_bytes
+    if rec.name == "mxfp8":
+        return rec.operand_bytes, 2.0 * rec.operand_bytes
+    return None
 
 
 def quantize_kernels(rec: Recipe, experts: int = 1, non_tn: bool = False) -> int:
@@ -221,6 +243,13 @@ def quantize_kernels(rec: Recipe, experts: int = 1, non_tn: bool = False) -> int
     if experts > 1 and rec.name == "fp8/delayed" and not non_tn:
         return 1
     return rec.quant_kernels * experts
+
+
+def gathered_kernels(rec: Recipe, non_tn: bool = False) -> int:
+    """Kernels that quantise an operand gathered under sequence parallelism
+    (:func:`quantize_bytes` ``gathered``): the recipe's on the rank's share, and a TN-only
+    GPU's transpose of the gathered per-tensor copy."""
+    return rec.quant_kernels + (1 if rec.transpose_bytes and not non_tn else 0)
 
 
 def weight_quantize_bytes(rec: Recipe, non_tn: bool = False) -> float:

@@ -23,6 +23,7 @@ run on the rank's ``s/cp`` tokens (:func:`cp_local`), and attention is
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from simulator.config.schema import ModelConfig
@@ -49,15 +50,45 @@ def _is(op: Op, names: tuple[str, ...]) -> bool:
     return op.kind == "gemm" and _gemm_base(op) in names
 
 
-def tp_forward(ops: Sequence[Op], nbytes: float, sp: bool, gather_bytes: float | None = None
-               ) -> list[Op]:  # fmt: skip
+@dataclass(frozen=True)
+class LowPrecisionGather:
+    """How Transformer Engine runs a sequence-parallel all-gather of a GEMM operand under a
+    low-precision recipe (``Linear`` / ``LayerNormLinear`` ``with_input_all_gather``, the
+    output gradient's ``grad_output_preprocess``, ``gather_along_first_dim(...,
+    quantizer=...)``, TE 2.x): each rank quantises its own ``1/tp`` share and the quantised
+    copies are gathered. ``fwd``: bytes per element of the forward input's gather (row-wise
+    copy) and of its backward re-gather (MXFP8: the column-wise copy; per-tensor FP8: the
+    row-wise copy again, transposed after the gather where the GPU needs it); ``grad``: of the
+    output gradient's gather (MXFP8 both copies, as its quantizer wants both usages; per-tensor
+    FP8 the row-wise copy); ``tp``: the group size; ``amax``: current scaling all-reduces each
+    gathered tensor's amax over the TP group first (``with_amax_reduction``, TE's
+    ``_customize_quantizers_float8_current_scaling`` for SP column / row parallel)."""
+
+    fwd: float
+    grad: float
+    tp: int
+    amax: bool = False
+
+
+def _amax(lp: LowPrecisionGather | None) -> list[Op]:
+    return [comm_op("tp_amax_all_reduce", "all_reduce", "tp", 4.0)] if lp and lp.amax else []
+
+
+def tp_forward(ops: Sequence[Op], nbytes: float, sp: bool, gather_bytes: float | None = None,
+               lowp: LowPrecisionGather | None = None) -> list[Op]:  # fmt: skip
     """A layer's forward kernels with Megatron's TP collectives (module docstring).
     ``gather_bytes``: the SP all-gather of a column-parallel input when it is not in the
-    compute dtype (DTensor's ``PrepareModuleInput`` gathers the norm's fp32 output)."""
+    compute dtype (DTensor's ``PrepareModuleInput`` gathers the norm's fp32 output).
+    ``lowp``: the column-parallel inputs are quantised before their gather and gathered in
+    the low-precision format (:class:`LowPrecisionGather`)."""
     out: list[Op] = []
     for op in ops:
         if sp and _is(op, COLUMN_PARALLEL):
             g = nbytes if gather_bytes is None else gather_bytes
+            if lowp is not None:
+                g = nbytes * lowp.fwd / 2.0
+                op = replace(op, gathered=lowp.tp)
+                out += _amax(lowp)
             out.append(comm_op("tp_all_gather", "all_gather", "tp", g))
         out.append(op)
         if _is(op, ROW_PARALLEL):
@@ -67,7 +98,8 @@ def tp_forward(ops: Sequence[Op], nbytes: float, sp: bool, gather_bytes: float |
 
 
 def tp_backward(ops: Sequence[Op], nbytes: float, sp: bool, grad_in_bytes: float | None = None,
-                overlap: bool = True, regather: bool = True) -> list[Op]:  # fmt: skip
+                overlap: bool = True, regather: bool = True,
+                lowp: LowPrecisionGather | None = None) -> list[Op]:  # fmt: skip
     """A layer's backward kernels with Megatron's TP collectives (module docstring).
     ``grad_in_bytes``: the all-reduce of a column-parallel input's gradient without SP when
     that input is not in the compute dtype (eager code: the norm's output, in the residual
@@ -77,18 +109,27 @@ def tp_backward(ops: Sequence[Op], nbytes: float, sp: bool, grad_in_bytes: float
     boundary's function, whose collective the stream then waits for. ``regather=False``
     (DTensor): with SP the all-gathered input of a column-parallel GEMM was kept for the
     backward (autograd saved it), so it is not gathered again, and ``grad_in_bytes`` is also
-    the size of its gradient's reduce-scatter."""
+    the size of its gradient's reduce-scatter. ``lowp``: the row-parallel output gradients
+    are quantised before their gather and the gathers move the low-precision copies
+    (:class:`LowPrecisionGather`)."""
     out: list[Op] = []
     pending: list[Op] = []  # eager: the input gradient's collective, after the weight gradient
     seen_row: set[str] = set()
     for op in ops:
         base = _gemm_base(op)
         if sp and _is(op, ROW_PARALLEL) and base not in seen_row:
-            out.append(comm_op("tp_all_gather", "all_gather", "tp", nbytes))
+            g = nbytes
+            if lowp is not None:
+                g = nbytes * lowp.grad / 2.0
+                out += _amax(lowp)
+            out.append(comm_op("tp_all_gather", "all_gather", "tp", g))
             seen_row.add(base)
+        if sp and lowp is not None and _is(op, ROW_PARALLEL) and op.name.endswith("_dgrad"):
+            op = replace(op, gathered=lowp.tp)
         if _is(op, COLUMN_PARALLEL) and op.name.endswith("_dgrad"):
             if sp and regather:
-                out.append(comm_op("tp_all_gather", "all_gather", "tp", nbytes, overlap=True))
+                g = nbytes if lowp is None else nbytes * lowp.fwd / 2.0
+                out.append(comm_op("tp_all_gather", "all_gather", "tp", g, overlap=True))
             out.append(op)
             c = "reduce_scatter" if sp else "all_reduce"
             g = nbytes if (sp and regather) or grad_in_bytes is None else grad_in_bytes
@@ -138,9 +179,12 @@ def layer_ops(
     param_dtype: str = "bf16",
     tp_input_dtype: str = "residual",
     tp_impl: str = "megatron",
+    lowp_gather: LowPrecisionGather | None = None,
 ) -> list[Op]:
     """One layer's forward (or backward) on one rank: kernels and the TP and CP collectives
-    (``tp_input_dtype``, ``tp_impl``: see ``parallelism``)."""
+    (``tp_input_dtype``, ``tp_impl``: see ``parallelism``; ``lowp_gather``: Transformer
+    Engine's sequence-parallel gathers under a low-precision recipe,
+    :class:`LowPrecisionGather`)."""
     local = cp_local(model, cp)
     kw = dict(
         micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
@@ -153,11 +197,12 @@ def layer_ops(
         res = (residual_comm_bytes(local, micro_batch, kernels, param_dtype)
                if tp_input_dtype == "residual" else None)
         dt = tp_impl == "dtensor"
+        lp = lowp_gather if sequence_parallel and kernels == "fused" else None
         if backward:
             ops = tp_backward(ops, nbytes, sequence_parallel, res,
-                              overlap=kernels != "eager", regather=not dt)
+                              overlap=kernels != "eager", regather=not dt, lowp=lp)
         else:
-            ops = tp_forward(ops, nbytes, sequence_parallel, res if dt else None)
+            ops = tp_forward(ops, nbytes, sequence_parallel, res if dt else None, lowp=lp)
     if cp > 1:
         cp_ops = context.attention_ops(model, micro_batch, tp, cp, cp_comm, backward)
         i = next(k for k, op in enumerate(ops) if op.kind == "attention")

@@ -149,6 +149,7 @@ def layer_ops(
     precision_bytes: int = 2,
     tp_input_dtype: str = "residual",
     tp_impl: str = "megatron",
+    lowp_gather: mc.LowPrecisionGather | None = None,
     ep: int = 1,
     etp: int = 1,
     expert_load: tuple[float, ...] | None = None,
@@ -177,6 +178,7 @@ def layer_ops(
         model, micro_batch=b, tp=tp, sequence_parallel=sp, backward=backward, cp=cp,
         cp_comm=cp_comm, flash_attention=flash_attention, kernels=kernels,
         param_dtype=param_dtype, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl,
+        lowp_gather=lowp_gather,
     )  # fmt: skip
     if not moe_layer and model.attention_kind != "mla":
         return dense

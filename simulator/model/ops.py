@@ -67,6 +67,9 @@ class Op:
     overlap: bool = False  # comm: runs beside the next kernel
     acc_bytes: int = 0  # gemm: accumulates into a buffer of this many bytes an element
     serial: int = 0  # gemm: > 1, that many GEMMs of m / serial rows one after another
+    #: gemm: > 1, the left operand reached the GEMM through a sequence-parallel all-gather
+    #: over that many TP ranks, quantised on each rank's share before it (Transformer Engine)
+    gathered: int = 0
 
 
 @dataclass(frozen=True)
