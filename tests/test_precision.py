@@ -312,7 +312,8 @@ def test_sequence_parallel_gathers_quantised_shares():
         assert {op.name: op.gathered for op in fwd if op.kind == "gemm"} == {
             "qkv": tp, "out_proj": 0, "fc1": tp, "fc2": 0}
         g_bwd = sorted(op.bytes for op in bwd if op.collective == "all_gather")
-        assert g_bwd == pytest.approx(sorted([nbytes * lp.fwd / 2] * 2 + [nbytes * lp.grad / 2] * 2))
+        want = sorted([nbytes * lp.fwd / 2] * 2 + [nbytes * lp.grad / 2] * 2)
+        assert g_bwd == pytest.approx(want)
         dg = {op.name: op.gathered for op in bwd if op.name.endswith("_dgrad")}
         assert dg == {"fc2_dgrad": tp, "fc1_dgrad": 0, "out_proj_dgrad": tp, "qkv_dgrad": 0}
         amaxes = [op for op in fwd + bwd if op.name == "tp_amax_all_reduce"]

@@ -70,10 +70,11 @@ class Recipe:
     #: bytes per element of the transposed copy inside ``quant_bytes`` and ``weight_bytes``
     #: that only a GPU whose FP8 GEMMs take TN layouts alone needs (:func:`non_tn_fp8`)
     transpose_bytes: float = 0.0
-    #: kernels Transformer Engine runs to quantise one tensor (v2.0-v2.16 ``quantizer.cpp``):
-    #: one cast (delayed scaling takes its scale from the amax history and updates the amax in
-    #: the cast; MXFP8 and blockwise FP8 find each block's amax inside the cast, writing both
-    #: orientations in the one kernel); current scaling three: ``nvte_compute_amax``,
+    #: kernels Transformer Engine runs to quantise one tensor (v2.3 ``extensions/cast.cpp``,
+    #: v2.4-v2.16 ``quantizer.cpp``): one cast (delayed scaling takes its scale from the amax
+    #: history and updates the amax in the cast; MXFP8 and blockwise FP8 find each block's
+    #: amax inside the cast, writing both orientations in the one kernel); current scaling
+    #: three: ``nvte_compute_amax``,
     #: ``nvte_compute_scale_from_amax`` and the cast (``Float8CurrentScalingQuantizer::
     #: quantize_impl``)
     quant_kernels: int = 1
@@ -233,7 +234,7 @@ def sp_gather_bytes(rec: Recipe) -> tuple[float, float] | None:
 def quantize_kernels(rec: Recipe, experts: int = 1, non_tn: bool = False) -> int:
     """Kernels that quantise one GEMM operand of ``experts`` experts (a grouped GEMM's round;
     1: an ordinary GEMM). Transformer Engine's ``GroupedLinear`` quantises the experts' slices
-    with ``split_quantize`` (v2.6-v2.16 ``pytorch/csrc/extensions/cast.cpp``; v2.0-v2.5
+    with ``split_quantize`` (v2.5-v2.16 ``pytorch/csrc/extensions/cast.cpp``; v2.0-v2.4
     ``fused_multi_quantize``), whose ``multi_tensor_quantize_impl`` has one fused kernel,
     ``nvte_multi_cast_transpose``, only for delayed scaling with a transposed copy (Hopper);
     every other case runs each expert's quantizer in turn: :attr:`Recipe.quant_kernels` per
