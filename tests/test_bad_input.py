@@ -646,6 +646,18 @@ def test_sweep_whose_base_no_point_can_mend(tmp_path, capsys):
     expect(line, tmp_path / "work.yaml", "trainig", "did you mean 'training'?")
 
 
+def test_sweep_options_that_mean_nothing(tmp_path, capsys):
+    # A negative --limit (read as 0: nothing run), an --address without --engine ray (the
+    # sweep ran locally, ignoring it): refused before anything is written.
+    sweep = tmp_path / "sweep.yaml"
+    write(tmp_path)
+    sweep.write_text(yaml.safe_dump({"name": "s", "base": "work.yaml", "grid": {"seed": [1]}}))
+    argv = ["sweep", str(sweep), "--out", str(tmp_path / "out"), "--no-progress"]
+    assert fails(capsys, tmp_path, *argv, "--limit", "-1") == "--limit: must be >= 0, got -1"
+    line = fails(capsys, tmp_path, *argv, "--address", "127.0.0.1:9")
+    assert line.startswith("--address: a Ray cluster address is for --engine ray"), line
+
+
 def test_sweep_topology_key_that_does_not_exist(tmp_path, capsys):
     base = write(tmp_path)
     line = sweep_error(

@@ -92,6 +92,13 @@ def main(args) -> int:
         raise ConfigError(f"must be >= 1, got {args.workers}", file="--workers")
     if args.top < 1:
         raise ConfigError(f"must be >= 1, got {args.top}", file="--top")
+    if args.limit is not None and args.limit < 0:
+        raise ConfigError(f"must be >= 0, got {args.limit}", file="--limit")
+    if args.address and args.engine != "ray":
+        raise ConfigError(
+            f"a Ray cluster address is for --engine ray (got --engine {args.engine})",
+            file="--address",
+        )
     # Validate the sweep file before anything is drawn, so bad input gets one error line.
     check_metric(load_sweep(args.sweep), str(args.sweep))
     show = not args.no_progress and not args.json
