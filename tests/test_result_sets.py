@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from simulator.cli import main
+from simulator.commands import run_cmd
 from simulator.commands.run_cmd import OUTPUT_FILES
 from simulator.report.io import MARKER
 from tests.cli_batch import assert_refused, run_batch
@@ -100,6 +101,26 @@ def test_summary_json_is_byte_identical_and_stdout_keeps_the_wall_time(case_dir,
     assert b"sim_wall_s" not in texts[0]
     assert (case_dir / "r" / MARKER).exists()
     assert not [p for p in case_dir.iterdir() if p.name.startswith(".r.")]
+
+
+def test_run_says_what_it_is_doing_on_a_terminal_only(case_dir, capsys, monkeypatch):
+    # A folded run shows on stderr what it is doing (simulating, writing each file) through
+    # rich, which draws nothing off a terminal: piped, stderr stays empty.
+    seen: list[str] = []
+    real = run_cmd.write_outputs
+
+    def spy(result, out, loaded=None, on_file=None):
+        def note(name: str) -> None:
+            seen.append(name)
+            on_file(name)
+
+        return real(result, out, loaded, on_file=note)
+
+    monkeypatch.setattr(run_cmd, "write_outputs", spy)
+    monkeypatch.chdir(case_dir)
+    assert main(["run", "work.yaml", "--out", "r"]) == 0
+    assert seen == [n for n in OUTPUT_FILES.values() if n != "summary.json"]
+    assert capsys.readouterr().err == ""
 
 
 def _consistent(out: Path) -> dict | None:

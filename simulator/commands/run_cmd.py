@@ -6,10 +6,11 @@ import json
 import shutil
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from simulator.config.load import LoadedWorkload, load_workload
 from simulator.engine.sim import CountingEnvironment
@@ -39,7 +40,7 @@ def register(sub) -> None:
         "extrapolated from two shorter ones in the pipeline's steady state)",
     )
     p.add_argument("--no-files", action="store_true", help="write no result files")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (--detail full)")
+    p.add_argument("--no-progress", action="store_true", help="no progress display on stderr (what the run is doing; the bar of --detail full)")
     p.set_defaults(func=main)
 
 
@@ -87,30 +88,39 @@ OUTPUT_FILES = {
 
 
 def write_outputs(
-    result: SimResult, out: Path, loaded: LoadedWorkload | None = None
+    result: SimResult,
+    out: Path,
+    loaded: LoadedWorkload | None = None,
+    on_file: Callable[[str], None] | None = None,
 ) -> list[Path]:
     """Write a run's files as one set: into a hidden folder beside ``out``, which then takes
     the place of ``out`` (:func:`~simulator.report.io.publish_folder`), so a killed or failed
     run never leaves files of two runs together, nor files without their summary.
     ``summary.json`` holds no wall-clock figure (``sim_wall_s`` is on stdout with ``--json``
     and in the table), so the same input gives the same bytes. ``report.html`` (one
-    self-contained page) shows the inputs too when ``loaded`` is given. Returns the final
-    paths."""
+    self-contained page) shows the inputs too when ``loaded`` is given; ``on_file(name)`` is
+    called before each file is written (the progress display). Returns the final paths."""
     # matplotlib (the timeline, the page's figures) only for a run that writes files
     from simulator.report import html, plots, trace
 
+    note = on_file or (lambda name: None)
     stage = io.stage_folder(out)
     try:
         paths = {k: stage / name for k, name in OUTPUT_FILES.items()}
+        note(OUTPUT_FILES["events"])
         io.write_parquet_atomic(paths["events"], result.events)
+        note(OUTPUT_FILES["links"])
         io.write_parquet_atomic(paths["links"], result.links)
+        note(OUTPUT_FILES["trace"])
         trace.write_trace(
             paths["trace"], result.events, result.memory, result.links,
             result.extras.get("link_series"),
         )
         # the simulated micro-batches' step, where the summary's was extrapolated
         simulated = result.extras.get("simulated_summary", result.summary)
+        note(OUTPUT_FILES["timeline"])
         plots.plot_timeline(result.events, simulated, paths["timeline"])
+        note(OUTPUT_FILES["report"])
         inputs = None
         if loaded is not None:
             gpu = load_gpu(loaded.topology.gpu, file=str(loaded.topology_path))
@@ -133,16 +143,37 @@ def write_outputs(
     return [out / name for name in OUTPUT_FILES.values()]
 
 
+def _phases(enabled: bool) -> Progress:
+    """What a folded run is doing, on stderr while it runs (a large MoE run simulates for
+    seconds and writes a 100 MB trace for half a minute); drawn only on a terminal and
+    removed when done, so piped output and the table are unchanged."""
+    console = Console(stderr=True)
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        # off a terminal rich would still end with an empty line on stderr
+        disable=not (enabled and console.is_terminal),
+    )
+
+
 def main(args) -> int:
     loaded = load_workload(args.workload, args.overrides, topology=args.topology)
     out = io.output_dir(args.out, loaded.workload.name)
     if not args.no_files:
         out = io.check_out_dir(out, known=frozenset(OUTPUT_FILES.values()))
-    if args.detail == "full" and not args.no_progress:
-        result = simulate_full_with_progress(loaded)
-    else:
-        result = simulate(loaded, detail=args.detail, extrapolate=not args.all_microbatches)
-    written = [] if args.no_files else write_outputs(result, out, loaded)
+    bar = args.detail == "full" and not args.no_progress  # a bar of its own, then files
+    result = simulate_full_with_progress(loaded) if bar else None
+    with _phases(not args.no_progress) as phases:
+        task = phases.add_task("simulating one step")
+        if result is None:
+            result = simulate(loaded, detail=args.detail, extrapolate=not args.all_microbatches)
+        written = [] if args.no_files else write_outputs(
+            result, out, loaded,
+            on_file=lambda name: phases.update(task, description=f"writing {name}"),
+        )
     if args.json:
         sys.stdout.write(json.dumps(result.summary, allow_nan=False) + "\n")
     else:
