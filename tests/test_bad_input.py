@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simulator.calibrate.__main__ import main as calibrate_main
 from simulator.cli import build_parser, main
 from simulator.config.load import load_sweep
 from simulator.errors import ConfigError
@@ -579,6 +580,24 @@ def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path, capsys):
     assert line.startswith(f"{work}: this is a workload file, not a topology file"), line
     coll = ["collective", "all_reduce", "--bytes", "1MB", "--topology", str(sweep)]
     assert fails(capsys, tmp_path, *coll).startswith(f"{sweep}: this is a sweep file"), coll
+
+
+def test_calibrate_usage_errors_are_one_line(capsys):
+    # `python -m simulator.calibrate` reports like the simulator's commands: one error line,
+    # no usage block, exit code 2.
+    for argv in (["nope"], ["--bogus"]):
+        with pytest.raises(SystemExit) as e:
+            calibrate_main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith("error: python -m simulator.calibrate: "), err
+    assert "unknown set 'nope'" in calibrate_err(capsys, ["nope"])
+
+
+def calibrate_err(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit):
+        calibrate_main(argv)
+    return capsys.readouterr().err
 
 
 def test_unknown_option_and_command(tmp_path, capsys):

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 SETS = ("network", "alltoall", "p2p", "unaligned", "launch", "interference", "memory", "compute",
         "host", "routes", "sync", "deepep", "host_spread", "host_barrier", "ports", "power",
         "kernel_bands", "blockwise", "blackwell_gemm", "mx_cast")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one ``error:`` line with exit code 2, as the ``simulator`` commands
+    report them (argparse prints its usage first)."""
+
+    def error(self, message: str):  # noqa: D102
+        sys.stderr.write(f"error: {self.prog}: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simulator.calibrate")
+    ap = _Parser(prog="python -m simulator.calibrate")
     ap.add_argument("sets", nargs="*", help=f"constant sets (default: all of {', '.join(SETS)})")
     args = ap.parse_args(argv)
     bad = [s for s in args.sets if s not in SETS]
