@@ -415,7 +415,7 @@ def run_sweep(
     if engine == "ray":
         sweep_guard.check_ray(address)
     grid = Grid(sweep)
-    out_dir = io.output_dir(out, sweep.name)
+    out_dir = io.check_out_dir(io.output_dir(out, sweep.name), replace=False)
     table_path = out_dir / "sweep.parquet"
     sweep_guard.claim_folder(out_dir, sweep.name, table_path, fresh=fresh)
     try:

@@ -18,7 +18,8 @@ import yaml
 from simulator.cli import main
 from simulator.commands import run_cmd
 from simulator.commands.run_cmd import OUTPUT_FILES
-from simulator.report.io import MARKER
+from simulator.errors import ConfigError
+from simulator.report.io import MARKER, check_out_dir
 from tests.cli_batch import assert_refused, run_batch
 from tests.conftest import small_topology, small_workload
 
@@ -37,8 +38,17 @@ def test_unusable_output_folders_and_bad_overrides_exit_2(case_dir):
     (case_dir / "afile").write_text("x")
     (case_dir / "mine").mkdir()
     (case_dir / "mine" / "notes.txt").write_text("keep me")
+    (case_dir / "s.yaml").write_text(
+        yaml.safe_dump({"name": "s", "base": "work.yaml", "grid": {"seed": [1]}}))
     gpu = "topology.gpu={base: H100-SXM-80GB, %s}"
     cases = {
+        # compare, plan and sweep check their folder before simulating, as run does (they
+        # failed with an internal error after the work)
+        "cmp_out_file": (["compare", "work.yaml", "--out", "afile"], "'afile' exists and is"),
+        "plan_out_under_file": (
+            ["plan", "work.yaml", "--gpus", "8", "--out", "afile/x"], "is a file, so"),
+        "sweep_dev_null": (
+            ["sweep", "s.yaml", "--out", "/dev/null", "--no-progress"], "is not a folder"),
         "out_file": (["run", "work.yaml", "--out", "afile"], "--out: 'afile' exists and is not"),
         "out_under_file": (["run", "work.yaml", "--out", "afile/x"], "is a file, so"),
         "dev_null": (["run", "work.yaml", "--out", "/dev/null"], "is not a folder"),
@@ -121,6 +131,31 @@ def test_run_says_what_it_is_doing_on_a_terminal_only(case_dir, capsys, monkeypa
     assert main(["run", "work.yaml", "--out", "r"]) == 0
     assert seen == [n for n in OUTPUT_FILES.values() if n != "summary.json"]
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_keeps_the_compare_and_plan_files_of_its_folder(case_dir, monkeypatch):
+    # compare and plan write into results/<name>, the folder a run replaces as a whole: the
+    # run keeps their files (it deleted them), and takes a folder holding only theirs.
+    monkeypatch.chdir(case_dir)
+    folder = case_dir / "results" / "sets"
+    assert main(["compare", "work.yaml", "--variant", "a:training.micro_batch=2"]) == 0
+    assert main(["run", "work.yaml"]) == 0
+    assert main(["plan", "work.yaml", "--gpus", "8", "--simulate", "1", "--top", "1"]) == 0
+    shared = {"compare.csv", "compare.png", "compare.html", "plan.csv"}
+    before = {n: (folder / n).read_bytes() for n in shared}
+    assert main(["run", "work.yaml"]) == 0
+    names = {p.name for p in folder.iterdir()}
+    assert names == {*OUTPUT_FILES.values(), MARKER, *shared}
+    assert {n: (folder / n).read_bytes() for n in shared} == before
+
+
+def test_a_read_only_output_folder_is_named_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    flags = type("V", (), {"f_flag": os.ST_RDONLY})()
+    monkeypatch.setattr(os, "statvfs", lambda p: flags)
+    with pytest.raises(ConfigError) as e:
+        check_out_dir(tmp_path / "x")
+    assert str(e.value) == f"--out: cannot write into '{tmp_path}' (a read-only file system)"
 
 
 def _consistent(out: Path) -> dict | None:

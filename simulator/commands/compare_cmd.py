@@ -230,9 +230,12 @@ def run_compare(
     workers: int | None = None,
     on_start: Callable[[int], None] | None = None,
     on_done: Callable[[], None] | None = None,
+    on_loaded: Callable[[str], None] | None = None,
 ) -> Comparison:
     """Load and simulate every configuration; raises ConfigError on invalid input.
-    ``on_start(n)`` and ``on_done()`` (after each simulation) report progress."""
+    ``on_start(n)`` and ``on_done()`` (after each simulation) report progress;
+    ``on_loaded(name)`` is called with the workload's name once every configuration is
+    valid, before any is simulated (the output folder's check)."""
     configs = configurations(topologies, variants, overrides)
     loaded = []
     for c in configs:
@@ -246,6 +249,8 @@ def run_compare(
                     topo_file=str(lw.topology_path))
         except ConfigError as e:
             raise c.named(e) from None
+    if on_loaded:
+        on_loaded(loaded[0].workload.name)
     if on_start:
         on_start(len(loaded))
     n = workers or min(len(loaded), os.cpu_count() or 1)
@@ -299,6 +304,8 @@ def main(args) -> int:
             args.workload, args.topology, args.variant, args.overrides, workers=args.workers,
             on_start=lambda n: progress.update(task, total=n),
             on_done=lambda: progress.advance(task),
+            on_loaded=None if args.no_files else (
+                lambda name: io.check_out_dir(io.output_dir(args.out, name), replace=False)),
         )  # fmt: skip
     out = io.output_dir(args.out, cmp.name)
     written = [] if args.no_files else write_outputs(cmp, out)

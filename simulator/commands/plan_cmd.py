@@ -208,6 +208,8 @@ def main(args) -> int:
     if not 1 <= args.gpus <= MAX_GPUS:  # before the bar is drawn: one error line
         raise ConfigError(f"must be in 1..{MAX_GPUS:,}, got {args.gpus:,}", file="--gpus")
     loaded = load_workload(args.workload, args.overrides, topology=args.topology)
+    if not args.no_files:  # before the search: a folder that cannot take plan.csv fails now
+        io.check_out_dir(io.output_dir(args.out, loaded.workload.name), replace=False)
     bar = Progress(
         TextColumn("[bold]plan: {task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), console=Console(stderr=True), transient=True,

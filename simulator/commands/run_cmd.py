@@ -136,6 +136,9 @@ def write_outputs(
         html.write_html(paths["report"], page)
         summary = {k: v for k, v in result.summary.items() if k != "sim_wall_s"}
         io.write_json_atomic(paths["summary"], summary)
+        for name in io.SHARED_RESULT_FILES:  # compare's and plan's files stay with the run's
+            if (out / name).is_file():
+                shutil.copy2(out / name, stage / name)
         io.publish_folder(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -163,7 +166,9 @@ def main(args) -> int:
     loaded = load_workload(args.workload, args.overrides, topology=args.topology)
     out = io.output_dir(args.out, loaded.workload.name)
     if not args.no_files:
-        out = io.check_out_dir(out, known=frozenset(OUTPUT_FILES.values()))
+        out = io.check_out_dir(
+            out, known=frozenset(OUTPUT_FILES.values()) | frozenset(io.SHARED_RESULT_FILES)
+        )
     bar = args.detail == "full" and not args.no_progress  # a bar of its own, then files
     result = simulate_full_with_progress(loaded) if bar else None
     with _phases(not args.no_progress) as phases:

@@ -216,13 +216,24 @@ _RENAME_EXCHANGE = 2  # renameat2(2) flag: swap two paths atomically (Linux >= 3
 MARKER = ".simulator-result"
 
 
+#: Files that ``compare`` and ``plan`` write into a workload's result folder (by default
+#: ``results/<name>``, as ``run``); a run, which replaces its folder as a whole, keeps them.
+SHARED_RESULT_FILES = ("compare.csv", "compare.png", "compare.html", "plan.csv")
+
+
 def check_out_dir(
-    out: str | os.PathLike, *, option: str = "--out", known: frozenset[str] = frozenset()
+    out: str | os.PathLike,
+    *,
+    option: str = "--out",
+    known: frozenset[str] = frozenset(),
+    replace: bool = True,
 ) -> Path:
     """Refuse an output folder that cannot be one, before anything is simulated: an empty
     name, an existing file or device (``/dev/null``), a path under a file, a parent that
-    cannot be written, or an existing folder that holds other things than a previous result
-    (no :data:`MARKER` and files not in ``known``): it is replaced as a whole. Returns the
+    cannot be written (permissions, a read-only file system), or -- for a command that
+    replaces the folder as a whole (``replace``, ``run``) -- an existing folder that holds
+    other things than a previous result (no :data:`MARKER` and files not in ``known``).
+    ``compare`` and ``plan`` add their files to the folder (``replace=False``). Returns the
     folder as a :class:`Path`."""
     text = os.fspath(out)
     if not text.strip():
@@ -236,8 +247,14 @@ def check_out_dir(
     if not parent.is_dir():
         raise ConfigError(f"{str(parent)!r} is a file, so {text!r} cannot be a folder", file=option)
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"cannot write into {str(parent)!r} (permission denied)", file=option)
-    if p.is_dir() and not (p / MARKER).exists():
+        why = "permission denied"
+        try:
+            if os.statvfs(parent).f_flag & os.ST_RDONLY:
+                why = "a read-only file system"
+        except (OSError, AttributeError):
+            pass
+        raise ConfigError(f"cannot write into {str(parent)!r} ({why})", file=option)
+    if replace and p.is_dir() and not (p / MARKER).exists():
         other = sorted(e.name for e in p.iterdir() if e.name not in known)
         if other:
             raise ConfigError(
