@@ -379,6 +379,8 @@ class PlanResult:
     wall_s: float
     timings: dict[str, float] = field(default_factory=dict)
     headroom_gib: float = HEADROOM_GIB
+    #: the most frequent reason a layout was refused: (layouts refused so, field, message)
+    refusal: tuple[int, str, str] | None = None
 
 
 _WORKER: dict[str, Any] = {}
@@ -438,13 +440,16 @@ def plan(
     counts = {"enumerated": 0, "invalid": 0, "does_not_fit": 0, "estimated": 0}
     estimates: list[Estimate] = []
     works: dict[Candidate, WorkloadConfig] = {}
+    refusals: dict[str, tuple[int, str]] = {}  # field -> (layouts refused, first message)
 
     def consider(cand: Candidate) -> None:
         counts["enumerated"] += 1
         try:
             work, res = est.resolve(cand)
-        except ConfigError:
+        except ConfigError as err:
             counts["invalid"] += 1
+            n, detail = refusals.get(err.field or "", (0, err.detail))
+            refusals[err.field or ""] = (n + 1, detail)
             return
         e = est.estimate(cand, res)
         if not e.fits:
@@ -524,4 +529,6 @@ def plan(
         wall_s=time.perf_counter() - t0,
         timings={"estimate_s": t_est, "simulate_s": t_sim, "workers": n_workers},
         headroom_gib=headroom_gib,
+        refusal=max(((n, f, d) for f, (n, d) in refusals.items()), default=None,
+                    key=lambda r: (r[0], r[1])),
     )

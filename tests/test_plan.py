@@ -243,6 +243,18 @@ def test_headroom(tmp_path):
     assert plan(loaded, 16, top=3, workers=1, headroom_gib=cap).top == []
 
 
+def test_no_layout_names_what_refused_the_layouts(tmp_path, capsys):
+    """When every layout is refused for one reason (here too many micro-batches a step), the
+    error says which; it blamed divisibility alone."""
+    path = small(tmp_path).workload_path
+    argv = ["plan", str(path), "--gpus", "16", "--no-files",
+            "--set", "training.global_batch=16777216"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --gpus: no parallel layout"), err
+    assert "refused by training.global_batch" in err and "layer passes" in err, err
+
+
 def test_plan_table_never_cuts_a_figure(tmp_path):
     """On a terminal narrower than the layouts' labels, the label column wraps and every
     layout's throughput, step time, MFU and memory are printed whole (no ellipsis)."""

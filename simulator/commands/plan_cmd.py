@@ -194,9 +194,13 @@ def no_layout_reason(result: PlanResult, n_gpus: int) -> str:
             f"{n_gpus:,} GPU{'s' if n_gpus != 1 else ''} fits in GPU memory with {result.headroom_gib:g} GiB to spare "
             "(give more GPUs, or lower --headroom-gib)"
         )
+    why = ""
+    if result.refusal is not None:  # what refused most of them, e.g. too many micro-batches
+        n, fld, detail = result.refusal
+        why = f"; {n:,} of {c.get('invalid', n):,} refused by {fld or 'the input'}: {detail}"
     return (
         f"no parallel layout of {result.name} fits {n_gpus:,} GPUs (tp, cp, pp and dp "
-        "must divide the GPUs, the heads, the layers and the global batch)"
+        f"must divide the GPUs, the heads, the layers and the global batch){why}"
     )
 
 
