@@ -142,8 +142,8 @@ class ChunkTimes:
         hit = self._kind.get(vs)
         if hit is None:
             start, n = sum(self.stage_layers[:vs]), self.stage_layers[vs]
-            first = max(0, min(start + n, self.progs.first_layers) - start)
-            hit = self._kind[vs] = (vs == 0, vs == self.last_vs, first, n - first)
+            kinds = tuple(self.progs.kind(i) for i in range(start, start + n))
+            hit = self._kind[vs] = (vs == 0, vs == self.last_vs, kinds)
             if hit not in self._segs:
                 self._segs[hit] = chunk_segments(self.progs, self.stage_layers, vs, self.last_vs)
         return hit

@@ -239,7 +239,8 @@ class Estimator:
         """Gradient bytes of one (last, so MoE where the model has experts) layer on a rank."""
         if self.work.model.moe is None:
             return self.lp / res.size("tp") * gb
-        a, b = moe_sizes.layer_local_params(self.work.model, self.work.model.layers - 1,
+        a, b = moe_sizes.layer_local_params(self.work.model,
+                                            moe_sizes.last_moe_layer(self.work.model),
                                             tp=res.size("tp"), ep=res.ep, etp=res.etp)  # fmt: skip
         return (a + b) * gb
 
@@ -447,8 +448,7 @@ class Estimator:
     def _pair_s(self, progs: StagePrograms, res: Resolved, vs: int) -> float:
         """A steady-state combined 1F1B step of virtual stage ``vs``: one micro-batch's
         forward beside another's backward (:func:`simulator.engine.combined.pair_schedule`)."""
-        n_first, n_rest = self._first_layers(res, vs)
-        kinds = [progs.layer(0)] * n_first + [progs.layer(progs.first_layers)] * n_rest
+        kinds = [progs.layer(i) for i in self._stage_range(res, vs)]
         f = [("", -1, fwd) for fwd, _, _ in kinds]
         b = [("", -1, part) for _, bwd, rec in reversed(kinds) for part in (rec, bwd) if part]
         if vs == 0:
@@ -463,15 +463,20 @@ class Estimator:
                            self.deepep_copies(res))
         return pair_schedule(chain_items(f, 1.0, i, ce), chain_items(b, 1.0, i, ce), ie).total
 
-    def _first_layers(self, res: Resolved, vs: int) -> tuple[int, int]:
-        """(leading dense layers, other layers) of virtual stage ``vs`` (an MoE model's first
-        ``moe.dense_layers`` layers are dense)."""
-        moe, n = self.work.model.moe, res.stage_layers[vs]
-        if moe is None:
-            return 0, n
+    @staticmethod
+    def _stage_range(res: Resolved, vs: int) -> range:
+        """The global layers of virtual stage ``vs``."""
         start = sum(res.stage_layers[:vs])
-        first = max(0, min(start + n, moe.dense_layers) - start)
-        return first, n - first
+        return range(start, start + res.stage_layers[vs])
+
+    def _kind_counts(self, progs: StagePrograms, res: Resolved, vs: int) -> dict[int, int]:
+        """Layers of virtual stage ``vs`` per kind of program they run
+        (:meth:`StagePrograms.kind`: an MoE model's dense layers, local-attention layers)."""
+        counts: dict[int, int] = {}
+        for i in self._stage_range(res, vs):
+            k = progs.kind(i)
+            counts[k] = counts.get(k, 0) + 1
+        return counts
 
     def _last_layer_activation(self, cand: Candidate, res: Resolved, act_layer: float) -> float:
         """Activation bytes of the model's last layer (the kind an MTP module repeats)."""
@@ -498,16 +503,18 @@ class Estimator:
                 update={"micro_batch": cand.micro_batch, "recompute": cand.recompute}
             )
             local = mc.cp_local(m, cand.cp)
-            first = m.moe.dense_layers if m.moe is not None else 0
-            hit = tuple(
-                moe_sizes.layer_activation_bytes(local, t, layer, tp=cand.tp,
-                                                 sp=cand.sequence_parallel, ep=res.ep,
-                                                 etp=res.etp)
-                for layer in (0, first)
-            )  # fmt: skip
+            # one layer of each kind, dense and MoE (local attention keeps the same tensors)
+            pick = {m.is_moe_layer(i): i for i in reversed(range(m.layers))}
+            hit = {
+                moe: moe_sizes.layer_activation_bytes(local, t, layer, tp=cand.tp,
+                                                      sp=cand.sequence_parallel, ep=res.ep,
+                                                      etp=res.etp)
+                for moe, layer in pick.items()
+            }  # fmt: skip
             self._acts[key] = hit
-        n_first, n_rest = self._first_layers(res, vs)
-        return n_first * hit[0] + n_rest * hit[1]
+        n_moe = sum(m.is_moe_layer(i) for i in self._stage_range(res, vs))
+        n_dense = res.stage_layers[vs] - n_moe
+        return (n_dense * hit[False] if n_dense else 0.0) + (n_moe * hit[True] if n_moe else 0.0)
 
     # ---- time
 
@@ -531,7 +538,8 @@ class Estimator:
         if not self._split_experts(res):
             streams = [("dp" + sfx, (dense + expert) * gb, per_layer, _shard(res) * h)]
         else:
-            e_layer = moe_sizes.layer_local_params(self.work.model, self.work.model.layers - 1,
+            e_layer = moe_sizes.layer_local_params(self.work.model,
+                                                   moe_sizes.last_moe_layer(self.work.model),
                                                    tp=res.size("tp"), ep=res.ep,
                                                    etp=res.etp)[1] * gb  # fmt: skip
             streams = [("dp" + sfx, dense * gb, per_layer - e_layer, _shard(res) * h),
@@ -615,14 +623,9 @@ class Estimator:
         pp, v, m, tp = res.size("pp"), res.virtual_stages, res.microbatches, res.size("tp")
         dp = _shard(res)  # ranks the gradients are reduced over, ZeRO shards over
         last = pp * v - 1
-        lf = program_time(progs.layer_fwd)
-        lb = program_time(progs.layer_bwd)
-        lr = program_time(progs.layer_recompute)
-        # an MoE model's leading dense layers run their own programs
-        rest = first = (lf, lb, lr)
-        if progs.first_layers:
-            first = tuple(program_time(x) for x in
-                          (progs.first_fwd, progs.first_bwd, progs.first_recompute))  # fmt: skip
+        # each kind of layer (an MoE model's dense layers, ...) runs its own programs
+        kind_t = {k: tuple(program_time(x) for x in progs.kind_programs(k))
+                  for k in range(1 + len(progs.variants))}  # fmt: skip
         ef, eb = program_time(progs.embed_fwd), program_time(progs.embed_bwd)
         hf, hb = program_time(progs.head_fwd), program_time(progs.head_bwd)
 
@@ -648,8 +651,8 @@ class Estimator:
             x: dict[str, float] = {}
             for ch in range(v):
                 vs = ch * pp + s
-                for n, (lf, lb, lr) in zip(self._first_layers(res, vs), (first, rest),
-                                           strict=True):  # fmt: skip
+                for k, n in self._kind_counts(progs, res, vs).items():
+                    lf, lb, lr = kind_t[k]
                     lf_t, lb_t = lf[0], lb[0] + lr[0]
                     if cand.zero == 3:
                         g_ += n * (beside(lf_t) - lf_t + beside(lb_t) - lb_t)

@@ -86,7 +86,8 @@ def test_bad_moe_layouts(tmp_path, capsys, work, field, words):
     [
         ({"moe": {**MOE, "top_k": 9}}, "model.moe.top_k", ["top_k=9 exceeds experts=8"]),
         ({"moe": {**MOE, "router_groups": 3}}, "model.moe.router_groups", ["router_groups=3", "divide"]),
-        ({"moe": {**MOE, "dense_layers": 9}}, "model", ["dense_layers=9 exceeds layers=8"]),
+        ({"moe": {**MOE, "dense_layers": 9}}, "model.moe.dense_layers",
+         ["dense_layers=9 exceeds layers=8"]),
         ({"attention": "mla"}, "model", ["needs the model.mla"]),
         ({"attention": "gqa", "mla": {}}, "model", ["model.mla is given"]),
         ({"moe": {**MOE, "expert": 8}}, "model.moe.expert", ["did you mean 'experts'"]),

@@ -119,19 +119,20 @@ def _mixtral(cfg: Mapping[str, Any], file: str) -> dict[str, Any]:
 def _qwen3_moe(cfg: Mapping[str, Any], file: str) -> dict[str, Any]:
     out = _dense(cfg, file)
     sparse_step = int(_get(cfg, "decoder_sparse_step", file, 1))
-    mlp_only = list(_get(cfg, "mlp_only_layers", file, []))
-    if sparse_step != 1 or mlp_only:
-        raise ConfigError(
-            "MoE layers interleaved with dense ones (decoder_sparse_step / mlp_only_layers) "
-            "are not modelled (accepted: every layer MoE)",
-            file=file,
-            field="model.from",
-        )
+    mlp_only = {int(i) for i in _get(cfg, "mlp_only_layers", file, [])}
     out["moe"] = {
         "experts": int(_get(cfg, "num_experts", file)),
         "top_k": int(_get(cfg, "num_experts_per_tok", file)),
         "ffn_hidden": int(_get(cfg, "moe_intermediate_size", file)),
     }
+    # transformers' Qwen3MoeDecoderLayer: sparse where not in mlp_only_layers and
+    # (layer + 1) % decoder_sparse_step == 0 (the dense ones keep intermediate_size)
+    if mlp_only:
+        out["moe"]["layer_freq"] = [
+            int(i not in mlp_only and (i + 1) % sparse_step == 0) for i in range(out["layers"])
+        ]
+    elif sparse_step != 1:
+        out["moe"]["layer_freq"] = sparse_step
     return out
 
 

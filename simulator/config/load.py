@@ -168,10 +168,12 @@ def pydantic_to_config_error(
         msg = msg[len("Value error, ") :]
         # A model-level rule ("kv_heads=3 must divide heads=64") names its field first: point
         # the dotted path at it rather than at the whole section.
+        # (a dotted name, "moe.layer_freq=...", points at a field of a sub-section)
         owner = _model_at(model, loc)
-        first = msg.split("=", 1)[0] if "=" in msg else ""
-        if owner is not None and first in owner.model_fields:
-            loc = [*loc, first]
+        first = msg.split("=", 1)[0].split(".") if "=" in msg else [""]
+        sub = _model_at(owner, first[:-1]) if owner is not None and len(first) > 1 else owner
+        if sub is not None and first[-1] in sub.model_fields:
+            loc = [*loc, *first]
     dotted = dotted_path(loc)
     if prefix:
         dotted = f"{prefix}.{dotted}" if dotted else prefix

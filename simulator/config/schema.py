@@ -37,6 +37,33 @@ PositiveFloat = Annotated[float, Strict(), Field(gt=0)]
 Bool = StrictBool
 
 
+def _layer_pattern(v: Any) -> Any:
+    """A per-layer pattern: a positive int N (every N-th layer) or a list of 0/1, one per
+    layer (the length is checked against ``model.layers`` by the model)."""
+    if v is None:
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v < 1:
+            raise ValueError(f"an int pattern must be >= 1 (every N-th layer), got {v}")
+        return v
+    if isinstance(v, (list, tuple)) and all(x in (0, 1) and not isinstance(x, bool) for x in v):
+        return tuple(v)
+    raise ValueError(
+        f"expected an int N >= 1 or a list of 0/1 (one per layer), got {_short_list(v)}"
+    )
+
+
+def _short_list(v: Any) -> str:
+    """A list value shortened for a one-line error."""
+    if not isinstance(v, (list, tuple)) or len(v) <= 8:
+        return str(list(v) if isinstance(v, tuple) else v).replace(" ", "")
+    return "[" + ",".join(map(str, v[:6])) + ",...]"
+
+
+#: which layers have a feature: every N-th (an int) or a 0/1 list, one per layer
+LayerPattern = Annotated[int | tuple[int, ...], BeforeValidator(_layer_pattern)]
+
+
 def _integer_choice(value: Any) -> Any:
     """Before-validator of an integer ``Literal``: refuse booleans and floats (pydantic's
     Literal would take ``True`` for 1 and ``2.0`` for 2)."""
@@ -130,6 +157,13 @@ class MoEConfig(Frozen):
     dense_layers: NonNegativeInt = Field(
         0, description="the first layers keep a dense MLP of model.ffn_hidden"
     )
+    layer_freq: LayerPattern | None = Field(
+        None,
+        description="which layers after dense_layers are MoE: null every one; an int N every "
+        "N-th (layers N-1, 2N-1, ... counted from 0, as Hugging Face's Llama 4 "
+        "interleave_moe_layer_step: Maverick 2); a list of 0/1, one per layer (Megatron-Core's "
+        "--moe-layer-freq list). The other layers keep a dense MLP of model.ffn_hidden",
+    )
     capacity_factor: PositiveFloat | None = Field(
         None, description="null: dropless; a number: tokens above that capacity are dropped"
     )
@@ -222,6 +256,23 @@ class ModelConfig(Frozen):
     )
     mla: MLAConfig | None = Field(None, description="multi-head latent attention dimensions")
     moe: MoEConfig | None = Field(None, description="mixture-of-experts MLP; null: dense")
+    attention_window: PositiveInt | None = Field(
+        None,
+        description="tokens of a local attention window (GPT-OSS: 128, sliding; Llama 4: "
+        "8192, chunked); null: every layer full causal",
+    )
+    attention_window_kind: Literal["sliding", "chunked"] = Field(
+        "sliding",
+        description="sliding: each query sees the last attention_window keys (itself "
+        "included); chunked: the sequence is cut into chunks of attention_window tokens, each "
+        "causal on its own (Llama 4's attention_chunk_size)",
+    )
+    attention_window_pattern: LayerPattern | None = Field(
+        None,
+        description="which layers use the window: null every one; an int N: every N-th layer "
+        "(layers N-1, 2N-1, ... counted from 0) keeps full causal attention and the others "
+        "are local (GPT-OSS: 2, Llama 4: 4); a list of 0/1, one per layer, 1 = local",
+    )
     mtp_depth: NonNegativeInt = Field(
         0, le=8,
         description="multi-token prediction modules after the last layer (DeepSeek-V3, "
@@ -249,7 +300,71 @@ class ModelConfig(Frozen):
             raise ValueError(
                 f"moe.dense_layers={self.moe.dense_layers} exceeds layers={self.layers}"
             )
+        freq = None if self.moe is None else self.moe.layer_freq
+        if isinstance(freq, tuple) and len(freq) != self.layers:
+            raise ValueError(
+                f"moe.layer_freq={_short_list(freq)} has {len(freq)} entries, not one per "
+                f"layer (layers={self.layers})"
+            )
+        if freq is not None and self.moe_layers == 0:
+            raise ValueError(f"moe.layer_freq={_short_list(freq)} leaves no MoE layer")
+        pat = self.attention_window_pattern
+        if isinstance(pat, tuple) and len(pat) != self.layers:
+            raise ValueError(
+                f"attention_window_pattern={_short_list(pat)} has {len(pat)} entries, not one "
+                f"per layer (layers={self.layers})"
+            )
+        w = self.attention_window
+        if w is not None and w > self.seq_len:
+            raise ValueError(
+                f"attention_window={w} exceeds seq_len={self.seq_len} (a window longer than "
+                "the sequence is full causal attention: leave the window out)"
+            )
+        if w is not None and self.attention_window_kind == "chunked" and self.seq_len % w:
+            raise ValueError(
+                f"attention_window={w} must divide seq_len={self.seq_len} for chunked "
+                "attention (whole chunks)"
+            )
         return self
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether global layer ``layer`` (from 0) has an MoE block: not one of the first
+        ``moe.dense_layers``, and picked by ``moe.layer_freq``."""
+        moe = self.moe
+        if moe is None or layer < moe.dense_layers:
+            return False
+        f = moe.layer_freq
+        if f is None:
+            return True
+        if isinstance(f, int):
+            return (layer + 1) % f == 0
+        return bool(f[layer]) if layer < len(f) else True
+
+    def is_local_layer(self, layer: int) -> bool:
+        """Whether global layer ``layer`` (from 0) attends within ``attention_window``."""
+        if self.attention_window is None:
+            return False
+        p = self.attention_window_pattern
+        if p is None:
+            return True
+        if isinstance(p, int):
+            return (layer + 1) % p != 0
+        return bool(p[layer]) if layer < len(p) else True
+
+    @property
+    def layer_kinds(self) -> tuple[tuple[bool, bool], ...]:
+        """``(moe, local)`` of every layer, in order."""
+        return tuple((self.is_moe_layer(i), self.is_local_layer(i)) for i in range(self.layers))
+
+    def layer_variant(self, local: bool) -> ModelConfig:
+        """This model with every layer's attention full (``local`` false) or every layer's
+        within the window: what one kind of layer's programs are built from."""
+        if self.attention_window is None or (local and self.attention_window_pattern is None):
+            return self
+        window = self.attention_window if local else None
+        return self.model_copy(
+            update={"attention_window": window, "attention_window_pattern": None}
+        )
 
     @property
     def attention_kind(self) -> str:
@@ -263,7 +378,7 @@ class ModelConfig(Frozen):
     @property
     def moe_layers(self) -> int:
         """Layers whose MLP is a mixture of experts (0 for a dense model)."""
-        return 0 if self.moe is None else self.layers - self.moe.dense_layers
+        return sum(self.is_moe_layer(i) for i in range(self.layers))
 
     @property
     def n_kv_heads(self) -> int:

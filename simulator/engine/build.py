@@ -812,9 +812,7 @@ class _Builder:
         prog_links, send_links, dp_links = {}, {}, {}
         for p in self.procs:
             links: set[int] = set()
-            for prog in vars(p.programs).values():
-                if not isinstance(prog, tuple):  # first_layers: a count, not a program
-                    continue
+            for prog in p.programs.all_programs():
                 for part in prog:
                     if part.kind == "comm":
                         links.update(self.comm.part_cost(p, part).link_bytes)

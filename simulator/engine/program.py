@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from simulator.config.schema import ModelConfig
 from simulator.hardware.compute import ComputeModel
 from simulator.hardware.precision import (
     GATHERED_16BIT,
@@ -74,17 +75,33 @@ class StagePrograms:
     head_bwd: Program
     # the receiver's TP all-gather of a pipeline transfer sent split 1/tp (scatter/gather)
     pp_gather: Program = ()
-    #: layers ``0 .. first_layers-1`` run these programs instead (an MoE model's dense layers)
-    first_layers: int = 0
-    first_fwd: Program = ()
-    first_bwd: Program = ()
-    first_recompute: Program = ()
+    #: per global layer, which programs it runs: 0 the ``layer_*`` ones, k > 0 ``variants[k-1]``
+    #: (an MoE model's dense layers, local-attention layers); empty: every layer runs 0
+    layer_kinds: tuple[int, ...] = ()
+    variants: tuple[tuple[Program, Program, Program], ...] = ()
+
+    def kind(self, index: int) -> int:
+        """Which programs global layer ``index`` runs (0: ``layer_*``; past the model's
+        layers, e.g. an MTP module's, 0)."""
+        return self.layer_kinds[index] if 0 <= index < len(self.layer_kinds) else 0
 
     def layer(self, index: int) -> tuple[Program, Program, Program]:
         """(forward, backward, recompute) programs of global layer ``index``."""
-        if index < self.first_layers:
-            return self.first_fwd, self.first_bwd, self.first_recompute
+        k = self.kind(index)
+        if k:
+            return self.variants[k - 1]
         return self.layer_fwd, self.layer_bwd, self.layer_recompute
+
+    def kind_programs(self, k: int) -> tuple[Program, Program, Program]:
+        """(forward, backward, recompute) programs of kind ``k``."""
+        return self.variants[k - 1] if k else (self.layer_fwd, self.layer_bwd,
+                                               self.layer_recompute)
+
+    def all_programs(self) -> list[Program]:
+        """Every program of the stage (the variants' included)."""
+        main = [v for v in vars(self).values() if isinstance(v, tuple) and v
+                and isinstance(v[0], Part)]
+        return main + [p for var in self.variants for p in var]
 
 
 #: the row-indexed bf16 kernels of Megatron-Core's PyTorch permutation and their access class
@@ -493,23 +510,29 @@ def build_stage_programs(
         # the recipe's format by the pricer)
         mkw = dict(lkw, precision_bytes=BYTES.get(dtype, 2), **(moe_kw or {}))
 
-        def programs(moe_layer: bool) -> tuple[Program, Program, Program]:
-            f = ml.layer_ops(model, backward=False, moe_layer=moe_layer, **mkw)
+        def programs(m: ModelConfig, moe_layer: bool) -> tuple[Program, Program, Program]:
+            f = ml.layer_ops(m, backward=False, moe_layer=moe_layer, **mkw)
             fp = fwd_casts(price(f, pr, comm_cost))
-            b = bwd(ml.layer_ops(model, backward=True, moe_layer=moe_layer, **mkw))
+            b = bwd(ml.layer_ops(m, backward=True, moe_layer=moe_layer, **mkw))
             return fp, price(b, pr, comm_cost), _recompute(
                 f, fp, recompute, pr, recompute_modules)  # fmt: skip
 
-        dense_first = model.moe.dense_layers if model.moe is not None else 0
-        layer_fwd, layer_bwd, layer_re = programs(model.moe is not None)
-        if dense_first:
-            f, b, r = programs(False)
-            first = dict(first_layers=dense_first, first_fwd=f, first_bwd=b, first_recompute=r)
     else:
-        fwd_ops = mc.layer_ops(model, backward=False, **lkw)
-        layer_fwd = fwd_casts(price(fwd_ops, pr, comm_cost))
-        layer_bwd = price(bwd(mc.layer_ops(model, backward=True, **lkw)), pr, comm_cost)
-        layer_re = _recompute(fwd_ops, layer_fwd, recompute, pr, recompute_modules)
+
+        def programs(m: ModelConfig, moe_layer: bool) -> tuple[Program, Program, Program]:
+            f = mc.layer_ops(m, backward=False, **lkw)
+            fp = fwd_casts(price(f, pr, comm_cost))
+            b = price(bwd(mc.layer_ops(m, backward=True, **lkw)), pr, comm_cost)
+            return fp, b, _recompute(f, fp, recompute, pr, recompute_modules)
+
+    # one program set per kind of layer, (MoE?, local attention?): the last layer's kind is
+    # the main one (``layer_*``), the others variants (an MoE model's dense layers, ...)
+    kinds = model.layer_kinds
+    order = [kinds[-1], *dict.fromkeys(k for k in kinds if k != kinds[-1])]
+    built = [programs(model.layer_variant(local), moe_layer) for moe_layer, local in order]
+    layer_fwd, layer_bwd, layer_re = built[0]
+    if len(order) > 1:
+        first = dict(layer_kinds=tuple(order.index(k) for k in kinds), variants=tuple(built[1:]))
     hkw = dict(kw, tp_input_dtype=tp_input_dtype, tp_impl=tp_impl, tp_loss=tp_loss)
     head_f = mc.head_ops(model, backward=False, **hkw)
     head_b = bwd(mc.head_ops(model, backward=True, **hkw))
@@ -519,10 +542,12 @@ def build_stage_programs(
         d = BYTES.get(dtype, 2)
 
         def mtp_layer(backward: bool) -> list[Op]:
+            # one more layer of the model's last kind
+            moe_last, local_last = model.layer_kinds[-1]
+            last = model.layer_variant(local_last)
             if model.moe is not None or model.attention_kind == "mla":
-                return ml.layer_ops(model, backward=backward, moe_layer=model.moe is not None,
-                                    **mkw)  # fmt: skip
-            return mc.layer_ops(model, backward=backward, **lkw)
+                return ml.layer_ops(last, backward=backward, moe_layer=moe_last, **mkw)
+            return mc.layer_ops(last, backward=backward, **lkw)
 
         one_f = [*mc.embedding_ops(model, backward=False, **kw),
                  *mtp.proj_ops(model, backward=False, d=d, **_proj_kw(kw)),

@@ -71,8 +71,16 @@ def ep_overlap(work) -> bool:
 
 
 def is_moe_layer(model: ModelConfig, layer: int) -> bool:
-    """Whether global layer ``layer`` has an MoE block (the first ``dense_layers`` do not)."""
-    return model.moe is not None and layer >= model.moe.dense_layers
+    """Whether global layer ``layer`` has an MoE block (the first ``dense_layers`` do not, nor
+    those ``moe.layer_freq`` leaves dense: :meth:`ModelConfig.is_moe_layer`)."""
+    return model.is_moe_layer(layer)
+
+
+def last_moe_layer(model: ModelConfig) -> int:
+    """The last layer with an MoE block (the last layer where there is none): the layer the
+    layout search takes as a model's per-layer gradient bucket."""
+    return next((i for i in reversed(range(model.layers)) if model.is_moe_layer(i)),
+                model.layers - 1)
 
 
 def layer_local_params(
@@ -124,7 +132,7 @@ def layer_activation_bytes(
     if is_moe_layer(local, layer):
         # a learned router's busiest rank over the micro-batch's MoE layers (their
         # activations are held together; simulator/model/route_skew.py), not per call
-        calls = max(1, local.layers - local.moe.dense_layers)
+        calls = max(1, local.moe_layers)
         loc = moe_math.moe_local(local, t.micro_batch, tp, 1, ep, etp,
                                   moe_math.load_spec(t, calls))
         mlp = moe_math.moe_activation_bytes(local, loc, tp=tp, d=d, modules=mods, gemm_in=g,

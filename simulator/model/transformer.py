@@ -672,10 +672,21 @@ def final_norm_params(model: ModelConfig) -> int:
 
 
 def _sum_layers(model: ModelConfig, per_layer) -> int:
-    """``per_layer(moe_layer)`` summed over the model's dense and MoE layers."""
+    """``per_layer(moe_layer)`` summed over the model's dense and MoE layers (in the pattern
+    ``moe.dense_layers`` and ``moe.layer_freq`` give)."""
     if model.moe is None:
         return model.layers * per_layer(False)
-    return model.moe.dense_layers * per_layer(False) + model.moe_layers * per_layer(True)
+    n_moe = model.moe_layers
+    return (model.layers - n_moe) * per_layer(False) + n_moe * per_layer(True)
+
+
+def _sum_layer_kinds(model: ModelConfig, per_layer) -> int:
+    """``per_layer(moe_layer, local)`` summed over the model's layers (MoE or dense, local or
+    full attention)."""
+    counts: dict[tuple[bool, bool], int] = {}
+    for kind in model.layer_kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    return sum(n * per_layer(*kind) for kind, n in counts.items())
 
 
 def total_params(model: ModelConfig) -> int:
@@ -743,14 +754,47 @@ def _attention_flops_per_token(model: ModelConfig) -> int:
     return 4 * model.seq_len * model.heads * model.head_dim
 
 
+def window_pairs2(seq: int, window: int, kind: str) -> int:
+    """Twice the query-key pairs a causal local attention computes over one sequence of
+    ``seq`` tokens (an integer): a sliding window of ``w`` keys, ``2 s w - w^2`` (each of the
+    ``s`` queries sees ``w`` keys, less the triangle the first ``w`` queries miss, ``w^2/2``,
+    to within ``w/2``); chunks of ``c`` tokens, each causal on its own, ``(s/c) c^2 = s c``.
+    At ``w = c = s`` both give the causal ``s^2``."""
+    if kind == "chunked":
+        return seq * window
+    return 2 * seq * window - window * window
+
+
 def layer_forward_flops(
-    model: ModelConfig, tokens: int, *, causal: bool = False, moe_layer: bool | None = None
+    model: ModelConfig,
+    tokens: int,
+    *,
+    causal: bool = False,
+    moe_layer: bool | None = None,
+    local: bool = False,
 ) -> int:
     """Forward matmul FLOPs of one layer over ``tokens`` tokens (all TP ranks together).
-    GPT: ``24 t h^2 + 4 t s h`` non-causal (Narayanan et al. 2021, Appendix)."""
-    att = _attention_flops_per_token(model)
+    GPT: ``24 t h^2 + 4 t s h`` non-causal (Narayanan et al. 2021, Appendix). ``local``: the
+    layer attends within ``model.attention_window`` (:func:`window_pairs2` pairs instead of
+    the causal ``s^2/2``; counted twice in the non-causal convention). GPT-OSS's attention
+    sinks (one learned logit per head, added to each softmax row) add ``O(s)`` work per
+    head against the ``O(s w)`` of the window: not counted."""
     mm = _layer_matmul_flops_per_token(model, moe_layer)
-    return tokens * (mm + (att // 2 if causal else att))
+    return tokens * mm + attention_core_flops(model, tokens, causal=causal, local=local)
+
+
+def attention_core_flops(model: ModelConfig, tokens: int, *, causal: bool, local: bool) -> int:
+    """Forward ``QK^T`` and ``PV`` FLOPs of one layer over ``tokens`` tokens (whole
+    sequences): ``4 t s h`` non-causal, half that causal; a ``local`` layer
+    (:func:`window_pairs2`) ``4 h`` per query-key pair computed."""
+    att = _attention_flops_per_token(model)
+    w = model.attention_window
+    if local and w is not None:
+        s = model.seq_len
+        per_pair = att // s  # FLOPs of one query-key pair (QK^T and PV)
+        pairs2 = window_pairs2(s, w, model.attention_window_kind)
+        return (tokens // s) * per_pair * (pairs2 // 2 if causal else pairs2)
+    return tokens * (att // 2 if causal else att)
 
 
 def model_flops_per_step(model: ModelConfig, global_batch: int, *, causal: bool = True) -> float:
@@ -769,8 +813,9 @@ def model_flops_per_step(model: ModelConfig, global_batch: int, *, causal: bool 
     the shared experts, the router) and MLA's projections. Computed in exact integers.
     """
     tokens = global_batch * model.seq_len
-    layers = _sum_layers(
-        model, lambda x: layer_forward_flops(model, tokens, causal=causal, moe_layer=x)
+    layers = _sum_layer_kinds(
+        model,
+        lambda x, loc: layer_forward_flops(model, tokens, causal=causal, moe_layer=x, local=loc),
     )
     fwd = layers + tokens * 2 * model.hidden * model.vocab
     return float(3 * fwd)
@@ -786,12 +831,15 @@ def hardware_flops_per_step(
     2022, Section 5). For comparing with papers; a run's ``hfu`` counts instead the FLOPs its
     kernels execute (the events table)."""
     tokens = global_batch * model.seq_len
-    att = _attention_flops_per_token(model) // (2 if causal else 1)
     extra = {
         "none": 0,
-        "selective": model.layers * tokens * att,
-        "full": _sum_layers(
-            model, lambda x: layer_forward_flops(model, tokens, causal=causal, moe_layer=x)
+        "selective": _sum_layer_kinds(
+            model, lambda _, loc: attention_core_flops(model, tokens, causal=causal, local=loc)
+        ),
+        "full": _sum_layer_kinds(
+            model,
+            lambda x, loc: layer_forward_flops(model, tokens, causal=causal, moe_layer=x,
+                                               local=loc),
         ),
     }
     if recompute not in extra:

@@ -1,0 +1,99 @@
+"""Interleaved MoE layers (``model.moe.layer_freq``: Llama 4 Maverick's dense and MoE layers
+alternating): the pattern is what every count follows (parameters, FLOPs, memory per stage,
+the engine's per-layer programs), an all-MoE pattern is today's model, a pattern written as a
+list equals the same pattern written with ``dense_layers``, and a list of the wrong length is
+a one-line error naming file and field."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from simulator.cli import main
+from simulator.config.schema import ModelConfig
+from simulator.model import transformer as tf
+from tests.conftest import small_topology, write_case
+from tests.test_bad_input import expect, fails, write
+from tests.test_moe_config import moe_work
+from tests.test_moe_engine import WORK
+
+
+def _model(**moe) -> ModelConfig:
+    m = copy.deepcopy(WORK["model"])
+    m["moe"] = {**m["moe"], "dense_layers": 0, **moe}
+    return ModelConfig.model_validate(m)
+
+
+def _run(tmp_path, capsys, **moe) -> dict:
+    w = copy.deepcopy(WORK)
+    w["model"]["moe"] = {**w["model"]["moe"], "dense_layers": 0, **moe}
+    p = write_case(tmp_path, w, small_topology(2, 8))
+    assert main(["run", str(p), "--json", "--no-files"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    out.pop("sim_wall_s", None)
+    return out
+
+
+def test_every_second_layer_is_moe_as_llama4_counts_it():
+    # Hugging Face's Llama 4: moe_layers = range(step - 1, layers, step) -> layers 1 and 3 of 4
+    m = _model(layer_freq=2)
+    assert [m.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert m.moe_layers == 2
+    assert isinstance(hash(_model(layer_freq=[0, 1, 0, 1])), int)  # frozen and hashable
+    h, q, kv, f, fe, E, V = 1024, 1024, 512, 4096, 1024, 8, 32000
+    attn, norms = h * (q + 2 * kv) + q * h, 2 * h
+    dense = attn + norms + 3 * h * f
+    moe = attn + norms + h * E + (E + 1) * 3 * h * fe  # router, 8 routed and 1 shared expert
+    moe_active = attn + norms + h * E + (2 + 1) * 3 * h * fe
+    emb = 2 * V * h + h
+    assert tf.total_params(m) == 2 * dense + 2 * moe + emb
+    assert tf.active_params(m) == 2 * dense + 2 * moe_active + emb
+    # forward FLOPs per token: 2 x the weights multiplied (active), causal attention 2 s h
+    s, B = 2048, 3
+    att = 4 * s * q // 2
+    fwd = 2 * (2 * (dense - norms) + 2 * (moe_active - norms)) + 4 * att + 2 * h * V
+    assert tf.model_flops_per_step(m, B) == 3 * B * s * fwd
+
+
+def test_list_pattern_equals_int_and_all_moe_equals_today():
+    assert _model(layer_freq=[0, 1, 0, 1]).layer_kinds == _model(layer_freq=2).layer_kinds
+    today = _model()
+    for freq in (1, [1, 1, 1, 1]):
+        m = _model(layer_freq=freq)
+        assert m.moe_layers == today.moe_layers == 4
+        assert tf.total_params(m) == tf.total_params(today)
+        assert tf.model_flops_per_step(m, 8) == tf.model_flops_per_step(today, 8)
+
+
+def test_engine_follows_the_pattern(tmp_path, capsys):
+    # the same layers written as dense_layers: 2 or as a 0/1 list: the same step, byte for byte
+    a = _run(tmp_path, capsys, dense_layers=2)
+    b = _run(tmp_path, capsys, layer_freq=[0, 0, 1, 1])
+    assert a == b
+    # all MoE written as layer_freq 1 is today's all-MoE model
+    assert _run(tmp_path, capsys, layer_freq=1) == _run(tmp_path, capsys)
+    # pp 2: an MoE layer weighs more on a rank than a dense one ((attention + router + shared
+    # expert) / tp + 8 experts / ep 4 = 9.4 M against (attention + 3 h 4096) / tp = 7.9 M), so
+    # both MoE layers on the first stage make its weights the heaviest
+    front = _run(tmp_path, capsys, layer_freq=[1, 1, 0, 0])
+    alt = _run(tmp_path, capsys, layer_freq=2)
+    assert front["memory_gib"]["weights"] > alt["memory_gib"]["weights"]
+    # fewer MoE layers: fewer all-to-all calls
+    assert 0 < alt["breakdown_s"]["ep_comm"] < _run(tmp_path, capsys)["breakdown_s"]["ep_comm"]
+
+
+@pytest.mark.parametrize(
+    "moe,field,words",
+    [
+        ({"layer_freq": [0, 1, 0]}, "model.moe.layer_freq", ["has 3 entries", "layers=8"]),
+        ({"layer_freq": [0] * 8}, "model.moe.layer_freq", ["leaves no MoE layer"]),
+        ({"layer_freq": [0, 2] * 4}, "model.moe.layer_freq", ["list of 0/1"]),
+        ({"layer_freq": 0}, "model.moe.layer_freq", [">= 1"]),
+        ({"layer_freq": True}, "model.moe.layer_freq", ["list of 0/1"]),
+    ],
+)
+def test_bad_layer_freq(tmp_path, capsys, moe, field, words):
+    p = write(tmp_path, moe_work(moe=moe))
+    expect(fails(capsys, tmp_path, "run", str(p)), p, field, *words)
