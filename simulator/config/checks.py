@@ -106,6 +106,12 @@ def _check_cp(work: WorkloadConfig, cp: int, tp: int, fail) -> None:
             "parallelism.sequence_parallel",
             f"seq_len/cp = {m.seq_len // cp} is not divisible by tp={tp}",
         )
+    if m.attention_window is not None:
+        raise fail(
+            "parallelism.cp",
+            f"cp={cp} with model.attention_window={m.attention_window}: local attention under "
+            "context parallelism is not modelled (use cp: 1)",
+        )
     if t.kernels != "fused" or not t.flash_attention:
         raise fail(
             "parallelism.cp",

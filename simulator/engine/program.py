@@ -192,6 +192,7 @@ def _op_time(
             backward=op.backward,
             dtype="bf16" if rec is not None else gemm_dtype,
             kv_seq=op.kv_seq or None,
+            window=op.window or None,
         )
     else:
         t = cm.memory_s(op.bytes, access or memory_access(op.name, kernels, param_dtype))

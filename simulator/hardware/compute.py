@@ -145,6 +145,7 @@ class ComputeModel:
         backward: bool = False,
         dtype: str = "bf16",
         kv_seq: int | None = None,
+        window: int | None = None,
     ) -> float:
         """Time of one flash-attention pass (``scaled_dot_product_attention``) in seconds.
 
@@ -152,11 +153,15 @@ class ComputeModel:
         (its kernels: dO.O, the main kernel, the dQ conversion). ``kv_heads`` (GQA) changes only
         the bytes read, not the FLOPs. ``kv_seq`` (default ``seq``): keys per sequence, for a
         non-square block (context parallelism); a causal mask is aligned bottom-right (the
-        queries are the last ``seq`` positions of the ``kv_seq`` keys).
+        queries are the last ``seq`` positions of the ``kv_seq`` keys). ``window``: a causal
+        sliding window of that many keys per query (the kernel skips the tiles outside it;
+        priced by the same per-key rule, :func:`_attention_time`).
         """
         kv_seq = seq if kv_seq is None or kv_seq == seq else kv_seq
+        if window is not None and window >= kv_seq:
+            window = None
         return self._attn_cached(
-            batch, heads, seq, head_dim, kv_heads, causal, backward, dtype, kv_seq
+            batch, heads, seq, head_dim, kv_heads, causal, backward, dtype, kv_seq, window
         )
 
     def _attention_s(
@@ -170,6 +175,7 @@ class ComputeModel:
         backward: bool,
         dtype: str,
         kv_seq: int | None = None,
+        window: int | None = None,
     ) -> float:
         kv = heads if kv_heads is None else kv_heads
         kv_seq = seq if kv_seq is None else kv_seq
@@ -188,6 +194,7 @@ class ComputeModel:
             causal,
             BWD_FACTOR if backward else 1.0,
             kv_seq,
+            window,
         )
         # operands once through HBM: q, o (and dO, dQ) per query head; k, v (dK, dV) per kv head
         nbytes = BYTES[dtype] * batch * head_dim * (2 * heads * seq + 2 * kv * kv_seq)
@@ -229,16 +236,26 @@ def _attention_time(
     causal: bool,
     factor: float,
     kv: int | None = None,
+    window: int | None = None,
 ) -> float:
     """Kernel time of one attention pass over ``bh`` (batch x heads) independent heads, ``s``
-    queries against ``kv`` keys (default ``s``; causal: the queries are the last ``s``)."""
+    queries against ``kv`` keys (default ``s``; causal: the queries are the last ``s``).
+    ``window`` (causal, ``kv = s``): each query sees its last ``window`` keys, so a row tile
+    sees at most ``window + block`` keys (its diagonal block and the window before it): the
+    same cost per key seen as a causal kernel's, no source measured otherwise."""
     blk = pp.block
     kv = s if kv is None else kv
     n = -(-s // blk)
     # keys seen, summed over row tiles: a causal tile sees the prefix and its diagonal
     keys = n * (kv - s) + blk * (n - 1) * n / 2 + s if causal else n * kv
+    longest = kv
+    if window is not None and causal and kv == s:
+        # tiles 0..k-1 see their whole prefix ((i+1) blk keys), the others window + blk
+        k = min(n, window // blk + 1)
+        keys = min(keys, blk * k * (k + 1) / 2 + (n - k) * (window + blk))
+        longest = min(kv, window + blk)
     total = bh * (keys + n * pp.block_overhead)
-    longest = kv + pp.block_overhead
+    longest = longest + pp.block_overhead
     unit = 4.0 * blk * (d + pp.head_dim_overhead) * factor  # FLOP-equivalents per key per tile
     rate = peak / sms * pp.eta * (128.0 + pp.head_dim_overhead) / 128.0
     return pp.t0_s + (total / sms + pp.tail * longest) * unit / rate

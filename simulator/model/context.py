@@ -36,6 +36,7 @@ the first (it has the more row tiles, so it is the slower by the per-tile overhe
 from __future__ import annotations
 
 from simulator.config.schema import ModelConfig
+from simulator.errors import ConfigError
 from simulator.model.ops import FP32, Op, local_dims, mem_op
 
 CP_COMM = ("p2p", "all_gather")
@@ -108,7 +109,14 @@ def attention_ops(
     model: ModelConfig, b: int, tp: int, cp: int, mode: str, backward: bool, d: int = 2
 ) -> list[Op]:
     """The attention of one CP rank (module docstring), in place of the single flash kernel:
-    blockwise kernels and the CP communication, for the full model's ``seq_len``."""
+    blockwise kernels and the CP communication, for the full model's ``seq_len``. Local
+    attention windows (``model.attention_window``) under CP are not modelled: refused."""
+    if model.attention_window is not None:
+        raise ConfigError(
+            f"attention_window={model.attention_window} with cp={cp}: local attention under "
+            "context parallelism is not modelled (use cp: 1)",
+            field="parallelism.cp",
+        )
     c = model.seq_len // (2 * cp)
     kv = kv_block_bytes(model, b, tp, cp, d)
     if mode == "all_gather":

@@ -62,6 +62,7 @@ class Op:
     backward: bool = False
     kv_seq: int = 0  # attention: keys per sequence (0: = seq)
     causal: bool = True  # attention
+    window: int = 0  # attention: > 0, a causal sliding window of that many keys per query
     dim: str = ""  # comm: the parallel dimension whose groups run it
     collective: str = ""  # comm: all_reduce | all_gather | reduce_scatter | send_recv
     overlap: bool = False  # comm: runs beside the next kernel
@@ -118,6 +119,10 @@ class Local:
     ffn: int  # MLP inner width on this rank
     fc1_out: int  # 2*ffn for SwiGLU (gate and up), ffn for GELU
     vocab: int  # vocabulary rows on this rank, ceil(V/tp)
+    #: > 0: every layer of the model attends within this many tokens (``model.layer_variant``
+    #: of a local layer), sliding or in chunks (``chunked``); 0: full causal attention
+    window: int = 0
+    chunked: bool = False
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -150,7 +155,11 @@ def local_dims(model: ModelConfig, micro_batch: int, tp: int, sequence_parallel:
     nt = b * _cdiv(s, tp) if sequence_parallel else b * s
     fc1_out = 2 * ffn if model.activation == "swiglu" else ffn
     vocab = _cdiv(model.vocab, tp)
-    return Local(b, s, b * s, nt, model.heads // tp, kv_local, model.head_dim, ffn, fc1_out, vocab)
+    # a window only where every layer uses it (a model of mixed layers is priced per kind of
+    # layer, each from ModelConfig.layer_variant)
+    window = model.attention_window or 0 if model.attention_window_pattern is None else 0
+    return Local(b, s, b * s, nt, model.heads // tp, kv_local, model.head_dim, ffn, fc1_out, vocab,
+                 window, window > 0 and model.attention_window_kind == "chunked")
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,17 +195,34 @@ def flash_attention_op(L: Local, d: int, backward: bool = False) -> Op:
     writes O once (Dao et al. 2022, arXiv:2205.14135). Backward: 2.5x the forward FLOPs (5
     GEMMs of the forward's 2, with QK^T recomputed); reads Q, K, V, O, dO and writes dQ, dK, dV
     (FlashAttention-2, Dao 2023).
+
+    A local layer (``L.window``): chunks of ``c`` tokens are ``s/c`` independent causal
+    sequences of ``c`` (Llama 4's chunked attention: the kernel sees batch ``b s/c``), so
+    ``2 b hq s c hd`` FLOPs; a sliding window of ``w`` keys computes ``s w - w^2/2`` query-key
+    pairs instead of ``s^2/2`` (:func:`simulator.model.transformer.window_pairs2`), ``2 b hq
+    (2 s w - w^2) hd``, and the kernel skips the key tiles outside the window
+    (FlashAttention-2's ``window_size``; cuDNN's sliding window). Q, K, V and O move once
+    either way: the bytes are those of full attention.
     """
     hq, hkv, hd, b, s = L.heads, L.kv_heads, L.head_dim, L.b, L.s
-    flops = 2.0 * b * hq * s * s * hd
+    win = 0
+    if L.window and L.chunked:
+        b, s = b * (L.s // L.window), L.window
+        flops = 2.0 * b * hq * s * s * hd
+    elif L.window:
+        win = L.window
+        flops = 2.0 * b * hq * (2 * s * win - win * win) * hd
+    else:
+        flops = 2.0 * b * hq * s * s * hd
     if backward:
         return Op(
             "attn", "attention", "attn", batch=b, heads=hq, kv_heads=hkv, seq=s, head_dim=hd,
             flops=2.5 * flops, bytes=float(b * s * hd * (4 * hq + 4 * hkv) * d), backward=True,
+            window=win,
         )  # fmt: skip
     return Op(
         "attn", "attention", "attn", batch=b, heads=hq, kv_heads=hkv, seq=s, head_dim=hd,
-        flops=flops, bytes=float(b * s * hd * (2 * hq + 2 * hkv) * d),
+        flops=flops, bytes=float(b * s * hd * (2 * hq + 2 * hkv) * d), window=win,
     )  # fmt: skip
 
 
