@@ -39,24 +39,59 @@ STREAM_LABELS = {**{d: short for d, (short, _, _) in COMM_DIMS.items()}, "gather
 COMM_KINDS = (*(f"{d}_comm" for d in COMM_DIMS), "zero_gather")
 
 
-def tp_rows_from_parts(events: pd.DataFrame) -> pd.DataFrame:
-    """Rows of the ``tp`` stream for TP collectives that a folded run coalesced into its
-    compute rows (``parts`` entries named ``tp_*``), placed at their offsets in the row, so
-    that tensor-parallel communication shows in the timeline in its own colour."""
-    comp = events[(events["stream"] == "compute") & (events["parts"].str.contains("tp_"))]
+#: Collectives of an MoE block, by op name, and the dimension whose group they run over
+#: (``simulator/model/moe.py``'s ``Comm``s; ``moe_counts`` runs over etp where ep is 1).
+#: TP and CP collectives are named ``tp_*`` and ``cp_*``.
+MOE_COMM_DIMS = {
+    "moe_counts": "ep",
+    "moe_dispatch": "ep",
+    "moe_combine": "ep",
+    "moe_dispatch_probs": "ep",
+    "moe_gather": "ep",
+    "moe_scatter": "ep",
+    "shared_gather": "tp",
+    "shared_scatter": "tp",
+    "router_aux_tokens": "tp",
+}
+
+
+def part_dim(name: str) -> str | None:
+    """The parallel dimension of a collective that a folded run coalesced into a compute row
+    (a ``parts`` entry; ``~`` marks one beside the next kernel, ``re_`` a recomputed one),
+    or None for a compute part."""
+    base = name.lstrip("~").removeprefix("re_")
+    if base.startswith(("tp_", "cp_")):
+        return base[:2]
+    if base.startswith("moe_etp_"):
+        return "etp"
+    return MOE_COMM_DIMS.get(base)
+
+
+def comm_rows_from_parts(events: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the communication streams (``tp``, ``cp``, ``ep``, ``etp``) for collectives
+    that a folded run coalesced into its compute rows, placed at their offsets in the row, so
+    that communication shows in the timeline in its own row and colour also where the run
+    recorded it inside a layer's row (an MoE layer's all-to-alls: half of a Qwen3 step, drawn
+    only in its last backward before)."""
+    comp = events[(events["stream"] == "compute") & (events["parts"] != "")]
     rows = []
     for r in comp.itertuples(index=False):
         t = float(r.start_s)
         for name, dur in parse_parts(r.parts):
-            if name.startswith("tp_"):
-                rows.append((r.gpu, r.stage, t, t + dur))
-            t += dur
-    out = pd.DataFrame(rows, columns=["gpu", "stage", "start_s", "end_s"])
-    return out.assign(stream="tp", kind="tp_comm", microbatch=-1, layer=-1)
+            dim = part_dim(name)
+            if dim is not None and dur > 0:
+                rows.append((r.gpu, r.stage, t, t + dur, dim, f"{dim}_comm"))
+            if not name.startswith("~"):  # one beside the next kernel takes no time of its own
+                t += dur
+    out = pd.DataFrame(rows, columns=["gpu", "stage", "start_s", "end_s", "stream", "kind"])
+    return out.assign(microbatch=-1, layer=-1)
 
 
-def _density_row(ax, rows: pd.DataFrame, t_end: float, bins: int, scale: float, yc, h) -> None:
-    """Fill a communication row bottom-up with the share of each time bin its events cover."""
+def _density_row(
+    ax, rows: pd.DataFrame, t_end: float, bins: int, scale: float, yc, h, kind: str = "tp_comm"
+) -> None:
+    """Fill a communication row bottom-up with the share of each time bin its events cover,
+    in the colour of ``kind``."""
     edges = np.linspace(0.0, t_end, bins + 1)
     cover = np.zeros(bins)
     width = edges[1] - edges[0]
@@ -67,7 +102,7 @@ def _density_row(ax, rows: pd.DataFrame, t_end: float, bins: int, scale: float, 
     frac = np.clip(cover / width, 0.0, 1.0)
     base = yc + h - 0.02
     ax.fill_between(edges[:-1] * scale, base - frac * (h - 0.04), base, step="post",
-                    color=KIND_COLOURS["tp_comm"], linewidth=0, zorder=2)
+                    color=KIND_COLOURS[kind], linewidth=0, zorder=2)
 
 
 def _representatives(events: pd.DataFrame) -> dict[int, int]:
@@ -197,8 +232,8 @@ def plot_timeline(
     reps = _representatives(ev) if not ev.empty else {}
     stages = sorted(reps)
     ev = ev[ev["gpu"].isin(set(reps.values()))]
-    if not ev.empty and "parts" in ev.columns and "tp" not in set(ev["stream"]):
-        ev = pd.concat([ev, tp_rows_from_parts(ev)], ignore_index=True)
+    if not ev.empty and "parts" in ev.columns:
+        ev = pd.concat([ev, comm_rows_from_parts(ev)], ignore_index=True)
     t_end = float(summary.get("step_time_s") or 0.0)
     if not ev.empty:
         t_end = max(t_end, float(ev["end_s"].max()))
@@ -294,11 +329,11 @@ def plot_timeline(
                 [(0, t_end * scale)], (yc + 0.02, h_comm - 0.04), facecolors="#FAFAFA", zorder=0
             )
             sg = g[g["stream"] == stream]
-            if stream == "tp" and len(sg) > ax_px / 4:
+            if stream in ("tp", "cp", "ep", "etp") and len(sg) > ax_px / 4:
                 # Many collectives narrower than a pixel: draw the share of each 2-pixel column
                 # they occupy (a solid row would claim the whole time).
-                _density_row(ax, sg, t_end, int(ax_px / 2), scale, yc, h_comm)
-                present.add("tp_comm")
+                _density_row(ax, sg, t_end, int(ax_px / 2), scale, yc, h_comm, f"{stream}_comm")
+                present.add(f"{stream}_comm")
                 sg = sg.iloc[:0]
             for kind, kg in sg.groupby("kind", sort=True):
                 s = kg["start_s"].to_numpy(dtype=float) * scale
