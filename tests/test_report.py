@@ -755,6 +755,29 @@ def test_compare_plot_keeps_every_label_inside_the_figure(step, tmp_path, monkey
     assert "does not fit in GPU memory" in seen and labels[0] in seen
 
 
+def test_timeline_subtitle_stays_inside_the_figure(step, tmp_path, monkeypatch):
+    """A long layout and breakdown line (an interleaved MoE run on a long-named topology)
+    shrinks to the figure's width; it ran off the right edge."""
+    events, _, _, summary = step
+    summary = {**summary, "topology": "dgx-h100-ndr-32node-" + "x" * 60,
+               "layout": {**summary["layout"], "pp_schedule": "interleaved",
+                          "virtual_stages": 4, "ep": 8}}  # fmt: skip
+    seen = []
+
+    def check(fig, path):
+        renderer = fig.canvas.get_renderer()
+        for t in fig.texts:
+            if "exposed time" in t.get_text():
+                seen.append(t.get_text())
+                assert t.get_window_extent(renderer=renderer).x1 <= fig.bbox.width, t
+        real_save(fig, path)
+
+    real_save = timeline.save_png
+    monkeypatch.setattr(timeline, "save_png", check)
+    timeline.plot_timeline(events, summary, tmp_path / "t.png")
+    assert seen and "x" * 60 in seen[0]
+
+
 def test_compare_and_sweep_plots(step, tmp_path):
     summary = step[3]
     slow = copy.deepcopy(summary)

@@ -374,7 +374,13 @@ def plot_timeline(
     fig.text(0.01, 1 - 10 / height_px, title, fontsize=14, weight="bold", va="top")
     sub = " | ".join(t for t in (layout_text(summary), _breakdown_text(summary)) if t)
     if sub:
-        fig.text(0.01, 1 - 34 / height_px, sub, fontsize=9.5, va="top", color="#333333")
+        t = fig.text(0.01, 1 - 34 / height_px, sub, fontsize=9.5, va="top", color="#333333")
+        # a long layout and breakdown (an MoE run) shrinks to the figure's width, not cut off
+        # (measured again at each size: hinted glyphs do not scale in proportion)
+        renderer, fs = fig.canvas.get_renderer(), 9.5
+        while fs > 6.0 and t.get_window_extent(renderer=renderer).x1 > width_px - 8:
+            fs -= 0.5
+            t.set_fontsize(fs)
 
     handles = [
         Patch(facecolor=KIND_COLOURS[k], label=KIND_LABELS[k]) for k in KIND_ORDER if k in present
