@@ -22,7 +22,7 @@ import simpy
 matplotlib.use("Agg")
 
 from simulator.config.load import load_workload  # noqa: E402
-from simulator.engine.build import build_plan, make_job  # noqa: E402
+from simulator.engine.build import EXPERT_STREAMS, build_plan, make_job  # noqa: E402
 from simulator.engine.records import (  # noqa: E402
     BREAKDOWN_KEYS,
     EVENT_COLUMNS,
@@ -776,6 +776,11 @@ def test_timeline_subtitle_stays_inside_the_figure(step, tmp_path, monkeypatch):
     monkeypatch.setattr(timeline, "save_png", check)
     timeline.plot_timeline(events, summary, tmp_path / "t.png")
     assert seen and "x" * 60 in seen[0]
+
+
+def test_every_engine_stream_has_a_readable_timeline_label():
+    for stream in (*timeline.COMM_STREAMS, *EXPERT_STREAMS):
+        assert timeline.STREAM_LABELS.get(stream, stream) != stream, stream
 
 
 def test_compare_and_sweep_plots(step, tmp_path):

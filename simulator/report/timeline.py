@@ -34,7 +34,12 @@ from simulator.report.trace import parse_parts
 
 TIMELINE_SIZE_PX = (1600, 900)
 COMM_STREAMS = (*(d for d in COMM_DIMS if d != "pp"), "gather", "pp")
-STREAM_LABELS = {**{d: short for d, (short, _, _) in COMM_DIMS.items()}, "gather": "ZeRO"}
+STREAM_LABELS = {
+    **{d: short for d, (short, _, _) in COMM_DIMS.items()},
+    "gather": "ZeRO",
+    "edp": "expert DP",  # an MoE model's expert gradients (engine EXPERT_STREAMS)
+    "egather": "expert ZeRO",
+}
 #: Kinds that are communication even when recorded on the compute stream.
 COMM_KINDS = (*(f"{d}_comm" for d in COMM_DIMS), "zero_gather")
 
