@@ -292,6 +292,9 @@ def _simulate_every(
     mem_gib, worst_proc = memory_peak(
         memory, machine.gpu.hbm_GiB * GiB, getattr(machine.gpu, "runtime_reserved_GiB", 0.0) * GiB
     )
+    # the warning names the worst GPU as a person does, not by the engine's label (c0.s0)
+    worst_proc = next((f"GPU {p.gpu}, stage {p.stage}" for p in procs if p.label == worst_proc),
+                      worst_proc)
     first = max((plan.first_steps_mem(p) for p in procs), default=0.0) if (
         plan.first_steps_mem is not None) else 0.0
     mem_gib["allocated_first_steps"] = mem_gib["allocated"] + first / GiB

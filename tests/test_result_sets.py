@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import time
 from pathlib import Path
@@ -96,6 +97,19 @@ def test_gpu_field_override_keeps_the_named_gpu(case_dir, capsys, monkeypatch):
                  "topology.gpu.hbm_GiB=96"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["gpu"] == "H100-SXM-80GB" and s["memory_gib"]["capacity"] == pytest.approx(96)
+
+
+def test_a_layout_that_does_not_fit_is_a_result_naming_the_worst_gpu(case_dir, capsys,
+                                                                     monkeypatch):
+    # fits: false with a warning (not an error) that names the worst GPU and its stage, not
+    # the engine's label of its process (c0.s0)
+    monkeypatch.chdir(case_dir)
+    assert main(["run", "work.yaml", "--no-files", "--json", "--set",
+                 "topology.gpu.hbm_GiB=1"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["fits"] is False and s["memory_gib"]["total"] > s["memory_gib"]["capacity"]
+    (warning,) = [w for w in s["warnings"] if w.startswith("does not fit")]
+    assert re.search(r"\(worst: GPU \d+, stage \d+\)", warning), warning
 
 
 def test_summary_json_is_byte_identical_and_stdout_keeps_the_wall_time(case_dir, capsys,
