@@ -128,3 +128,24 @@ def test_a_missing_or_unreadable_config_names_the_workload_or_the_config(tmp_pat
         with pytest.raises(ConfigError) as e:
             load_workload(workload(tmp_path, {"from": src}))
         assert words in str(e.value) and e.value.file.endswith(src.strip("/")), str(e.value)
+
+
+def test_gpt_oss_and_llama4_configs_map_onto_the_shipped_workloads(tmp_path):
+    """gpt-oss-120b's config.json (sliding windows of 128 on the even layers, 128 experts
+    top 4) and Llama 4 Maverick's (text_config: MoE every 2nd layer, chunks of 8,192 with
+    every 4th layer full) give the models the shipped workloads write out by hand."""
+    for name, seq in (("gpt-oss-120b", 4096), ("llama4-maverick", 16384)):
+        hf = load_workload(
+            workload(tmp_path, {"from": str(HF / f"{name}.json"), "seq_len": seq})
+        ).workload.model
+        shipped = load_workload(ROOT / "workloads" / f"{name}.yaml").workload.model
+        shipped = shipped.model_copy(update={"seq_len": seq})
+        assert hf.layer_kinds == shipped.layer_kinds
+        assert tf.total_params(hf) == tf.total_params(shipped)
+        assert tf.model_flops_per_step(hf, 8) == tf.model_flops_per_step(shipped, 8)
+    # at sequences no longer than a chunk, the chunked layers are full attention: the window
+    # the config gives is dropped rather than refused
+    short = load_workload(
+        workload(tmp_path, {"from": str(HF / "llama4-maverick.json"), "seq_len": 4096})
+    ).workload.model
+    assert short.attention_window is None and short.moe_layers == 24

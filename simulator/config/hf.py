@@ -10,9 +10,10 @@ A workload's ``model`` may be
   ``llama3.1-405b``, ...), written in the keys of this project, each with its source.
 
 Architectures (``model_type``): ``llama``, ``mistral``, ``mixtral``, ``qwen2``, ``qwen3``,
-``qwen3_moe``, ``deepseek_v3``, ``gpt_neox``. Anything else is one error line naming the
-accepted ones. Parts of a config the simulator does not model (rotary scaling, sliding
-windows, biases of Qwen2's QKV projection, DeepSeek-V3's multi-token-prediction layer) are left
+``qwen3_moe``, ``deepseek_v3``, ``gpt_neox``, ``gpt_oss``, ``llama4`` (its ``text_config``).
+Anything else is one error line naming the accepted ones. Parts of a config the simulator
+does not model (rotary scaling, Mistral's sliding window, biases of Qwen2's QKV projection,
+DeepSeek-V3's multi-token-prediction layer) are left
 out; the layer shapes, MoE routing and attention kind are what it maps.
 """
 
@@ -162,6 +163,67 @@ def _deepseek_v3(cfg: Mapping[str, Any], file: str) -> dict[str, Any]:
     return out
 
 
+def _gpt_oss(cfg: Mapping[str, Any], file: str) -> dict[str, Any]:
+    """OpenAI's gpt-oss (transformers' GptOssConfig): every layer MoE, softmax over the top-k;
+    ``layer_types`` alternate sliding_attention (``sliding_window`` tokens) and full_attention.
+    Left out: the projections', router's and experts' biases, the attention sinks."""
+    out = _dense(cfg, file)
+    top_k = cfg.get("num_experts_per_tok") or _get(cfg, "experts_per_token", file)
+    out["moe"] = {
+        "experts": int(_get(cfg, "num_local_experts", file)),
+        "top_k": int(top_k),
+        "ffn_hidden": int(_get(cfg, "intermediate_size", file)),
+    }
+    window = cfg.get("sliding_window")
+    if window:
+        types = cfg.get("layer_types")
+        out["attention_window"] = int(window)
+        out["attention_window_kind"] = "sliding"
+        # transformers' default layer_types: sliding on even layers, full on odd ones
+        out["attention_window_pattern"] = (
+            [int(t == "sliding_attention") for t in types] if types else 2
+        )
+    return out
+
+
+def _llama4(cfg: Mapping[str, Any], file: str) -> dict[str, Any]:
+    """Meta's Llama 4 (transformers' Llama4TextConfig, under ``text_config`` of a ``llama4``
+    config): MoE layers every ``interleave_moe_layer_step`` (or ``moe_layers``), each with one
+    shared expert and a sigmoid over the top-k scores, the dense layers ``intermediate_size_mlp``
+    wide; chunked attention (``attention_chunk_size``) on the RoPE layers, full on the NoPE ones
+    (``no_rope_layers``, default every ``no_rope_layer_interval``-th). The vision model is
+    left out."""
+    text = cfg.get("text_config") if cfg.get("model_type") == "llama4" else cfg
+    if not isinstance(text, Mapping):
+        raise ConfigError("a llama4 config needs its text_config", file=file, field="model.from")
+    out = _dense(text, file)
+    out["ffn_hidden"] = int(_get(text, "intermediate_size_mlp", file))
+    out["moe"] = {
+        "experts": int(_get(text, "num_local_experts", file)),
+        "top_k": int(_get(text, "num_experts_per_tok", file)),
+        "ffn_hidden": int(_get(text, "intermediate_size", file)),
+        "shared_experts": 1,
+        "router": "sigmoid",
+    }
+    moe_layers = text.get("moe_layers")
+    step = int(_get(text, "interleave_moe_layer_step", file, 1))
+    if moe_layers is not None:
+        chosen = {int(i) for i in moe_layers}
+        out["moe"]["layer_freq"] = [int(i in chosen) for i in range(out["layers"])]
+    elif step != 1:
+        out["moe"]["layer_freq"] = step
+    chunk = text.get("attention_chunk_size")
+    if chunk:
+        out["attention_window"] = int(chunk)
+        out["attention_window_kind"] = "chunked"
+        rope = text.get("no_rope_layers")
+        out["attention_window_pattern"] = (
+            [int(bool(x)) for x in rope] if rope
+            else int(_get(text, "no_rope_layer_interval", file, 4))
+        )
+    return out
+
+
 #: model_type -> mapping function.
 ARCHITECTURES: dict[str, Callable[[Mapping[str, Any], str], dict[str, Any]]] = {
     "llama": _dense,
@@ -172,6 +234,9 @@ ARCHITECTURES: dict[str, Callable[[Mapping[str, Any], str], dict[str, Any]]] = {
     "qwen3_moe": _qwen3_moe,
     "deepseek_v3": _deepseek_v3,
     "gpt_neox": lambda cfg, file: _dense(cfg, file, gated=False),
+    "gpt_oss": _gpt_oss,
+    "llama4": _llama4,
+    "llama4_text": _llama4,
 }
 
 
@@ -237,4 +302,11 @@ def resolve_model(raw: dict[str, Any], workload_path: Path) -> dict[str, Any]:
             file=str(workload_path),
             field="model.seq_len",
         )
+    window, chunked = merged.get("attention_window"), merged.get("attention_window_kind")
+    if ("attention_window" not in rest and chunked == "chunked" and isinstance(window, int)
+            and isinstance(merged["seq_len"], int) and window >= merged["seq_len"]):
+        # a chunk as long as the training sequence is full causal attention (Llama 4's 8,192
+        # at sequences of 8,192 or less): the config's window is dropped, not refused
+        for k in ("attention_window", "attention_window_kind", "attention_window_pattern"):
+            merged.pop(k, None)
     return {**raw, "model": merged}
