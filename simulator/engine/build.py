@@ -385,8 +385,16 @@ class _Builder:
             return 1.0
         m = self.job.microbatches
         layers = self.m.layers / self.pp
-        progs = [(sp.layer_fwd, layers * m), (sp.layer_bwd, layers * m),
-                 (sp.layer_recompute, layers * m), (self.optimizer_program(p), 1.0)]
+        # each kind of layer (an MoE model's dense layers, local attention) by its share of
+        # the stage's layers
+        own = [g for c in range(self.chunks) for g in self.layers_of(p.stage, c)]
+        kinds: dict[int, int] = {}
+        for g in own:
+            kinds[sp.kind(g)] = kinds.get(sp.kind(g), 0) + 1
+        share = {k: n / len(own) for k, n in kinds.items()} if own else {0: 1.0}
+        progs = [(prog, layers * m * w) for k, w in share.items()
+                 for prog in sp.kind_programs(k)]  # fmt: skip
+        progs.append((self.optimizer_program(p), 1.0))
         if p.stage == 0:
             progs += [(sp.embed_fwd, m), (sp.embed_bwd, m)]
         if p.stage == self.pp - 1:
