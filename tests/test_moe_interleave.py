@@ -12,9 +12,13 @@ import json
 import pytest
 
 from simulator.cli import main
+from simulator.config.load import LoadedWorkload, load_workload
 from simulator.config.schema import ModelConfig
 from simulator.model import transformer as tf
-from tests.conftest import small_topology, write_case
+from simulator.plan import enumerate_layouts, plan_topology
+from simulator.plan_estimate import Estimator
+from simulator.run import make_machine, simulate
+from tests.conftest import ROOT, small_topology, write_case
 from tests.test_bad_input import expect, fails, write
 from tests.test_moe_config import moe_work
 from tests.test_moe_engine import WORK
@@ -97,3 +101,32 @@ def test_engine_follows_the_pattern(tmp_path, capsys):
 def test_bad_layer_freq(tmp_path, capsys, moe, field, words):
     p = write(tmp_path, moe_work(moe=moe))
     expect(fails(capsys, tmp_path, "run", str(p)), p, field, *words)
+
+
+def test_plan_estimate_is_the_engines_memory_for_an_interleaved_windowed_model():
+    """The layout search's pre-screen counts the engine's memory of a model whose dense and
+    MoE layers alternate and whose attention is local on three layers of four (the pattern
+    decides which stage holds which experts), and its step within 25 % (as for Mixtral)."""
+    loaded = load_workload(ROOT / "workloads" / "mixtral-8x7b.yaml")
+    m = loaded.workload.model
+    data = m.model_dump()
+    data["moe"]["layer_freq"] = [1, 1, 0, 1] * 8  # uneven over two stages on purpose
+    data.update(attention_window=1024, attention_window_kind="chunked",
+                attention_window_pattern=4)  # fmt: skip
+    work = loaded.workload.model_copy(update={"model": ModelConfig.model_validate(data)})
+    topo = plan_topology(loaded.topology, 16)
+    machine = make_machine(LoadedWorkload(work, topo, loaded.workload_path,
+                                          loaded.topology_path))  # fmt: skip
+    est = Estimator(work, topo, machine)
+    picks = [c for c in enumerate_layouts(work, 16, 8)
+             if (c.tp, c.pp, c.ep, c.etp, c.zero, c.pp_schedule, c.micro_batch) in {
+                 (1, 2, 8, 1, 1, "1f1b", 1), (4, 2, 2, 1, 0, "1f1b", 1)}]  # fmt: skip
+    assert len(picks) >= 2
+    for cand in picks[:: max(1, len(picks) // 3)]:
+        w, res = est.resolve(cand)
+        e = est.estimate(cand, res)
+        s = simulate(LoadedWorkload(w, topo, loaded.workload_path, loaded.topology_path),
+                     machine=machine).summary  # fmt: skip
+        assert e.memory_gib == pytest.approx(s["memory_gib"]["total"], rel=1e-9), cand
+        if e.fits:
+            assert e.step_time_s == pytest.approx(s["step_time_s"], rel=0.25), cand
