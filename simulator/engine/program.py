@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from simulator.config.schema import ModelConfig
 from simulator.hardware.compute import ComputeModel
@@ -96,6 +97,18 @@ class StagePrograms:
         """(forward, backward, recompute) programs of kind ``k``."""
         return self.variants[k - 1] if k else (self.layer_fwd, self.layer_bwd,
                                                self.layer_recompute)
+
+    @cached_property
+    def moe_passes(self) -> tuple[frozenset[int], frozenset[int]]:
+        """The ids of the forward and of the backward programs of the kinds of layer with an
+        MoE block (a part of block ``moe``)."""
+        fwd, bwd = set(), set()
+        for k in range(1 + len(self.variants)):
+            f, b, _ = self.kind_programs(k)
+            if any(part.block == "moe" for part in b):
+                fwd.add(id(f))
+                bwd.add(id(b))
+        return frozenset(fwd), frozenset(bwd)
 
     def all_programs(self) -> list[Program]:
         """Every program of the stage (the variants' included)."""

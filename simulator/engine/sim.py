@@ -374,11 +374,12 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
         ``("host", seconds)``; advances the process's host clock."""
         drains, forward, rates = 0, False, self.plan.host
         if rates.drains > 0.0:
-            if prog is p.programs.layer_bwd:
+            moe_fwd, moe_bwd = p.programs.moe_passes
+            if id(prog) in moe_bwd:
                 # an eager MoE layer's backward: the first launches of cuBLAS kernels it drains at
                 drains = rates.drains_at(p.moe_bwds)
                 p.moe_bwds += 1
-            elif rates.fwd_drains and prog is p.programs.layer_fwd:
+            elif rates.fwd_drains and id(prog) in moe_fwd:
                 # its forward: the expert forwards' first launches (their own kernels, as many)
                 drains, forward = rates.drains_at(p.moe_fwds), True
                 p.moe_fwds += 1
