@@ -997,7 +997,10 @@ class WorkloadConfig(Frozen):
     parallelism: ParallelismConfig = ParallelismConfig()
     cluster: ClusterConfig
     faults: FaultsConfig = FaultsConfig()
-    seed: Int = 0
+    seed: Int = Field(
+        0, description="reserved: the simulation draws no random numbers (random expert "
+        "routing is priced by closed forms), so no result depends on it today",
+    )
 
 
 # --------------------------------------------------------------------------------------------
