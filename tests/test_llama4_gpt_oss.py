@@ -71,7 +71,8 @@ def test_llama4_maverick():
 def test_llama4_scout():
     # meta-llama/Llama-4-Scout-17B-16E's config.json: 16 experts, interleave_moe_layer_step 1
     # (every layer MoE); otherwise Maverick's text model
-    m = _variant(_shipped("llama4-maverick"), moe={"experts": 16, "layer_freq": 1})
+    m = _shipped("llama4-scout")
+    assert m == _variant(_shipped("llama4-maverick"), moe={"experts": 16, "layer_freq": 1})
     assert m.moe_layers == 48
     assert tf.total_params(m) == pytest.approx(109e9, rel=0.02)
     assert tf.active_params(m) == pytest.approx(17e9, rel=0.02)
