@@ -149,3 +149,16 @@ def test_gpt_oss_and_llama4_configs_map_onto_the_shipped_workloads(tmp_path):
         workload(tmp_path, {"from": str(HF / "llama4-maverick.json"), "seq_len": 4096})
     ).workload.model
     assert short.attention_window is None and short.moe_layers == 24
+
+
+def test_mistral_sliding_window(tmp_path):
+    """Mistral 7B v0.1's 4,096-token window on every layer (Jiang et al. 2023): kept at
+    longer sequences, dropped where it covers the whole sequence (full causal attention)."""
+    long = load_workload(
+        workload(tmp_path, {"from": str(HF / "mistral-7b.json"), "seq_len": 8192})
+    ).workload.model
+    assert long.attention_window == 4096 and long.is_local_layer(0) and long.is_local_layer(31)
+    short = load_workload(
+        workload(tmp_path, {"from": str(HF / "mistral-7b.json"), "seq_len": 4096})
+    ).workload.model
+    assert short.attention_window is None

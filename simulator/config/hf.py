@@ -12,7 +12,7 @@ A workload's ``model`` may be
 Architectures (``model_type``): ``llama``, ``mistral``, ``mixtral``, ``qwen2``, ``qwen3``,
 ``qwen3_moe``, ``deepseek_v3``, ``gpt_neox``, ``gpt_oss``, ``llama4`` (its ``text_config``).
 Anything else is one error line naming the accepted ones. Parts of a config the simulator
-does not model (rotary scaling, Mistral's sliding window, biases of Qwen2's QKV projection,
+does not model (rotary scaling, Qwen2's sliding window, biases of Qwen2's QKV projection,
 DeepSeek-V3's multi-token-prediction layer) are left
 out; the layer shapes, MoE routing and attention kind are what it maps.
 """
@@ -163,6 +163,18 @@ def _deepseek_v3(cfg: Mapping[str, Any], file: str) -> dict[str, Any]:
     return out
 
 
+def _mistral(cfg: Mapping[str, Any], file: str) -> dict[str, Any]:
+    """Mistral: a dense Llama-like model; ``sliding_window`` (Mistral 7B v0.1: 4,096 on every
+    layer, Jiang et al. 2023, arXiv:2310.06825, Section 2; null in later versions) maps onto
+    a sliding ``attention_window`` on every layer."""
+    out = _dense(cfg, file)
+    window = cfg.get("sliding_window")
+    if window and cfg.get("use_sliding_window", True):
+        out["attention_window"] = int(window)
+        out["attention_window_kind"] = "sliding"
+    return out
+
+
 def _gpt_oss(cfg: Mapping[str, Any], file: str) -> dict[str, Any]:
     """OpenAI's gpt-oss (transformers' GptOssConfig): every layer MoE, softmax over the top-k;
     ``layer_types`` alternate sliding_attention (``sliding_window`` tokens) and full_attention.
@@ -227,7 +239,7 @@ def _llama4(cfg: Mapping[str, Any], file: str) -> dict[str, Any]:
 #: model_type -> mapping function.
 ARCHITECTURES: dict[str, Callable[[Mapping[str, Any], str], dict[str, Any]]] = {
     "llama": _dense,
-    "mistral": _dense,
+    "mistral": _mistral,
     "qwen2": _dense,
     "qwen3": _dense,
     "mixtral": _mixtral,
@@ -302,11 +314,12 @@ def resolve_model(raw: dict[str, Any], workload_path: Path) -> dict[str, Any]:
             file=str(workload_path),
             field="model.seq_len",
         )
-    window, chunked = merged.get("attention_window"), merged.get("attention_window_kind")
-    if ("attention_window" not in rest and chunked == "chunked" and isinstance(window, int)
+    window = merged.get("attention_window")
+    if ("attention_window" not in rest and isinstance(window, int)
             and isinstance(merged["seq_len"], int) and window >= merged["seq_len"]):
-        # a chunk as long as the training sequence is full causal attention (Llama 4's 8,192
-        # at sequences of 8,192 or less): the config's window is dropped, not refused
+        # a window or chunk as long as the training sequence is full causal attention (Llama
+        # 4's 8,192 chunks, Mistral's 4,096 window at sequences that long or shorter): the
+        # config's window is dropped, not refused
         for k in ("attention_window", "attention_window_kind", "attention_window_pattern"):
             merged.pop(k, None)
     return {**raw, "model": merged}
