@@ -12,6 +12,7 @@ heads divisible by tp, ...) live in :mod:`simulator.config.checks`.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -354,7 +355,7 @@ class ModelConfig(Frozen):
     @property
     def layer_kinds(self) -> tuple[tuple[bool, bool], ...]:
         """``(moe, local)`` of every layer, in order."""
-        return tuple((self.is_moe_layer(i), self.is_local_layer(i)) for i in range(self.layers))
+        return _layer_kinds(self)
 
     def layer_variant(self, local: bool) -> ModelConfig:
         """This model with every layer's attention full (``local`` false) or every layer's
@@ -378,7 +379,7 @@ class ModelConfig(Frozen):
     @property
     def moe_layers(self) -> int:
         """Layers whose MLP is a mixture of experts (0 for a dense model)."""
-        return sum(self.is_moe_layer(i) for i in range(self.layers))
+        return sum(moe for moe, _ in self.layer_kinds)
 
     @property
     def n_kv_heads(self) -> int:
@@ -402,6 +403,12 @@ class ModelConfig(Frozen):
     @property
     def norm_kind(self) -> str:
         return self.norm or ("rmsnorm" if self.activation == "swiglu" else "layernorm")
+
+
+@lru_cache(maxsize=256)
+def _layer_kinds(model: ModelConfig) -> tuple[tuple[bool, bool], ...]:
+    """:attr:`ModelConfig.layer_kinds`, once per model (a frozen, hashable config)."""
+    return tuple((model.is_moe_layer(i), model.is_local_layer(i)) for i in range(model.layers))
 
 
 class DeepSpeedZeroConfig(Frozen):
