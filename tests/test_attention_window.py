@@ -126,6 +126,10 @@ def test_engine_runs_local_layers(tmp_path, capsys):
          "model.attention_window_pattern", ["has 2 entries", "layers=8"]),
         ({"attention_window": 128, "attention_window_kind": "local"},
          "model.attention_window_kind", ["sliding", "chunked"]),
+        ({"attention_window_pattern": 2}, "model.attention_window_pattern",
+         ["needs an attention_window"]),
+        ({"attention_window_kind": "chunked"}, "model.attention_window_kind",
+         ["needs an attention_window"]),
     ],
 )  # fmt: skip
 def test_bad_windows(tmp_path, capsys, model, field, words):

@@ -316,6 +316,15 @@ class ModelConfig(Frozen):
                 f"per layer (layers={self.layers})"
             )
         w = self.attention_window
+        if w is None and pat is not None:
+            raise ValueError(
+                f"attention_window_pattern={_short_list(pat)} needs an attention_window (tokens)"
+            )
+        if w is None and self.attention_window_kind != "sliding":
+            raise ValueError(
+                f"attention_window_kind={self.attention_window_kind} needs an attention_window "
+                "(tokens)"
+            )
         if w is not None and w > self.seq_len:
             raise ValueError(
                 f"attention_window={w} exceeds seq_len={self.seq_len} (a window longer than "
