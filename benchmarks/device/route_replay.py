@@ -1,0 +1,333 @@
+"""A learned-router eager MoE step against the same step with its routes forced (issue 10).
+
+Decides where the learned-router MoE rows' miss lives: in the row counts a learned router
+produces (the model's busiest rank / per-expert rows narrower than the real ones) or in a cost
+the learned step pays that a forced route does not (the gate GEMM and its backward, top-k,
+softmax of the probabilities, weighting the combine, new GEMM shapes, ...).
+
+One process per case (``torchrun --standalone --nproc_per_node=EP``), six variants of the same
+step in turn, each timed as the measuring script times its steps (``time_steps`` of the script
+itself: warm-up steps, then timed steps between a synchronise + barrier and a synchronise; the
+slowest rank's time per step, the median over the timed steps):
+
+1. ``learned``: the script's own MoE step, unchanged (``steps_third.py`` or ``steps_alt.py``
+   ``build_moe``), every MoE call's per-expert counts of this rank's token copies logged (the
+   ``torch.bincount`` the script calls, kept on the GPU until the variant ends: no extra host
+   synchronisation).
+2. ``replay``: the same model and step with every MoE layer's routing replaced by the counts
+   logged in (1), call by call (the same counts of each source rank, hence the same splits and
+   rows of every local expert): no router GEMM, no top-k, no probabilities, the combine an
+   unweighted sum of a token's copies; everything after the routing (count exchange and its
+   ``.tolist()``, dispatch, regrouping, experts one after another, combine) is the script's own
+   code, copied. The routers' gradients are zeros set before the step (so the step's
+   reductions, clipping and optimizer run on the same tensors).
+3. ``replay_gate``: (2) with the gate kept: the router GEMM, the logits (probabilities) of the
+   replayed choices gathered, their softmax (``steps_third.py``) or softmax and
+   renormalisation (``steps_alt.py``), and the combine weighted by them (as ``steps.py``'s
+   forced routes do; only the top-k kernel is not run).
+4. ``learned_again``: the model, data and optimizer built afresh (same seeds) and the learned
+   step run again: the row counts come out (nearly) the same as in (1), but the process has
+   launched them already.
+5. ``model``: the forced path of (2) with the counts the simulator assumes (``--model-counts``,
+   a JSON made by ``benchmarks/route_model_counts.py``: each call's counts per source rank drawn
+   from the simulator's distribution for the case).
+6. ``replay_end``: (2) once more, last (how far the order of the variants moves a time).
+
+Every variant's per-call counts and local rows are written to ``OUT/replay-CASE-rN.json``; the
+step records (one per variant) are appended to ``OUT/replay.jsonl`` by rank 0.
+
+Usage (from the repository root)::
+
+    torchrun --standalone --nproc_per_node=2 benchmarks/device/route_replay.py \
+        --script third --case h15t_moe_ep2_AH --out DIR [--model-counts FILE]
+
+``--quick`` runs the scripts' shrunken models on the CPU with gloo (a dry run).
+Only development cases (batches 6-15) are allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+# the measuring scripts: beside this file, or under benchmarks/device of the working directory
+# (when this file is run from a copy elsewhere)
+sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks", "device"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+#: development cases of the two scripts whose MoE router is learned (batches 6-15)
+ALLOWED = {
+    "third": {"h8t_moe_ep2_B", "h8t_moe_ep4_B", "h11t_moe_ep2_H", "h11t_moe_ep4_H",
+              "h12t_moe_ep2_K", "h12t_moe_ep4_K", "h13t_moe_ep2_O", "h13t_moe_ep4_O",
+              "h14t_moe_ep2_AD", "h14t_moe_ep4_AD", "h15t_moe_ep2_AH", "h15t_moe_ep4_AH",
+              "h10t_moe_ep4_F"},
+    "alt": {"h6_moe_ep2_W", "h6_moe_ep4_W", "h7_moe_ep2_Y", "h8_moe_ep2_Q", "h8_moe_ep4_Q",
+            "h11_moe_ep4_M", "h12_moe_ep4_L", "h13_moe_ep2_AB", "h13_moe_ep4_AB",
+            "h14_moe_ep2_AF", "h14_moe_ep4_AF", "h15_moe_ep2_AJ", "h15_moe_ep4_AJ"},
+}
+
+#: what the patched MoE forward does now, and the routes it replays
+CTX: dict = {"mode": "learned", "record": None, "routes": None, "i": 0}
+
+_bincount = torch.bincount
+
+
+def _recording_bincount(*a, **kw):
+    out = _bincount(*a, **kw)
+    if CTX["record"] is not None:
+        CTX["record"].append(out)
+    return out
+
+
+def _next_route():
+    flat = CTX["routes"][CTX["i"]]
+    CTX["i"] += 1
+    return flat
+
+
+# ----------------------------------------------------------------------------- forced forwards
+
+def replay_third(self, x):
+    """``steps_third.py``'s ``MoE.forward`` with the routing replayed (copied below the
+    routing; ``gate``: the router's logits of the replayed choices, softmax, weighted combine)."""
+    gate = CTX["mode"] == "replay_gate"
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    flat = _next_route()
+    if gate:
+        logits = self.router(x).float()
+        top = logits.gather(1, flat.view(-1, self.k))
+        weights = top.softmax(dim=-1).type_as(x)
+    order = flat.argsort(stable=True)
+    sent = x[order // self.k]
+    counts = torch.bincount(flat, minlength=self.E)
+    if self.world > 1:
+        got = torch.empty_like(counts)
+        dist.all_to_all_single(got, counts)
+        send = counts.view(self.world, self.local).sum(1).tolist()
+        got_l = got.tolist()
+        recv = [sum(got_l[s * self.local:(s + 1) * self.local]) for s in range(self.world)]
+        rows = S._AllToAll.apply(sent, recv, send)
+        local_ids = torch.arange(self.local, device=x.device).repeat(self.world)
+        local_ids = local_ids.repeat_interleave(got)
+        by_exp = local_ids.argsort(stable=True)
+        rows = rows[by_exp]
+        runs = got.view(self.world, self.local).sum(0).tolist()
+    else:
+        rows, runs, by_exp = sent, counts.tolist(), None
+    self.rows.append(list(runs))
+    outs, start = [], 0
+    for e, n in enumerate(runs):
+        outs.append(self.experts[e](rows[start:start + n]))
+        start += n
+    y = torch.cat(outs, dim=0)
+    if self.world > 1:
+        undo = torch.empty_like(by_exp)
+        undo[by_exp] = torch.arange(by_exp.numel(), device=x.device)
+        y = S._AllToAll.apply(y[undo], send, recv)
+    back = torch.empty_like(y)
+    back[order] = y
+    if gate:
+        y = (back.view(-1, self.k, shape[-1]) * weights.unsqueeze(-1)).sum(1)
+    else:
+        y = back.view(-1, self.k, shape[-1]).sum(1)
+    return y.view(shape)
+
+
+def replay_alt(self, x):
+    """``steps_alt.py``'s ``MoE.forward`` with the routing replayed (as :func:`replay_third`)."""
+    gate = CTX["mode"] == "replay_gate"
+    b, s, h = x.shape
+    t = x.reshape(-1, h)
+    flat = _next_route()
+    if gate:
+        probs = self.router(t).float().softmax(-1)
+        w = probs.gather(1, flat.view(-1, self.k))
+        w = w / w.sum(-1, keepdim=True)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=self.E)
+    cdt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) \
+        else x.dtype
+    send = t.to(cdt)[order // self.k]
+    if self.ep > 1:
+        got = torch.empty_like(counts)
+        dist.all_to_all_single(got, counts, group=self.group)
+        host = torch.cat([counts, got]).cpu()
+        sent, got = host[: self.E].view(self.ep, -1), host[self.E:].view(self.ep, -1)
+        in_splits, out_splits = sent.sum(1).tolist(), got.sum(1).tolist()
+        recv = S.dist_nn.all_to_all_single(send.new_empty(sum(out_splits), h), send,
+                                           out_splits, in_splits, group=self.group)
+    else:
+        got = counts.cpu().view(1, -1)
+        recv = send
+    self.load.append(float(got.sum()) / max(1, flat.numel()))
+    n = got.tolist()
+    starts, o = [], 0
+    for src in range(len(n)):
+        row = []
+        for j in range(self.local):
+            row.append(o)
+            o += n[src][j]
+        starts.append(row)
+    self.rows.append([sum(n[src][j] for src in range(len(n))) for j in range(self.local)])
+    pieces: dict[tuple[int, int], torch.Tensor] = {}
+    for j, expert in enumerate(self.experts):
+        xs = [recv[starts[src][j]: starts[src][j] + n[src][j]] for src in range(len(n))]
+        y = expert(torch.cat(xs))
+        for src, part in enumerate(y.split([n[src][j] for src in range(len(n))])):
+            pieces[(src, j)] = part
+    out = torch.cat([pieces[(src, j)] for src in range(len(n)) for j in range(self.local)])
+    if self.ep > 1:
+        out = S.dist_nn.all_to_all_single(out.new_empty(send.shape[0], h), out, in_splits,
+                                          out_splits, group=self.group)
+    y = out.new_empty(out.shape).index_copy(0, order, out).view(-1, self.k, h)
+    if gate:
+        return (y * w.unsqueeze(-1).to(y.dtype)).sum(1).view(b, s, h)
+    return y.sum(1).view(b, s, h)
+
+
+# ----------------------------------------------------------------------------- the run
+
+S = None  # the measuring script's module
+
+
+def routes_from_counts(counts: list[list[int]], k: int, seed: int, dev) -> list[torch.Tensor]:
+    """Each call's ``[tokens * k]`` expert ids with the given per-expert counts, in a random
+    order (a fixed seed per rank), on the device."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for c in counts:
+        ids = torch.repeat_interleave(torch.arange(len(c)), torch.tensor(c, dtype=torch.long))
+        out.append(ids[torch.randperm(ids.numel(), generator=g)].to(dev))
+    return out
+
+
+def build(args, c, rank, world, dev):
+    if args.script == "third":
+        mods, step = S.build_moe(c, rank, world, dev)
+        moes = [m for mod in mods for m in mod.modules() if isinstance(m, S.MoE)]
+    else:
+        model, step, _info, moes = S.build_moe(c, rank, world, dev)
+        mods = [model]
+    return mods, step, moes
+
+
+def main() -> int:
+    global S
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--script", choices=("third", "alt"), required=True)
+    ap.add_argument("--case", required=True)
+    ap.add_argument("--out", default="/tmp/route_replay")
+    ap.add_argument("--model-counts", default="", help="JSON of route_model_counts.py")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--variants",
+                    default="learned,replay,replay_gate,learned_again,model,replay_end")
+    args = ap.parse_args()
+    if args.case not in ALLOWED[args.script]:
+        ap.error(f"--case {args.case}: not a development learned-router case of {args.script}")
+    if args.script == "third":
+        import steps_third as mod
+        forward = replay_third
+    else:
+        import steps_alt as mod
+        forward = replay_alt
+    S = mod
+    torch.bincount = _recording_bincount
+    learned_forward = S.MoE.forward
+
+    def dispatch(self, x):
+        if CTX["mode"] in ("learned", "learned_again"):
+            return learned_forward(self, x)
+        return forward(self, x)
+
+    S.MoE.forward = dispatch
+    rank, world, dev = S.setup(args.quick)
+    c = S.case_config(args.case, args.quick)
+    assert c["world"] == world, f"{args.case} needs {c['world']} ranks, got {world}"
+    m = c["model"]
+    warmup, timed = args.warmup, args.steps
+    mods, step, moes = build(args, c, rank, world, dev)
+    calls_per_step = c["n_mb"] * len(moes)
+    total = (warmup + timed) * calls_per_step
+    model_counts = None
+    if args.model_counts:
+        with open(args.model_counts) as f:
+            mc = json.load(f)[args.case]
+        # [step][call][source] -> this rank's counts per call, in call order
+        model_counts = [call[rank] for st in mc["counts"] for call in st][:total]
+        assert len(model_counts) == total, (len(model_counts), total)
+    run_step = None
+    variants = [v for v in args.variants.split(",") if v and (v != "model" or model_counts)]
+    logged: dict = {"script": args.script, "case": args.case, "rank": rank, "world": world,
+                    "warmup": warmup, "timed": timed, "calls_per_step": calls_per_step,
+                    "variants": {}}
+    learned_counts = None
+    for v in variants:
+        if v == "learned_again":
+            run_step, CTX["routes"] = None, None
+            del mods, step, moes
+            gc.collect()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            mods, step, moes = build(args, c, rank, world, dev)
+        CTX["mode"], CTX["i"], CTX["record"] = v, 0, []
+        run_step = step
+        if v in ("replay", "replay_gate", "model", "replay_end"):
+            counts = learned_counts if v != "model" else model_counts
+            CTX["routes"] = routes_from_counts(counts, m["top_k"], 7 + rank, dev)
+            if v != "replay_gate":  # no gate: the routers' gradients are zeros set each step
+                zeros = [torch.zeros_like(mo.router.weight) for mo in moes]
+
+                def run_step(step=step, zeros=zeros):
+                    for mo, z in zip(moes, zeros, strict=True):
+                        mo.router.weight.grad = z
+                    step()
+        first_rows = [len(mo.rows) for mo in moes]
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        if world > 1:
+            dist.barrier()
+        t0 = time.time()
+        r = S.time_steps(run_step, dev, warmup, timed, world)
+        wall = time.time() - t0
+        rec_counts = [t.tolist() for t in CTX["record"]]
+        CTX["record"] = None
+        if v == "learned":
+            learned_counts = rec_counts
+            assert len(learned_counts) == total, (len(learned_counts), total)
+        rows = [mo.rows[first_rows[j]:] for j, mo in enumerate(moes)]
+        logged["variants"][v] = {"counts": rec_counts, "local_rows": rows}
+        if rank == 0:
+            rec = {"op": "route_replay", "script": args.script, "case": args.case,
+                   "variant": v, "gpus": world, "wall_s": round(wall, 3),
+                   "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "env": {"torch": torch.__version__,
+                           "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda"
+                           else "cpu"}}
+            rec.update(r)
+            print(f"RESULT {args.case} {v}: step {r['step_time_s']:.4f} s "
+                  f"(min {r['step_time_min_s']:.4f}, max {r['step_time_max_s']:.4f})",
+                  flush=True)
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "replay.jsonl"), "a") as f:
+                f.write(json.dumps(rec) + "\n")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"replay-{args.case}-r{rank}.json"), "w") as f:
+        json.dump(logged, f)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
