@@ -26,12 +26,15 @@ slowest rank's time per step, the median over the timed steps):
    renormalisation (``steps_alt.py``), and the combine weighted by them (as ``steps.py``'s
    forced routes do; only the top-k kernel is not run).
 4. ``learned_again``: the model, data and optimizer built afresh (same seeds) and the learned
-   step run again: the row counts come out (nearly) the same as in (1), but the process has
+   step run again (so is ``learned`` wherever it is not the first variant): the row counts come out (nearly) the same as in (1), but the process has
    launched them already.
 5. ``model``: the forced path of (2) with the counts the simulator assumes (``--model-counts``,
    a JSON made by ``benchmarks/route_model_counts.py``: each call's counts per source rank drawn
    from the simulator's distribution for the case).
 6. ``replay_end``: (2) once more, last (how far the order of the variants moves a time).
+7. ``replay_cold``: (2) with the learned counts of an earlier process (``--replay-from``), run
+   first in a fresh one: the same row counts as that process's ``learned``, as new to this
+   process as they were to that one.
 
 Every variant's per-call counts and local rows are written to ``OUT/replay-CASE-rN.json``; the
 step records (one per variant) are appended to ``OUT/replay.jsonl`` by rank 0.
@@ -229,6 +232,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tag", default="", help="added to the per-rank file's name and the records")
+    ap.add_argument("--replay-from", default="",
+                    help="a folder with an earlier run's replay-CASE[-TAG]-rN.json (--from-tag): "
+                         "its learned counts, for replay_cold (replayed first in a fresh process)")
+    ap.add_argument("--from-tag", default="")
     ap.add_argument("--variants",
                     default="learned,replay,replay_gate,learned_again,model,replay_end")
     args = ap.parse_args()
@@ -271,8 +279,14 @@ def main() -> int:
                     "warmup": warmup, "timed": timed, "calls_per_step": calls_per_step,
                     "variants": {}}
     learned_counts = None
-    for v in variants:
-        if v == "learned_again":
+    suffix = lambda tag: f"-{tag}" if tag else ""  # noqa: E731
+    if args.replay_from:
+        with open(os.path.join(args.replay_from,
+                               f"replay-{args.case}{suffix(args.from_tag)}-r{rank}.json")) as f:
+            learned_counts = json.load(f)["variants"]["learned"]["counts"]
+        assert len(learned_counts) == total, (len(learned_counts), total)
+    for j, v in enumerate(variants):
+        if v in ("learned", "learned_again") and j > 0:  # a fresh model: the same routes
             run_step, CTX["routes"] = None, None
             del mods, step, moes
             gc.collect()
@@ -281,7 +295,7 @@ def main() -> int:
             mods, step, moes = build(args, c, rank, world, dev)
         CTX["mode"], CTX["i"], CTX["record"] = v, 0, []
         run_step = step
-        if v in ("replay", "replay_gate", "model", "replay_end"):
+        if v in ("replay", "replay_gate", "model", "replay_end", "replay_cold"):
             counts = learned_counts if v != "model" else model_counts
             CTX["routes"] = routes_from_counts(counts, m["top_k"], 7 + rank, dev)
             if v != "replay_gate":  # no gate: the routers' gradients are zeros set each step
@@ -301,27 +315,28 @@ def main() -> int:
         wall = time.time() - t0
         rec_counts = [t.tolist() for t in CTX["record"]]
         CTX["record"] = None
-        if v == "learned":
+        if v == "learned" and not args.replay_from:
             learned_counts = rec_counts
             assert len(learned_counts) == total, (len(learned_counts), total)
         rows = [mo.rows[first_rows[j]:] for j, mo in enumerate(moes)]
         logged["variants"][v] = {"counts": rec_counts, "local_rows": rows}
         if rank == 0:
             rec = {"op": "route_replay", "script": args.script, "case": args.case,
-                   "variant": v, "gpus": world, "wall_s": round(wall, 3),
+                   "variant": v, "tag": args.tag, "gpus": world, "wall_s": round(wall, 3),
                    "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    "env": {"torch": torch.__version__,
                            "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda"
                            else "cpu"}}
             rec.update(r)
-            print(f"RESULT {args.case} {v}: step {r['step_time_s']:.4f} s "
+            print(f"RESULT {args.case}{suffix(args.tag)} {v}: step {r['step_time_s']:.4f} s "
                   f"(min {r['step_time_min_s']:.4f}, max {r['step_time_max_s']:.4f})",
                   flush=True)
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "replay.jsonl"), "a") as f:
                 f.write(json.dumps(rec) + "\n")
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"replay-{args.case}-r{rank}.json"), "w") as f:
+    with open(os.path.join(args.out, f"replay-{args.case}{suffix(args.tag)}-r{rank}.json"),
+              "w") as f:
         json.dump(logged, f)
     if world > 1:
         dist.barrier()
