@@ -98,8 +98,9 @@ def _next_route():
 # ----------------------------------------------------------------------------- forced forwards
 
 def replay_third(self, x):
-    """``steps_third.py``'s ``MoE.forward`` with the routing replayed (copied below the
-    routing; ``gate``: the router's logits of the replayed choices, softmax, weighted combine)."""
+    """``steps_third.py``'s ``MoE.forward`` with the routing replayed (its dispatch and experts,
+    ``MoE.dispatch_experts``, unchanged; ``gate``: the router's logits of the replayed choices,
+    softmax, weighted combine)."""
     gate = CTX["mode"] == "replay_gate"
     shape = x.shape
     x = x.reshape(-1, shape[-1])
@@ -108,39 +109,8 @@ def replay_third(self, x):
         logits = self.router(x).float()
         top = logits.gather(1, flat.view(-1, self.k))
         weights = top.softmax(dim=-1).type_as(x)
-    order = flat.argsort(stable=True)
-    sent = x[order // self.k]
-    counts = torch.bincount(flat, minlength=self.E)
-    if self.world > 1:
-        got = torch.empty_like(counts)
-        dist.all_to_all_single(got, counts)
-        send = counts.view(self.world, self.local).sum(1).tolist()
-        got_l = got.tolist()
-        recv = [sum(got_l[s * self.local:(s + 1) * self.local]) for s in range(self.world)]
-        rows = S._AllToAll.apply(sent, recv, send)
-        local_ids = torch.arange(self.local, device=x.device).repeat(self.world)
-        local_ids = local_ids.repeat_interleave(got)
-        by_exp = local_ids.argsort(stable=True)
-        rows = rows[by_exp]
-        runs = got.view(self.world, self.local).sum(0).tolist()
-    else:
-        rows, runs, by_exp = sent, counts.tolist(), None
-    self.rows.append(list(runs))
-    outs, start = [], 0
-    for e, n in enumerate(runs):
-        outs.append(self.experts[e](rows[start:start + n]))
-        start += n
-    y = torch.cat(outs, dim=0)
-    if self.world > 1:
-        undo = torch.empty_like(by_exp)
-        undo[by_exp] = torch.arange(by_exp.numel(), device=x.device)
-        y = S._AllToAll.apply(y[undo], send, recv)
-    back = torch.empty_like(y)
-    back[order] = y
-    if gate:
-        y = (back.view(-1, self.k, shape[-1]) * weights.unsqueeze(-1)).sum(1)
-    else:
-        y = back.view(-1, self.k, shape[-1]).sum(1)
+    back = self.dispatch_experts(x, flat).view(-1, self.k, shape[-1])
+    y = (back * weights.unsqueeze(-1)).sum(1) if gate else back.sum(1)
     return y.view(shape)
 
 
@@ -148,49 +118,12 @@ def replay_alt(self, x):
     """``steps_alt.py``'s ``MoE.forward`` with the routing replayed (as :func:`replay_third`)."""
     gate = CTX["mode"] == "replay_gate"
     b, s, h = x.shape
-    t = x.reshape(-1, h)
     flat = _next_route()
     if gate:
-        probs = self.router(t).float().softmax(-1)
+        probs = self.router(x.reshape(-1, h)).float().softmax(-1)
         w = probs.gather(1, flat.view(-1, self.k))
         w = w / w.sum(-1, keepdim=True)
-    order = flat.argsort(stable=True)
-    counts = torch.bincount(flat, minlength=self.E)
-    cdt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) \
-        else x.dtype
-    send = t.to(cdt)[order // self.k]
-    if self.ep > 1:
-        got = torch.empty_like(counts)
-        dist.all_to_all_single(got, counts, group=self.group)
-        host = torch.cat([counts, got]).cpu()
-        sent, got = host[: self.E].view(self.ep, -1), host[self.E:].view(self.ep, -1)
-        in_splits, out_splits = sent.sum(1).tolist(), got.sum(1).tolist()
-        recv = S.dist_nn.all_to_all_single(send.new_empty(sum(out_splits), h), send,
-                                           out_splits, in_splits, group=self.group)
-    else:
-        got = counts.cpu().view(1, -1)
-        recv = send
-    self.load.append(float(got.sum()) / max(1, flat.numel()))
-    n = got.tolist()
-    starts, o = [], 0
-    for src in range(len(n)):
-        row = []
-        for j in range(self.local):
-            row.append(o)
-            o += n[src][j]
-        starts.append(row)
-    self.rows.append([sum(n[src][j] for src in range(len(n))) for j in range(self.local)])
-    pieces: dict[tuple[int, int], torch.Tensor] = {}
-    for j, expert in enumerate(self.experts):
-        xs = [recv[starts[src][j]: starts[src][j] + n[src][j]] for src in range(len(n))]
-        y = expert(torch.cat(xs))
-        for src, part in enumerate(y.split([n[src][j] for src in range(len(n))])):
-            pieces[(src, j)] = part
-    out = torch.cat([pieces[(src, j)] for src in range(len(n)) for j in range(self.local)])
-    if self.ep > 1:
-        out = S.dist_nn.all_to_all_single(out.new_empty(send.shape[0], h), out, in_splits,
-                                          out_splits, group=self.group)
-    y = out.new_empty(out.shape).index_copy(0, order, out).view(-1, self.k, h)
+    y = self.dispatch_experts(x, flat)
     if gate:
         return (y * w.unsqueeze(-1).to(y.dtype)).sum(1).view(b, s, h)
     return y.sum(1).view(b, s, h)

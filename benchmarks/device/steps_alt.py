@@ -593,7 +593,14 @@ class MoE(nn.Module):
         probs = self.router(t).float().softmax(-1)
         w, e = probs.topk(self.k, dim=-1)
         w = w / w.sum(-1, keepdim=True)
-        flat = e.reshape(-1)
+        y = self.dispatch_experts(x, e.reshape(-1))
+        return (y * w.unsqueeze(-1).to(y.dtype)).sum(1).view(b, s, h)
+
+    def dispatch_experts(self, x, flat):
+        """The tokens of ``x`` (b, s, h) sent to the experts ``flat`` (T*k,) chose, each local
+        expert run on its rows in turn, and the results brought back: (T, k, h)."""
+        h = x.shape[-1]
+        t = x.reshape(-1, h)
         order = flat.argsort(stable=True)
         counts = torch.bincount(flat, minlength=self.E)
         cdt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) \
@@ -632,8 +639,7 @@ class MoE(nn.Module):
         if self.ep > 1:
             out = dist_nn.all_to_all_single(out.new_empty(send.shape[0], h), out, in_splits,
                                             out_splits, group=self.group)
-        y = out.new_empty(out.shape).index_copy(0, order, out).view(-1, self.k, h)
-        return (y * w.unsqueeze(-1).to(y.dtype)).sum(1).view(b, s, h)
+        return out.new_empty(out.shape).index_copy(0, order, out).view(-1, self.k, h)
 
 
 # ----------------------------------------------------------------------------- schemes

@@ -498,7 +498,13 @@ class MoE(nn.Module):
         logits = self.router(x).float()
         top, idx = logits.topk(self.k, dim=-1)           # (T, k)
         weights = top.softmax(dim=-1).type_as(x)
-        flat = idx.reshape(-1)                           # (T*k,) expert of each copy
+        back = self.dispatch_experts(x, idx.reshape(-1))
+        y = (back.view(-1, self.k, shape[-1]) * weights.unsqueeze(-1)).sum(1)
+        return y.view(shape)
+
+    def dispatch_experts(self, x, flat):
+        """The rows ``x`` (T, h) sent to the experts ``flat`` (T*k,) chose, each local expert
+        run on its rows in turn, and the results brought back: (T*k, h) in ``flat``'s order."""
         order = flat.argsort(stable=True)
         sent = x[order // self.k]                        # rows sorted by expert
         counts = torch.bincount(flat, minlength=self.E)  # per expert, this rank's tokens
@@ -528,8 +534,7 @@ class MoE(nn.Module):
             y = _AllToAll.apply(y[undo], send, recv)
         back = torch.empty_like(y)
         back[order] = y
-        y = (back.view(-1, self.k, shape[-1]) * weights.unsqueeze(-1)).sum(1)
-        return y.view(shape)
+        return back
 
 
 class Block(nn.Module):
