@@ -171,9 +171,10 @@ CASES = {
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from heldout17_first import CASES17, SHAPES17  # noqa: E402
 from heldout18_first import CASES18, SHAPES18  # noqa: E402
+from heldout19_first import CASES19, SHAPES19  # noqa: E402
 
-SHAPES.update(SHAPES17, **SHAPES18)
-CASES.update(CASES17, **CASES18)
+SHAPES.update(SHAPES17, **SHAPES18, **SHAPES19)
+CASES.update(CASES17, **CASES18, **CASES19)
 HELDOUT_4 = [k for k in CASES if k.startswith("ho_")]
 HELDOUT_2 = [k for k in CASES if k.startswith("h2_")]
 HELDOUT_3 = [k for k in CASES if k.startswith("h3_")]

@@ -344,6 +344,28 @@ CASES18 = {
     "h18_moe_ep4_AZ": dict(shape="AZ", world=4, scheme="moe", mb=4, n_mb=2),
 }
 CASES.update(CASES18)
+# The nineteenth batch (issue 10): new shapes, written 2026-11-28 03:25 UTC before its freeze
+# (4-GPU box).
+SHAPES.update({
+    # 16 GPT-2 blocks of width 2816 (22 heads of 128), GPT-2's padded vocabulary, 2K sequences.
+    "BC": dict(layers=16, hidden=2816, heads=22, vocab=50304, seq=2048),
+    # MoE, coarse: 6 blocks of width 3072 (24 heads of 128), 8 GELU experts of 6144, top-2, 2K
+    # sequences.
+    "BD": dict(layers=6, hidden=3072, heads=24, vocab=32768, seq=2048, experts=8, top_k=2,
+               expert_ffn=6144),
+})
+CASES19 = {
+    "h19_single_BC": dict(shape="BC", world=1, scheme="single", mb=2, n_mb=2),
+    "h19_tp2sp_BC": dict(shape="BC", world=2, scheme="tp", sp=True, mb=4, n_mb=1),
+    "h19_ddp4_BC": dict(shape="BC", world=4, scheme="ddp", mb=2, n_mb=2),
+    "h19_fsdp4_BC": dict(shape="BC", world=4, scheme="fsdp", mb=2, n_mb=1),
+    "h19_pp4_1f1b_BC": dict(shape="BC", world=4, scheme="pp", schedule="1f1b", mb=1, n_mb=6),
+    "h19_pp4_int2_BC": dict(shape="BC", world=4, scheme="pp", schedule="interleaved", v=2, mb=1,
+                            n_mb=8),
+    "h19_moe_ep2_BD": dict(shape="BD", world=2, scheme="moe", mb=2, n_mb=2),
+    "h19_moe_ep4_BD": dict(shape="BD", world=4, scheme="moe", mb=2, n_mb=2),
+}
+CASES.update(CASES19)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

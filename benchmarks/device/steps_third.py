@@ -322,8 +322,29 @@ CASES18 = {
     "h18t_moe_ep2_AX": dict(shape="AX", world=2, scheme="moe", mb=2, n_mb=3),
     "h18t_moe_ep4_AX": dict(shape="AX", world=4, scheme="moe", mb=2, n_mb=3),
 }
+# The nineteenth batch (issue 10): new shapes, written 2026-11-28 03:25 UTC before its freeze
+# (4-GPU box).
+SHAPES.update({
+    # 8 blocks of Llama 3 8B's width: 4096, 32 query / 8 KV heads of 128, SwiGLU 14336, a
+    # 32768-token vocabulary, 2K sequences (about 2.0 B parameters).
+    "BA": dict(layers=8, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32768, seq=2048),
+    # MoE, very fine-grained: 6 blocks of width 2048, 16 query / 4 KV heads of 128, 48 SwiGLU
+    # experts of 768, top-6, a 32000-token vocabulary, 2K sequences.
+    "BB": dict(layers=6, hidden=2048, heads=16, kv_heads=4, ffn=768, vocab=32000, seq=2048,
+               experts=48, top_k=6),
+})
+CASES19 = {
+    "h19t_single_BA": dict(shape="BA", world=1, scheme="single", mb=1, n_mb=3),
+    "h19t_tp2_BA": dict(shape="BA", world=2, scheme="tp", mb=2, n_mb=2),
+    "h19t_ddp4_BA": dict(shape="BA", world=4, scheme="ddp", mb=1, n_mb=2),
+    "h19t_fsdp4_BA": dict(shape="BA", world=4, scheme="fsdp", mb=2, n_mb=1),
+    "h19t_tp4_BA": dict(shape="BA", world=4, scheme="tp", mb=4, n_mb=1),
+    "h19t_pp4_1f1b_BA": dict(shape="BA", world=4, scheme="pp", mb=1, n_mb=8),
+    "h19t_moe_ep2_BB": dict(shape="BB", world=2, scheme="moe", mb=2, n_mb=2),
+    "h19t_moe_ep4_BB": dict(shape="BB", world=4, scheme="moe", mb=2, n_mb=2),
+}
 CASES = dict(CASES8, **CASES9, **CASES10, **CASES11, **CASES12, **CASES13, **CASES14, **CASES15,
-             **CASES16, **CASES17, **CASES18)
+             **CASES16, **CASES17, **CASES18, **CASES19)
 BATCH_X2 = [k for k, c in CASES.items() if c["world"] <= 2]
 BATCH_X4 = [k for k, c in CASES.items() if c["world"] == 4]
 

@@ -25,7 +25,7 @@ TOPOLOGY = {1: "../heldout6/h100x1.yaml", 2: "../../topologies/h100x2-nvswitch.y
             4: "../../topologies/h100x4-nvswitch.yaml"}
 ORDINAL = {7: "seventh", 8: "eighth", 9: "ninth", 10: "tenth", 11: "eleventh", 12: "twelfth",
            13: "thirteenth", 14: "fourteenth", 15: "fifteenth", 16: "sixteenth", 17: "seventeenth",
-           18: "eighteenth"}
+           18: "eighteenth", 19: "nineteenth"}
 
 
 def tables(var: str = "CASES7", script: str = "steps_alt.py") -> tuple[dict, dict]:

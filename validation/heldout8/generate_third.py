@@ -23,7 +23,7 @@ def _tables(var: str = "CASES8") -> tuple[dict, dict]:
 SHAPES, CASES8 = _tables()
 ORDINAL = {8: "eighth", 9: "ninth", 10: "tenth", 11: "eleventh", 12: "twelfth", 13: "thirteenth",
            14: "fourteenth", 15: "fifteenth", 16: "sixteenth", 17: "seventeenth",
-           18: "eighteenth"}
+           18: "eighteenth", 19: "nineteenth"}
 COMMON_NOT = "RoPE as unfused cat/mul/add"
 # described by keys since the eighth batch's memory result (its memory suite a development set
 # since): no master copy, Meta-style RMSNorm, K/V repeated
