@@ -1,6 +1,6 @@
 """The nineteenth held-out batch's cases for ``steps.py`` (forced uniform and skewed routing,
 issue 10), kept beside the script so that helpers working on ``steps.py`` never read them.
-Written 2026-11-28 03:25 UTC before the batch's freeze; ``steps.py`` merges both tables."""
+Written 2026-11-28 03:20 UTC before the batch's freeze; ``steps.py`` merges both tables."""
 
 SHAPES19 = {
     # MoE: 8 layers of width 2560, 20 query / 4 KV heads of 128, 8 SwiGLU experts of 3072, top-2

@@ -344,7 +344,7 @@ CASES18 = {
     "h18_moe_ep4_AZ": dict(shape="AZ", world=4, scheme="moe", mb=4, n_mb=2),
 }
 CASES.update(CASES18)
-# The nineteenth batch (issue 10): new shapes, written 2026-11-28 03:25 UTC before its freeze
+# The nineteenth batch (issue 10): new shapes, written 2026-11-28 03:20 UTC before its freeze
 # (4-GPU box).
 SHAPES.update({
     # 16 GPT-2 blocks of width 2816 (22 heads of 128), GPT-2's padded vocabulary, 2K sequences.

@@ -322,7 +322,7 @@ CASES18 = {
     "h18t_moe_ep2_AX": dict(shape="AX", world=2, scheme="moe", mb=2, n_mb=3),
     "h18t_moe_ep4_AX": dict(shape="AX", world=4, scheme="moe", mb=2, n_mb=3),
 }
-# The nineteenth batch (issue 10): new shapes, written 2026-11-28 03:25 UTC before its freeze
+# The nineteenth batch (issue 10): new shapes, written 2026-11-28 03:20 UTC before its freeze
 # (4-GPU box).
 SHAPES.update({
     # 8 blocks of Llama 3 8B's width: 4096, 32 query / 8 KV heads of 128, SwiGLU 14336, a
