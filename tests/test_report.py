@@ -17,22 +17,19 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
-import simpy
 
 matplotlib.use("Agg")
 
-from simulator.config.load import load_workload  # noqa: E402
-from simulator.engine.build import EXPERT_STREAMS, build_plan, make_job  # noqa: E402
+from simulator.engine.build import EXPERT_STREAMS  # noqa: E402
 from simulator.engine.records import (  # noqa: E402
     BREAKDOWN_KEYS,
     EVENT_COLUMNS,
     LINK_COLUMNS,
     MEMORY_COLUMNS,
+    parse_parts,
 )
 from simulator.report import io as rio  # noqa: E402
 from simulator.report import plots, table, timeline, trace  # noqa: E402
-from simulator.run import make_machine, resolve_loaded  # noqa: E402
-from tests.conftest import SMALL_MODEL, small_topology, write_case  # noqa: E402
 
 GIB = float(1 << 30)
 
@@ -442,7 +439,7 @@ def test_coalesced_rows_expand_into_children_that_tile_the_parent(step):
         assert sum(k["dur"] for k in kids) == pytest.approx(p["dur"], abs=2e-3)
         assert kids[-1]["ts"] + kids[-1]["dur"] <= p["ts"] + p["dur"] + 1e-6
         # names and durations from the parts column, in order
-        names = [n for n, _ in trace.parse_parts(p["args"]["parts"])]
+        names = [q.name for q in parse_parts(p["args"]["parts"])]
         assert [k["name"] for k in kids] == names
 
 
@@ -660,51 +657,6 @@ def test_a_bucket_prep_inside_the_last_backward_keeps_it_one_block():
     g = pd.DataFrame(rows, columns=["kind", "microbatch", "start_s", "end_s"])
     blocks = [(k, mb, s, e) for k, mb, s, e, *_ in timeline._label_groups(g, join_gap=0.05)]
     assert blocks == [("fwd", 31, 0.0, 1.0), ("bwd", 31, 1.0, 1.3), ("optimizer", -1, 1.5, 1.6)]
-
-
-MOE = {**SMALL_MODEL, "moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512, "shared_experts": 1}}
-
-
-@pytest.mark.parametrize(
-    "model,training,parallelism",
-    [
-        (SMALL_MODEL, {"recompute": "full"},
-         {"tp": 2, "cp": 2, "pp": 2, "dp": 1, "sequence_parallel": True}),
-        (MOE, {"recompute": "full", "moe_dispatcher": "alltoall"},
-         {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "etp": 2, "sequence_parallel": True}),
-        (MOE, {"moe_dispatcher": "allgather"},
-         {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "sequence_parallel": True}),
-        (MOE, {"moe_dispatcher": "deepep"}, {"tp": 1, "pp": 1, "dp": 8, "ep": 8}),
-    ],
-)
-def test_timeline_knows_the_dimension_of_every_coalesced_collective(
-    tmp_path, model, training, parallelism
-):
-    """The timeline draws a collective that a folded run coalesced into a compute row in its
-    dimension's row (an MoE layer's all-to-alls in EP's: half of a Qwen3 step, which showed
-    only in the last backward): its name gives the engine's own dimension for every comm part
-    of the step's programs, and no compute part is taken for communication."""
-    work = {"name": "t", "model": model, "training": {"global_batch": 8, "micro_batch": 1,
-            **training}, "parallelism": parallelism}  # fmt: skip
-    loaded = load_workload(write_case(tmp_path, work, small_topology(1, 8)))
-    job = make_job(loaded.workload, loaded.topology, resolve_loaded(loaded),
-                   make_machine(loaded))  # fmt: skip
-    plan, _ = build_plan(job, env=simpy.Environment())
-    parts = {(q.name, q.kind, q.dim) for p in plan.procs for prog in vars(p.programs).values()
-             if isinstance(prog, tuple) for q in prog}  # fmt: skip
-    assert any(kind == "comm" for _, kind, _ in parts)
-    for name, kind, dim in parts:
-        assert timeline.part_dim(name) == (dim if kind == "comm" else None), (name, kind, dim)
-
-
-def test_coalesced_collectives_become_rows_of_their_stream():
-    row = _one_row("norm:0.001;moe_dispatch:0.002;~tp_all_gather:0.001;fc1:0.004;"
-                   "re_moe_combine:0.002", 5)  # fmt: skip
-    rows = timeline.comm_rows_from_parts(row)
-    got = [(r.stream, r.kind, round(r.start_s, 6), round(r.end_s, 6)) for r in rows.itertuples()]
-    # ~: beside the next kernel (fc1), so it takes no time of its own in the row
-    assert got == [("ep", "ep_comm", 1.001, 1.003), ("tp", "tp_comm", 1.003, 1.004),
-                   ("ep", "ep_comm", 1.007, 1.009)]  # fmt: skip
 
 
 def test_timeline_at_scale_16_stages_32_microbatches(tmp_path):

@@ -84,6 +84,7 @@ import pandas as pd
 
 from simulator.calibrate import REPO, host_spread, jsonl
 from simulator.engine.host import FSDP_CALLS
+from simulator.engine.records import parse_parts
 from simulator.hardware.catalog import DTENSOR_UNITS, default_kernel_params
 from simulator.model.moe import engine_op, routing_op
 from simulator.model.sync import host_group_factor, host_group_size
@@ -150,7 +151,7 @@ def _tiny_parts(workload: str, out_dir: str, extra: tuple[str, ...]) -> tuple[fl
         cmd += ["--set", s]
     p = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
     ev = pd.read_parquet(f"{out_dir}/events.parquet", columns=["gpu", "parts"])
-    names = [x.rsplit(":", 1)[0] for p in ev[ev.gpu == 0].parts if p for x in p.split(";")]
+    names = [q.name for p in ev[ev.gpu == 0].parts for q in parse_parts(p)]
     return json.loads(p.stdout)["step_time_s"], [n for n in names if n not in WAITS]
 
 

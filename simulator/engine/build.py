@@ -747,6 +747,19 @@ class _Builder:
                                         spec.nbytes)  # fmt: skip
         return cache[key]
 
+    def stream_dims(self) -> dict[str, str]:
+        """The layout dimension(s) of each data-parallel stream's groups and of the pipeline
+        sends, as their events record them: a group over several axes names those of size
+        > 1, joined by ``+`` (``cp+dp``; ``dp`` alone when cp is 1). DualPipe's gradient
+        groups also take in each stage's mirrored rank (:meth:`_holders`)."""
+        out = {"pp": "pp"}
+        for stream in DP_STREAMS:
+            dims = _stream_dims(stream)
+            dims = (dims,) if isinstance(dims, str) else dims
+            lay = self.job.layout_of(dims[0])
+            out[stream] = "+".join(d for d in dims if lay.size(d) > 1) or dims[-1]
+        return out
+
     def comm_time(self, spec: CommSpec, p: Proc) -> float:
         return self.comm_cost(spec, p).time_s
 
@@ -1093,6 +1106,7 @@ class _Builder:
             detail=self.detail,
             group_size={**sizes, "dp": self.shard, "gather": self.shard,
                         "edp": self.edp, "egather": self.edp},
+            stream_dims=self.stream_dims(),
             grad_prep=grad_prep,
             unit_bytes=lambda u: tuple(
                 (emb / self.embed_tp if u == "embed" else head / tp) * b for b in (pb, gb)),

@@ -25,6 +25,7 @@ class CommSpec:
 
     stream: str  # dp | gather | edp | egather | pp, or a dimension (tp, cp) in full detail
     kind: str  # breakdown kind: <dim>_comm | zero_gather
+    dim: str  # the layout dimension(s) of its group (the events' ``dim``: tp, cp+dp, edp, pp)
     op: str
     nbytes: float
     key: tuple  # rendezvous key shared by every participant
@@ -59,7 +60,7 @@ class PipelineSends:
         if self._static_send_now(p, dst, prev):
             self._send_static(p, dst, name, mb, recv)
             return
-        spec = CommSpec("pp", "pp_comm", "send", self.plan.pp_bytes, ("pp", p.pid, dst), name,
+        spec = CommSpec("pp", "pp_comm", "pp", "send", self.plan.pp_bytes, ("pp", p.pid, dst), name,
                         -1, mb)
         done = self.env.event()
         self._last_done[(p.pid, "pp")] = done
@@ -89,14 +90,14 @@ class PipelineSends:
         stream's last send."""
         hit = self._send_static_cache.get((p.pid, dst))
         if hit is None:  # (the log's spec: what link accounting reads -- stream, op, bytes)
-            spec = CommSpec("pp", "pp_comm", "send", self.plan.pp_bytes, ("pp", p.pid, dst),
+            spec = CommSpec("pp", "pp_comm", "pp", "send", self.plan.pp_bytes, ("pp", p.pid, dst),
                             "send")  # fmt: skip
             hit = self._send_static_cache[(p.pid, dst)] = (
                 spec, self.plan.comm_time(spec, p), self.plan.procs[dst].comm_iv["pp_in"])
         spec, dur, pp_in = hit
         start = self.env.now
         end = start + dur  # the time SimPy gives the event below
-        self.rows.append((p.gpu, p.label, p.stage, "pp", "pp_comm", name, start, end,
+        self.rows.append((p.gpu, p.label, p.stage, "pp", "pp_comm", "pp", name, start, end,
                           spec.nbytes, 0.0, -1, mb, 1, ""))  # (as :meth:`_row` writes it)
         self.comm_log.append((p, spec))
         pp_in.append((start, end))
@@ -117,7 +118,7 @@ class PipelineSends:
         else:
             yield env.timeout(self.plan.comm_time(spec, p))
         self._row(p, "pp", "pp_comm", spec.name, start, env.now, spec.nbytes, 0.0, -1,
-                  spec.microbatch)
+                  spec.microbatch, dim=spec.dim)
         self.comm_log.append((p, spec))
         dst_proc = self.plan.procs[dst]
         dst_proc.comm_iv["pp_in"].append((start, env.now))

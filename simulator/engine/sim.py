@@ -35,6 +35,7 @@ from simulator.engine.combined import CombinedSteps
 from simulator.engine.deepspeed_zero import DeepSpeedPlan, DeepSpeedZero3
 from simulator.engine.host import FSDP_CALLS, HostRates, program_matrix, with_drains
 from simulator.engine.program import Part, Program, StagePrograms, program_time
+from simulator.engine.records import part_entry
 from simulator.engine.sends import CommSpec, PipelineSends
 from simulator.engine.split import SplitBackward, grads_done, unit_of
 from simulator.engine.torch_memory import TorchPipelineMemoryEvents
@@ -121,6 +122,9 @@ class StepPlan:
     #: GPUs in a group of each stream (``dp`` and ``gather``: the gradient-reduction group,
     #: cp x dp); a collective over one GPU completes at once and moves nothing
     group_size: dict[str, int] = field(default_factory=dict)
+    #: the layout dimension(s) of the groups of each data-parallel stream and of ``pp``, as
+    #: its events record them (``dp``: ``cp+dp`` where cp > 1; ``edp``: ``edp``)
+    stream_dims: dict[str, str] = field(default_factory=dict)
     # (op, nbytes, group) -> how much longer a data-parallel / ZeRO collective takes, as a
     # fraction of the time its GPU computed beside it (simulator/network/interference.py)
     comm_slowdown: Callable[[str, float, int], float] | None = None
@@ -247,7 +251,8 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
         self._dp_running = 0  # DP / ZeRO collectives on the links now, over all processes
         self._segs_cache: dict[tuple, list] = {}  # (pid, chunk, phase) -> segments
         self._runs_cache: dict[int, tuple] = {}  # id(segments) -> (segments, runs of a kind)
-        #: (id(program), slowdown) -> (program, total, compute, comm, FLOPs, parts, parts text)
+        #: (id(program), slowdown) -> (program, total, compute, comm, FLOPs, parts, parts text,
+        #: the row's dim)
         self._seg_info: dict[tuple[int, float], tuple] = {}
         self._comm_cache: dict[int, tuple] = {}  # id(program) -> (program, has a collective)
         self._segs_comm: dict[int, bool] = {}  # id(cached segments) -> has a collective
@@ -311,7 +316,8 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
         hit = self._text_cache.get(id(parts))
         if hit is None:
             # '~' marks a collective that ran beside the next kernel (overlap_next).
-            text = ";".join(f"{'~' if q.overlap_next else ''}{q.name}:{q.dur:.9g}" for q in parts)
+            text = ";".join(part_entry(q.name, q.dur, q.dim if q.kind == "comm" else "",
+                                       q.overlap_next) for q in parts)
             hit = self._text_cache[id(parts)] = (parts, text)
         return hit[1]
 
@@ -321,11 +327,12 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
             hit = self._flops_cache[id(prog)] = (prog, _flops(prog))
         return hit[1]
 
-    def _row(self, p: Proc, stream, kind, name, start, end, nbytes, flops, layer, mb, parts=()):
+    def _row(self, p: Proc, stream, kind, name, start, end, nbytes, flops, layer, mb, parts=(),
+             dim=""):
         text = self._parts_text(parts) if len(parts) > 1 else ""
         self.rows.append(
-            (p.gpu, p.label, p.stage, stream, kind, name, start, end, nbytes, flops, layer, mb,
-             max(1, len(parts)), text)
+            (p.gpu, p.label, p.stage, stream, kind, dim or _row_dim(parts), name, start, end,
+             nbytes, flops, layer, mb, max(1, len(parts)), text)
         )
 
     def _recv_event(self, pid: int, phase: str, vs: int, mb: int) -> simpy.Event:
@@ -350,14 +357,15 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
             if info is None:  # (keeps the program alive, so its id is not reused)
                 info = info_of[(id(prog), slowdown)] = (
                     prog, *self._ptime(prog, slowdown), self._prog_flops(prog),
-                    max(1, len(prog)), self._parts_text(prog) if len(prog) > 1 else "")
-            _, total, comp, comm, flops, nparts, text = info
+                    max(1, len(prog)), self._parts_text(prog) if len(prog) > 1 else "",
+                    _row_dim(prog))
+            _, total, comp, comm, flops, nparts, text, dim = info
             runs[(pid, id(prog))] += 1
             end = t + total
             if self.plan.host is not None:
                 end, comm = self._host_issue(p, prog, slowdown, t, end, comm)
             k = kind or _kind(label)
-            rows.append((p.gpu, p.label, p.stage, "compute", k, label, t, end, 0.0, flops,
+            rows.append((p.gpu, p.label, p.stage, "compute", k, dim, label, t, end, 0.0, flops,
                          layer, mb, nparts, text))
             busy.append((t, end, comp, comm, k))
             t = end
@@ -1011,15 +1019,20 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
     def _comm_full(self, part: Part, p: Proc) -> simpy.Event:
         """Issue a collective of one GPU's program (full mode) on the stream of its dimension;
         its completion event."""
-        spec = self._spec(p, part.dim, f"{part.dim}_comm", part.op, part.nbytes, part.name)
+        spec = self._spec(p, part.dim, f"{part.dim}_comm", part.op, part.nbytes, part.name,
+                          dim=part.dim)
         return self._issue(p, spec)
 
-    def _spec(self, p: Proc, stream, kind, op, nbytes, name, layer=-1, mb=-1) -> CommSpec:
+    def _spec(self, p: Proc, stream, kind, op, nbytes, name, layer=-1, mb=-1, dim=None
+              ) -> CommSpec:
+        """The record of a collective ``p`` issues on ``stream``, over the groups of ``dim``
+        (default: the stream's own, :attr:`StepPlan.stream_dims`)."""
         members = self.plan.participants(p, stream)
         seq_key = (stream, members)
         n = self._seq[(p.pid, seq_key)]
         self._seq[(p.pid, seq_key)] = n + 1
-        return CommSpec(stream, kind, op, nbytes, (seq_key, n), name, layer, mb)
+        return CommSpec(stream, kind, self.plan.stream_dims[stream] if dim is None else dim, op,
+                        nbytes, (seq_key, n), name, layer, mb)
 
     def _grad_prep(self, p: Proc, nbytes: float, label: str, stream: str = "dp"):
         """The framework's work on a gradient bucket before it is reduced (copy into the
@@ -1093,7 +1106,7 @@ class Engine(CombinedSteps, PipelineSends, TorchPipelineSends, TorchPipelineMemo
         self.comm_log.append((p0, spec))
         for p, done, _, _ in entry:
             self._row(p, spec.stream, spec.kind, spec.name, start, end, spec.nbytes, 0.0,
-                      spec.layer, spec.microbatch)
+                      spec.layer, spec.microbatch, dim=spec.dim)
             p.comm_iv[spec.stream].append((start, end))
             done.succeed()
 
@@ -1108,6 +1121,12 @@ def _busy_within(busy: list[tuple], a: float, b: float) -> float:
             break
         out += max(0.0, min(e, b) - max(s, a))
     return out
+
+
+def _row_dim(prog: Sequence[Part]) -> str:
+    """A compute-stream row's ``dim``: its collective's where the row is one collective (a
+    pipeline tensor's TP all-gather); "" otherwise (coalesced ones carry theirs in parts)."""
+    return prog[0].dim if len(prog) == 1 and prog[0].kind == "comm" else ""
 
 
 def _flops(prog: Sequence[Part]) -> float:

@@ -78,11 +78,12 @@ class TorchPipelineSends:
             done.succeed()
             return
         name = f"{'act' if q.phase == 'F' else 'grad'} mb{q.mb} -> vs{dst_vs}"
-        spec = CommSpec("pp", "pp_comm", "send", plan.pp_bytes, ("pp", p.pid, dst), name, -1,
+        spec = CommSpec("pp", "pp_comm", "pp", "send", plan.pp_bytes, ("pp", p.pid, dst), name, -1,
                         q.mb)
         start = env.now
         yield env.process(plan.comm_exec(spec, p))
-        self._row(p, "pp", "pp_comm", name, start, env.now, spec.nbytes, 0.0, -1, q.mb)
+        self._row(p, "pp", "pp_comm", name, start, env.now, spec.nbytes, 0.0, -1, q.mb,
+                  dim=spec.dim)
         self.comm_log.append((p, spec))
         plan.procs[dst].comm_iv["pp_in"].append((start, env.now))
         moved.succeed()

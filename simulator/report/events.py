@@ -21,7 +21,7 @@ from simulator.engine.records import EVENT_COLUMNS
 #: The table's order: by these columns, ties kept in the order the engine wrote the rows.
 ORDER = ("start_s", "gpu", "stream", "end_s")
 #: The columns of text.
-STRINGS = frozenset({"proc", "stream", "kind", "name", "parts"})
+STRINGS = frozenset({"proc", "stream", "kind", "dim", "name", "parts"})
 
 
 class EventRows:

@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib.collections import LineCollection
 from matplotlib.patches import Patch
 
-from simulator.engine.records import BREAKDOWN_KEYS, COMM_DIMS, KIND_COLOURS
+from simulator.engine.records import BREAKDOWN_KEYS, COMM_DIMS, KIND_COLOURS, parse_parts
 from simulator.report.figure import (
     DPI,
     IDLE_FACE,
@@ -30,7 +30,6 @@ from simulator.report.figure import (
     time_unit,
 )
 from simulator.report.table import format_seconds, layout_text
-from simulator.report.trace import parse_parts
 
 TIMELINE_SIZE_PX = (1600, 900)
 COMM_STREAMS = (*(d for d in COMM_DIMS if d != "pp"), "gather", "pp")
@@ -44,47 +43,19 @@ STREAM_LABELS = {
 COMM_KINDS = (*(f"{d}_comm" for d in COMM_DIMS), "zero_gather")
 
 
-#: Collectives of an MoE block, by op name, and the dimension whose group they run over
-#: (``simulator/model/moe.py``'s ``Comm``s; ``moe_counts`` runs over etp where ep is 1).
-#: TP and CP collectives are named ``tp_*`` and ``cp_*``.
-MOE_COMM_DIMS = {
-    "moe_counts": "ep",
-    "moe_dispatch": "ep",
-    "moe_combine": "ep",
-    "moe_dispatch_probs": "ep",
-    "moe_gather": "ep",
-    "moe_scatter": "ep",
-    "shared_gather": "tp",
-    "shared_scatter": "tp",
-    "router_aux_tokens": "tp",
-}
-
-
-def part_dim(name: str) -> str | None:
-    """The parallel dimension of a collective that a folded run coalesced into a compute row
-    (a ``parts`` entry; ``~`` marks one beside the next kernel, ``re_`` a recomputed one),
-    or None for a compute part."""
-    base = name.lstrip("~").removeprefix("re_")
-    if base.startswith(("tp_", "cp_")):
-        return base[:2]
-    if base.startswith("moe_etp_"):
-        return "etp"
-    return MOE_COMM_DIMS.get(base)
-
-
 def comm_rows_from_parts(events: pd.DataFrame) -> pd.DataFrame:
     """Rows of the communication streams (``tp``, ``cp``, ``ep``, ``etp``) for collectives
     that a folded run coalesced into its compute rows, placed at their offsets in the row, so
     that communication shows in the timeline in its own row and colour also where the run
     recorded it inside a layer's row (an MoE layer's all-to-alls: half of a Qwen3 step, drawn
-    only in its last backward before)."""
+    only in its last backward before). Each collective's dimension is the one the engine
+    recorded in ``parts`` (``name@dim``)."""
     comp = events[(events["stream"] == "compute") & (events["parts"] != "")]
     rows = []
     for r in comp.itertuples(index=False):
         t = float(r.start_s)
-        for name, dur in parse_parts(r.parts):
-            dim = part_dim(name)
-            if dim is not None and dur > 0:
+        for name, dur, dim in parse_parts(r.parts):
+            if dim and dur > 0:
                 rows.append((r.gpu, r.stage, t, t + dur, dim, f"{dim}_comm"))
             if not name.startswith("~"):  # one beside the next kernel takes no time of its own
                 t += dur

@@ -13,7 +13,9 @@ Layout of the trace:
   ops that overlap on one stream go to extra "(overlap N)" tracks under it, since viewers
   would otherwise draw one as nested inside the other;
 * one ``X`` slice per event row, with ``args`` bytes, flops, layer, microbatch, coalesced and
-  parts. A coalesced row (``coalesced > 1``) gets its sub-ops as child slices nested inside it,
+  parts, and a communication row's ``dim`` (the layout dimension(s) of its group, as the
+  engine recorded it). A coalesced row (``coalesced > 1``) gets its sub-ops as child slices
+  nested inside it (a collective's with its ``dim``),
   laid back to back from ``start_s`` with the durations in ``parts``, so the trace shows what
   one row stands for (see :func:`_children` for parts that do not add up to the row);
 * per GPU, counter tracks of memory in GiB from the memory table (total and by category);
@@ -36,6 +38,7 @@ from typing import Any
 
 import pandas as pd
 
+from simulator.engine.records import parse_parts
 from simulator.report.io import write_json_atomic
 
 GIB = float(1 << 30)
@@ -82,25 +85,6 @@ def _ns(seconds: float) -> int:
 
 def _us(ns: int) -> float:
     return round(ns / 1000.0, 3)
-
-
-def parse_parts(parts: str) -> list[tuple[str, float]]:
-    """Split a ``parts`` cell ``"name:dur_s;name:dur_s;..."`` into ``[(name, dur_s), ...]``.
-
-    The name may itself contain ``:``; the duration is what follows the last one.
-    """
-    out: list[tuple[str, float]] = []
-    if not isinstance(parts, str) or not parts:
-        return out
-    for item in parts.split(";"):
-        item = item.strip()
-        if not item:
-            continue
-        name, sep, dur = item.rpartition(":")
-        if not sep:
-            raise ValueError(f"bad parts entry {item!r}: expected 'name:dur_s'")
-        out.append((name, float(dur)))
-    return out
 
 
 def assign_lanes(starts, ends) -> list[int]:
@@ -171,6 +155,9 @@ def _slices(row: Any, pid: int, tid: int) -> list[dict]:
         "microbatch": _num(row.microbatch),
         "coalesced": _num(row.coalesced),
     }
+    dim = getattr(row, "dim", "")
+    if isinstance(dim, str) and dim:
+        args["dim"] = dim
     if isinstance(row.parts, str) and row.parts:
         args["parts"] = row.parts
     out = [
@@ -203,14 +190,15 @@ def _children(
     """
     if not parts:
         return []
-    total = sum(d for _, d in parts)
+    total = sum(q.dur_s for q in parts)
     span = end - start
     tol = max(2 * len(parts), int(span * 1e-6))
     gap = span - _ns(total)
     scale = 1.0
     if gap < -tol and total > 0:
         scale = span / (total * 1e9)
-    items = [(name, dur, dict(dur_s=dur)) for name, dur in parts]
+    items = [(name, dur, dict(dur_s=dur, dim=dim) if dim else dict(dur_s=dur))
+             for name, dur, dim in parts]
     if gap > tol:
         note = "row time not covered by its parts (waiting, or slowed down)"
         items.append(("(not in parts)", gap / 1e9, dict(dur_s=gap / 1e9, note=note)))
