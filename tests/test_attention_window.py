@@ -137,11 +137,3 @@ def test_bad_windows(tmp_path, capsys, model, field, words):
     w["model"].update(model)
     p = write(tmp_path, w)
     expect(fails(capsys, tmp_path, "run", str(p)), p, field, *words)
-
-
-def test_window_with_context_parallelism_is_refused(tmp_path, capsys):
-    w = copy.deepcopy(BASE_WORK)
-    w["model"].update({"attention_window": 128})
-    w["parallelism"].update({"cp": 2, "dp": 1})
-    p = write(tmp_path, w)
-    expect(fails(capsys, tmp_path, "run", str(p)), p, "parallelism.cp", "not modelled")

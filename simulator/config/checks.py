@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.config.schema import TopologyConfig, WorkloadConfig
+from simulator.config.schema import ModelConfig, TopologyConfig, WorkloadConfig
 from simulator.errors import ConfigError
 
 #: Most (micro-batch, layer) forward passes one replica's step may hold: the engine's events,
@@ -89,6 +89,25 @@ def _world(work: WorkloadConfig, n_gpus: int, topo: TopologyConfig, fail) -> dic
     return {d: (dp if d == "dp" else given.get(d, 1)) for d in par.dims_order}
 
 
+def cp_window_refusal(model: ModelConfig, cp: int, cp_comm: str) -> tuple[str, str] | None:
+    """(field, message) where a local attention window under context parallelism is one that
+    Transformer Engine refuses (``attention/dot_product_attention/context_parallel.py``): a
+    chunked window (TE has no chunked mask), a sliding one on the p2p ring (sliding windows
+    run with cp_comm_type all_gather or a2a only); None where it runs
+    (:mod:`simulator.model.context`)."""
+    if cp == 1 or model.attention_window is None:
+        return None
+    if model.attention_window_kind == "chunked":
+        return ("model.attention_window_kind",
+                f"chunked with cp={cp}: Transformer Engine's context parallelism has no chunked "
+                "mask (it runs sliding windows, with parallelism.cp_comm: all_gather)")
+    if cp_comm == "p2p":
+        return ("parallelism.cp_comm",
+                f"p2p with a sliding model.attention_window={model.attention_window} and "
+                f"cp={cp}: Transformer Engine's ring refuses sliding windows (use all_gather)")
+    return None
+
+
 def _check_cp(work: WorkloadConfig, cp: int, tp: int, fail) -> None:
     """Context parallelism: 2*cp load-balanced chunks per sequence (Megatron-LM), fused
     flash-attention kernels (Transformer Engine implements it only there)."""
@@ -106,12 +125,10 @@ def _check_cp(work: WorkloadConfig, cp: int, tp: int, fail) -> None:
             "parallelism.sequence_parallel",
             f"seq_len/cp = {m.seq_len // cp} is not divisible by tp={tp}",
         )
-    if m.attention_window is not None:
-        raise fail(
-            "parallelism.cp",
-            f"cp={cp} with model.attention_window={m.attention_window}: local attention under "
-            "context parallelism is not modelled (use cp: 1)",
-        )
+    if any(m.is_local_layer(i) for i in range(m.layers)):
+        refusal = cp_window_refusal(m, cp, par.cp_comm)
+        if refusal is not None:
+            raise fail(*refusal)
     if t.kernels != "fused" or not t.flash_attention:
         raise fail(
             "parallelism.cp",

@@ -240,19 +240,22 @@ def _attention_time(
 ) -> float:
     """Kernel time of one attention pass over ``bh`` (batch x heads) independent heads, ``s``
     queries against ``kv`` keys (default ``s``; causal: the queries are the last ``s``).
-    ``window`` (causal, ``kv = s``): each query sees its last ``window`` keys, so a row tile
-    sees at most ``window + block`` keys (its diagonal block and the window before it): the
-    same cost per key seen as a causal kernel's, no source measured otherwise."""
+    ``window`` (causal): each query sees its last ``window`` keys, so a row tile sees at most
+    ``window + block`` keys (its diagonal block and the window before it): the same cost per
+    key seen as a causal kernel's, no source measured otherwise. With ``kv > s`` (a context-
+    parallel chunk against the keys its window reaches, bottom-right aligned) tile ``i`` sees
+    ``min(kv - s + (i+1) block, window + block)``."""
     blk = pp.block
     kv = s if kv is None else kv
     n = -(-s // blk)
     # keys seen, summed over row tiles: a causal tile sees the prefix and its diagonal
     keys = n * (kv - s) + blk * (n - 1) * n / 2 + s if causal else n * kv
     longest = kv
-    if window is not None and causal and kv == s:
-        # tiles 0..k-1 see their whole prefix ((i+1) blk keys), the others window + blk
-        k = min(n, window // blk + 1)
-        keys = min(keys, blk * k * (k + 1) / 2 + (n - k) * (window + blk))
+    if window is not None and causal and kv >= s:
+        # tiles 0..k-1 see their whole prefix (kv - s + (i+1) blk keys), the others window + blk
+        off = kv - s
+        k = min(n, max(0, (window + blk - off) // blk))
+        keys = min(keys, off * k + blk * k * (k + 1) / 2 + (n - k) * (window + blk))
         longest = min(kv, window + blk)
     total = bh * (keys + n * pp.block_overhead)
     longest = longest + pp.block_overhead

@@ -31,10 +31,27 @@ overlapped.
 Rank ``i`` runs ``i`` blocks of the ``2c x c`` shape and ``cp-1-i`` of the ``c x 2c`` one;
 both have the same FLOPs and the same keys summed over row tiles, so every step is priced with
 the first (it has the more row tiles, so it is the slower by the per-tile overhead).
+
+**Local attention windows** (``model.attention_window``) as Transformer Engine runs them
+(``attention/dot_product_attention/context_parallel.py``, since the all-gather variant, TE
+1.10, 2024): a sliding window runs with ``cp_comm_type`` ``all_gather`` or ``a2a`` only
+(``attn_forward_func_with_cp`` asserts "Context parallelism does not support sliding window
+attention with cp_comm_type='p2p'"), and TE has no chunked mask at all. With ``all_gather``
+K and V are still gathered whole (and dK/dV reduce-scattered whole), but each local query
+chunk ``q`` attends only to the keys its window reaches,
+``get_kv_seq_info_after_all_gather``: keys ``[max(0, (q+1)c - c - (w-1)), (q+1)c)``, at most
+``c + w - 1`` of them, with the window bottom-right aligned, so the kernel computes the
+window's pairs (:func:`chunk_pairs`) and skips the tiles outside it. The split stays the
+load-balanced one, which a window unbalances: the first chunk's queries see fewer than ``w``
+keys, so rank 0 does the least; the busiest rank (:func:`window_rank`) is priced, since
+every rank waits for it at the next collective. ``p2p`` with a sliding window and a chunked
+window under any CP are refused (:func:`simulator.config.checks.cp_window_refusal`); ``a2a``
+(Ulysses) is not modelled.
 """
 
 from __future__ import annotations
 
+from simulator.config.checks import cp_window_refusal
 from simulator.config.schema import ModelConfig
 from simulator.errors import ConfigError
 from simulator.model.ops import FP32, Op, local_dims, mem_op
@@ -59,6 +76,41 @@ def causal_units(rank: int, cp: int) -> float:
     return units
 
 
+def window_prefix_pairs(x: float, w: int | None) -> float:
+    """Query-key pairs of the first ``x`` queries of a sequence under a causal mask (``w``
+    None: ``x^2/2``) or a causal sliding window of ``w`` keys (``x^2/2`` up to ``x = w``, then
+    ``w`` a query: ``x w - w^2/2``; :func:`simulator.model.transformer.window_pairs2`'s
+    convention, so that the chunks of a sequence add up to its ``s w - w^2/2``)."""
+    if w is None or x <= w:
+        return x * x / 2
+    return x * w - w * w / 2
+
+
+def chunk_pairs(chunk: int, c: int, w: int | None) -> float:
+    """Query-key pairs of sequence chunk ``chunk`` (``c`` queries) under the causal mask or
+    window ``w``: ``(2 chunk + 1) c^2 / 2`` causal; ``c w`` once its queries are all ``w`` or
+    more tokens in."""
+    return window_prefix_pairs((chunk + 1) * c, w) - window_prefix_pairs(chunk * c, w)
+
+
+def rank_pairs(rank: int, cp: int, c: int, w: int | None) -> float:
+    """Query-key pairs of CP rank ``rank``'s two chunks."""
+    return sum(chunk_pairs(q, c, w) for q in chunks_of(rank, cp))
+
+
+def window_rank(cp: int, c: int, w: int | None) -> int:
+    """The CP rank with the most query-key pairs (the lowest such): 0 under the causal mask
+    (every rank alike), another one under a window (rank 0's first chunk sees fewer)."""
+    return max(range(cp), key=lambda r: (rank_pairs(r, cp, c, w), -r))
+
+
+def window_keys(chunk: int, c: int, w: int) -> int:
+    """Keys the kernel of query chunk ``chunk`` reads after the all-gather under a sliding
+    window of ``w`` keys (TE's ``window_size = (w-1, 0)``): its own ``c`` and the ``w - 1``
+    before them, as far as the sequence goes back."""
+    return min((chunk + 1) * c, c + w - 1)
+
+
 def kv_block_bytes(model: ModelConfig, micro_batch: int, tp: int, cp: int, d: int = 2) -> float:
     """Bytes of one rank's K and V for its ``s/cp`` tokens and ``kv_heads/tp`` heads."""
     L = local_dims(model, micro_batch, tp, False)
@@ -73,17 +125,20 @@ def ring_bytes(model: ModelConfig, micro_batch: int, tp: int, cp: int, d: int = 
     return (cp - 1) * kv, 2 * (cp - 1) * kv
 
 
-def _attn(model, b, tp, q: int, kv: int, causal: bool, backward: bool, d: int, name: str) -> Op:
+def _attn(model, b, tp, q: int, kv: int, causal: bool, backward: bool, d: int, name: str,
+          pairs: float | None = None, window: int = 0) -> Op:
     L = local_dims(model, b, tp, False)
     hq, hkv, hd = L.heads, L.kv_heads, L.head_dim
-    # query-key pairs computed: a causal block sees its prefix and half its diagonal square
-    pairs = q * (kv - q) + q * q / 2 if causal else q * kv
+    if pairs is None:
+        # query-key pairs computed: a causal block sees its prefix and half its diagonal square
+        pairs = q * (kv - q) + q * q / 2 if causal else q * kv
     flops = 4.0 * b * hq * pairs * hd
     nbytes = float(b * hd * (2 * hq * q + 2 * hkv * kv) * d)
     if backward:
         flops, nbytes = BWD_FLOPS * flops, 2 * nbytes
     return Op(name, "attention", "attn", batch=b, heads=hq, kv_heads=hkv, seq=q, head_dim=hd,
-              kv_seq=kv, causal=causal, flops=flops, bytes=nbytes, backward=backward)  # fmt: skip
+              kv_seq=kv, causal=causal, flops=flops, bytes=nbytes, backward=backward,
+              window=window)  # fmt: skip
 
 
 def merge_bytes(model: ModelConfig, b: int, tp: int, q: int, kv: int, backward: bool, d: int = 2):
@@ -109,21 +164,23 @@ def attention_ops(
     model: ModelConfig, b: int, tp: int, cp: int, mode: str, backward: bool, d: int = 2
 ) -> list[Op]:
     """The attention of one CP rank (module docstring), in place of the single flash kernel:
-    blockwise kernels and the CP communication, for the full model's ``seq_len``. Local
-    attention windows (``model.attention_window``) under CP are not modelled: refused."""
-    if model.attention_window is not None:
-        raise ConfigError(
-            f"attention_window={model.attention_window} with cp={cp}: local attention under "
-            "context parallelism is not modelled (use cp: 1)",
-            field="parallelism.cp",
-        )
+    blockwise kernels and the CP communication, for the full model's ``seq_len``. A sliding
+    window (``model.attention_window``) runs with ``all_gather``: the busiest rank's chunks
+    against the keys their window reaches (the rest is refused:
+    :func:`~simulator.config.checks.cp_window_refusal`)."""
+    refusal = cp_window_refusal(model, cp, mode)
+    if refusal is not None:
+        raise ConfigError(refusal[1], field=refusal[0])
     c = model.seq_len // (2 * cp)
     kv = kv_block_bytes(model, b, tp, cp, d)
+    w = model.attention_window
     if mode == "all_gather":
         out = [
-            _attn(model, b, tp, c, (q + 1) * c, True, backward, d, f"attn_c{q}")
-            for q in chunks_of(0, cp)
-        ]
+            _attn(model, b, tp, c, (q + 1) * c, True, backward, d, f"attn_c{q}") if w is None
+            else _attn(model, b, tp, c, window_keys(q, c, w), True, backward, d, f"attn_c{q}",
+                       pairs=chunk_pairs(q, c, w), window=w)
+            for q in chunks_of(0 if w is None else window_rank(cp, c, w), cp)
+        ]  # fmt: skip
         if backward:
             return [*out, _comm("cp_reduce_scatter", "reduce_scatter", cp * kv, False)]
         return [_comm("cp_all_gather", "all_gather", cp * kv, False), *out]
