@@ -279,7 +279,8 @@ def collectives_main(here: Path, plan: tuple, doc: str) -> None:
     a = ap.parse_args()
     out = predictions_file(here, a.box, a.timing)
     raise SystemExit(
-        prereg.score(out, a.score, lambda r: f"{r['op']} g{r['group']} {r.get('splits', '-')}")
+        prereg.score(out, a.score, lambda r: f"{r['op']} g{r['group']} {r.get('splits', '-')}",
+                     a.timing)
         if a.score else predict_collectives(here, plan, a.box))
 
 

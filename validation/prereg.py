@@ -54,10 +54,10 @@ def _splits(r: dict) -> str:
     return "uniform" if r.get("splits") in (None, "-") else r["splits"]
 
 
-def score(out: Path, data: str, label: Callable[[dict], str]) -> int:
-    """Print each measured row of ``data`` (comm.py JSON lines, CUDA events) that has a frozen
-    prediction in ``out`` (same operation, group, bytes and splits), then MAPE and bias per
-    (label, size band)."""
+def score(out: Path, data: str, label: Callable[[dict], str], timing: str = "events") -> int:
+    """Print each measured row of ``data`` (comm.py JSON lines timed as ``timing``: CUDA events
+    after every call, or ``loop``) that has a frozen prediction in ``out`` (same operation,
+    group, bytes and splits), then MAPE and bias per (label, size band)."""
     pred = {(r["op"], r["group"], r["bytes"], _splits(r)): r["predicted_s"]
             for r in yaml.safe_load(out.read_text())["rows"]}
     errs: dict[tuple[str, str], list[float]] = {}
@@ -66,7 +66,7 @@ def score(out: Path, data: str, label: Callable[[dict], str]) -> int:
         key = (r.get("op"), r.get("group"), r.get("bytes"), _splits(r))
         if key not in pred:
             continue
-        if r.get("timing", "events") != "events":
+        if r.get("timing", "events") != timing:
             continue
         e = pred[key] / r["time_s"] - 1.0
         errs.setdefault((label(r), band(r["bytes"])), []).append(e)
