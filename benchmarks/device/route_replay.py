@@ -35,9 +35,27 @@ slowest rank's time per step, the median over the timed steps):
 7. ``replay_cold``: (2) with the learned counts of an earlier process (``--replay-from``), run
    first in a fresh one: the same row counts as that process's ``learned``, as new to this
    process as they were to that one.
+8. ``prewarm``: ``replay_cold`` with every expert GEMM shape the replayed counts will use run
+   once before the first step: each MoE layer's first local expert, forward and backward (an
+   input that requires its gradient: the data and weight gradients of the step), at each row
+   count that layer's local experts ran in the earlier process's ``learned`` (``local_rows``),
+   one call at a time between two synchronisations (host time of each call kept); then the
+   experts' gradients dropped and the caching allocator emptied
+   (``torch.cuda.empty_cache``). So cuBLAS has answered every heuristic query and launched
+   every kernel the timed steps will ask for, while the allocator is as cold as a fresh
+   process's: ``replay_cold - prewarm`` is what the row counts' GEMM shapes cost the first
+   time (heuristic queries, first kernel launches), ``prewarm - replay`` whatever else a
+   fresh process pays for them (allocator, other per-size work). Only with ``--replay-from``
+   and as the first variant.
 
 Every variant's per-call counts and local rows are written to ``OUT/replay-CASE-rN.json``; the
 step records (one per variant) are appended to ``OUT/replay.jsonl`` by rank 0.
+
+``--wait-file F`` / ``--go-file G`` / ``--done-file D`` chain processes of a device call: a
+process waits for ``F`` (the previous one's ``D``) before it touches a GPU, touches ``G`` when
+it starts, and ``D`` once its last variant is timed and its files written, so the next process's start (``torchrun``,
+imports) overlaps this one's timing and its end (files) the next one's setup, while no two
+processes time at once.
 
 Usage (from the repository root)::
 
@@ -51,14 +69,17 @@ Only development cases (batches 6-15) are allowed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import sys
 import time
 
-import torch
-import torch.distributed as dist
+T_START = time.time()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 # the measuring scripts: beside this file, or under benchmarks/device of the working directory
 # (when this file is run from a copy elsewhere)
@@ -145,6 +166,67 @@ def routes_from_counts(counts: list[list[int]], k: int, seed: int, dev) -> list[
     return out
 
 
+def prewarm(moes, rows_by_layer, dev) -> list[list]:
+    """Each layer's first local expert run forward and backward once at each row count of
+    ``rows_by_layer`` (``[layer][call][local expert]``) it has not run at yet (a GEMM shape is
+    the expert's widths and the row count: one per width signature and count); the experts'
+    gradients dropped after, the allocator emptied. Returns ``[layer, rows, host seconds]`` per
+    call (a call between two synchronisations)."""
+    done: set = set()
+    out = []
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for li, (mo, calls) in enumerate(zip(moes, rows_by_layer, strict=True)):
+        expert = mo.experts[0]
+        ps = list(expert.parameters())
+        sig = tuple((tuple(p.shape), p.dtype) for p in ps)
+        h = ps[0].shape[1]
+        amp = S.amp(dev) if hasattr(S, "amp") else contextlib.nullcontext()
+        dtype = torch.bfloat16 if hasattr(S, "amp") else ps[0].dtype
+        for n in sorted({int(r) for call in calls for r in call}):
+            if (sig, n) in done:
+                continue
+            done.add((sig, n))
+            x = torch.randn(n, h, device=dev, dtype=dtype, requires_grad=True)
+            sync()
+            t0 = time.perf_counter()
+            with amp:
+                y = expert(x)
+            y.backward(torch.randn_like(y))  # a dense gradient, as the step's
+            sync()
+            out.append([li, n, round(time.perf_counter() - t0, 6)])
+    for mo in moes:
+        for p in mo.experts.parameters():
+            p.grad = None
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return out
+
+
+def _wait_for(path: str, limit_s: float = 180.0) -> None:
+    t0 = time.time()
+    while path and not os.path.exists(path) and time.time() - t0 < limit_s:
+        time.sleep(0.05)
+
+
+MARKS: dict = {}
+
+
+def _mark(name: str) -> None:
+    """Seconds since the process started (imports included), kept in the per-rank file and
+    printed by local rank 0: where a device call's time goes."""
+    MARKS[name] = round(time.time() - T_START, 3)
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        print(f"MARK {name} {MARKS[name]:.3f} s", flush=True)
+
+
+def _touch(path: str) -> None:
+    if path and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        with open(path, "w") as f:
+            f.write(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+
+
 def build(args, c, rank, world, dev):
     if args.script == "third":
         mods, step = S.build_moe(c, rank, world, dev)
@@ -170,6 +252,13 @@ def main() -> int:
                     help="a folder with an earlier run's replay-CASE[-TAG]-rN.json (--from-tag): "
                          "its learned counts, for replay_cold (replayed first in a fresh process)")
     ap.add_argument("--from-tag", default="")
+    ap.add_argument("--wait-file", default="", help="wait for this file before touching a GPU")
+    ap.add_argument("--go-file", default="", help="touched when this process starts its setup")
+    ap.add_argument("--done-file", default="", help="touched once the last variant is timed")
+    ap.add_argument("--wait-at", choices=("setup", "run"), default="setup",
+                    help="wait for --wait-file before the process group and the model are set "
+                         "up (setup), or after, before the first variant (run: only where the "
+                         "previous process runs on other GPUs)")
     ap.add_argument("--variants",
                     default="learned,replay,replay_gate,learned_again,model,replay_end")
     args = ap.parse_args()
@@ -191,12 +280,25 @@ def main() -> int:
         return forward(self, x)
 
     S.MoE.forward = dispatch
+    _mark("imported")
+    if args.wait_at == "setup":
+        _wait_for(args.wait_file)
+        _mark("waited")
+        _touch(args.go_file)
     rank, world, dev = S.setup(args.quick)
+    _mark("setup")
     c = S.case_config(args.case, args.quick)
     assert c["world"] == world, f"{args.case} needs {c['world']} ranks, got {world}"
     m = c["model"]
     warmup, timed = args.warmup, args.steps
     mods, step, moes = build(args, c, rank, world, dev)
+    _mark("built")
+    if args.wait_at == "run":
+        _wait_for(args.wait_file)
+        _mark("waited")
+        _touch(args.go_file)
+        if world > 1:
+            dist.barrier()  # (before reading an earlier process's files: they are written)
     calls_per_step = c["n_mb"] * len(moes)
     total = (warmup + timed) * calls_per_step
     model_counts = None
@@ -211,14 +313,24 @@ def main() -> int:
     logged: dict = {"script": args.script, "case": args.case, "rank": rank, "world": world,
                     "warmup": warmup, "timed": timed, "calls_per_step": calls_per_step,
                     "variants": {}}
-    learned_counts = None
+    learned_counts = learned_rows = None
     suffix = lambda tag: f"-{tag}" if tag else ""  # noqa: E731
     if args.replay_from:
         with open(os.path.join(args.replay_from,
                                f"replay-{args.case}{suffix(args.from_tag)}-r{rank}.json")) as f:
-            learned_counts = json.load(f)["variants"]["learned"]["counts"]
+            earlier = json.load(f)["variants"]["learned"]
+        learned_counts, learned_rows = earlier["counts"], earlier["local_rows"]
         assert len(learned_counts) == total, (len(learned_counts), total)
+    if "prewarm" in variants:
+        assert variants[0] == "prewarm" and learned_rows is not None, \
+            "prewarm: the first variant, with --replay-from"
     for j, v in enumerate(variants):
+        if v == "prewarm":
+            t0 = time.time()
+            logged["prewarm"] = prewarm(moes, learned_rows, dev)
+            logged["prewarm_wall_s"] = round(time.time() - t0, 3)
+            if world > 1:
+                dist.barrier()
         if v in ("learned", "learned_again") and j > 0:  # a fresh model: the same routes
             run_step, CTX["routes"] = None, None
             del mods, step, moes
@@ -228,7 +340,7 @@ def main() -> int:
             mods, step, moes = build(args, c, rank, world, dev)
         CTX["mode"], CTX["i"], CTX["record"] = v, 0, []
         run_step = step
-        if v in ("replay", "replay_gate", "model", "replay_end", "replay_cold"):
+        if v in ("replay", "replay_gate", "model", "replay_end", "replay_cold", "prewarm"):
             counts = learned_counts if v != "model" else model_counts
             CTX["routes"] = routes_from_counts(counts, m["top_k"], 7 + rank, dev)
             if v != "replay_gate":  # no gate: the routers' gradients are zeros set each step
@@ -260,6 +372,9 @@ def main() -> int:
                    "env": {"torch": torch.__version__,
                            "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda"
                            else "cpu"}}
+            if v == "prewarm":
+                rec["prewarm_calls"] = len(logged["prewarm"])
+                rec["prewarm_wall_s"] = logged["prewarm_wall_s"]
             rec.update(r)
             print(f"RESULT {args.case}{suffix(args.tag)} {v}: step {r['step_time_s']:.4f} s "
                   f"(min {r['step_time_min_s']:.4f}, max {r['step_time_max_s']:.4f})",
@@ -267,12 +382,17 @@ def main() -> int:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "replay.jsonl"), "a") as f:
                 f.write(json.dumps(rec) + "\n")
+    _mark("timed")
+    logged["marks"] = MARKS
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"replay-{args.case}{suffix(args.tag)}-r{rank}.json"),
               "w") as f:
         json.dump(logged, f)
     if world > 1:
         dist.barrier()
+    _touch(args.done_file)  # the files written: the next process may read them
+    _mark("written")
+    if world > 1:
         dist.destroy_process_group()
     return 0
 
