@@ -102,16 +102,16 @@ def events(logs: list[dict], variant: str = "learned") -> dict:
 
 
 def prewarm_costs(logs: list[dict]) -> tuple[float, float, int, int]:
-    """(median host s of a prewarm call at a band met before in the prewarm, at a new band,
-    calls of each), over the ranks."""
+    """(median host s a prewarm count's first call took beyond its repeat, at a band met before
+    in the prewarm, at a new band; counts of each), over the ranks."""
     old, new = [], []
     for d in logs:
         seen: set = set()
-        for _layer, m, t in d.get("prewarm", []):
+        for _layer, m, *t in d.get("prewarm", []):
             if m <= 0:
                 continue
             b = int(band_of(np.array([m]))[0])
-            (old if b in seen else new).append(t)
+            (old if b in seen else new).append(t[0] - (t[1] if len(t) > 1 else 0.0))
             seen.add(b)
     med = lambda x: statistics.median(x) if x else float("nan")  # noqa: E731
     return med(old), med(new), len(old), len(new)

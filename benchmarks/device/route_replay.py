@@ -39,7 +39,8 @@ slowest rank's time per step, the median over the timed steps):
    once before the first step: each MoE layer's first local expert, forward and backward (an
    input that requires its gradient: the data and weight gradients of the step), at each row
    count that layer's local experts ran in the earlier process's ``learned`` (``local_rows``),
-   one call at a time between two synchronisations (host time of each call kept); then the
+   one call at a time between two synchronisations, then once more (host time of both calls
+   kept: the first one's excess over the repeat is what the count cost new); then the
    experts' gradients dropped and the caching allocator emptied
    (``torch.cuda.empty_cache``). So cuBLAS has answered every heuristic query and launched
    every kernel the timed steps will ask for, while the allocator is as cold as a fresh
@@ -170,8 +171,9 @@ def prewarm(moes, rows_by_layer, dev) -> list[list]:
     """Each layer's first local expert run forward and backward once at each row count of
     ``rows_by_layer`` (``[layer][call][local expert]``) it has not run at yet (a GEMM shape is
     the expert's widths and the row count: one per width signature and count); the experts'
-    gradients dropped after, the allocator emptied. Returns ``[layer, rows, host seconds]`` per
-    call (a call between two synchronisations)."""
+    gradients dropped after, the allocator emptied. Returns ``[layer, rows, host seconds of the
+    first call, of a second one at once]`` per count (each call between two
+    synchronisations)."""
     done: set = set()
     out = []
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -187,13 +189,16 @@ def prewarm(moes, rows_by_layer, dev) -> list[list]:
                 continue
             done.add((sig, n))
             x = torch.randn(n, h, device=dev, dtype=dtype, requires_grad=True)
-            sync()
-            t0 = time.perf_counter()
-            with amp:
-                y = expert(x)
-            y.backward(torch.randn_like(y))  # a dense gradient, as the step's
-            sync()
-            out.append([li, n, round(time.perf_counter() - t0, 6)])
+            took = []
+            for _ in range(2):  # the first call at the count, and a repeat (the warm price)
+                sync()
+                t0 = time.perf_counter()
+                with amp:
+                    y = expert(x)
+                y.backward(torch.randn_like(y))  # a dense gradient, as the step's
+                sync()
+                took.append(round(time.perf_counter() - t0, 6))
+            out.append([li, n, *took])
     for mo in moes:
         for p in mo.experts.parameters():
             p.grad = None
