@@ -3,7 +3,9 @@ issue 10): what a fresh process pays for the expert-GEMM row counts a learned ro
 split into cuBLAS's part and the rest, beside the events counted in the learned counts.
 
 Usage: ``python benchmarks/firstseen_report.py DIR [--sim]`` (``DIR``: ``replay.jsonl`` and
-``replay-CASE-TAG-rN.json``, as ``data/measured/firstseen-h100x4/call1``). Per case:
+``replay-CASE-TAG-rN.json``, as ``data/measured/firstseen-h100x4/call1``), or
+``python benchmarks/firstseen_report.py --fit`` (every call of :data:`CALLS`: the least-squares
+fits below, with their residuals). Per case:
 
 * step times (median of the timed steps, slowest rank): ``learned`` (a: cold, counts logged),
   ``replay`` (a: the same counts, warm), ``prewarm`` (b: the counts replayed in a fresh
@@ -19,7 +21,19 @@ Usage: ``python benchmarks/firstseen_report.py DIR [--sim]`` (``DIR``: ``replay.
   fresh process's costs (``training.measured_steps`` null), and its new counts / bands a
   rank-step.
 
-Also importable: :func:`events` and :func:`load` serve ``simulator/calibrate/first_seen.py``.
+The fits (``--fit``; ``tests/test_firstseen.py`` checks them against the shipped costs):
+
+* :func:`fit_steps`: the fresh-process part of each learned step (``learned - replay`` of one
+  process, s) against its events a step, least squares through the origin with two unknowns,
+  a cost per new row count and one per new kernel band, over every case of :data:`CALLS`;
+  events coupled (each MoE call pays its slowest EP rank's, as the engine charges them) or the
+  ranks' mean;
+* :func:`fit_prewarm`: each rank's prewarm, the host time its calls took beyond their repeats,
+  summed (the process's first call left out: cuBLAS's own start), against its distinct row
+  counts and kernel bands (least squares, two unknowns);
+* :func:`engine_scale`: the engine's price of each case's counted events (the simulator's step
+  with the counted new-count share and new bands in place of its own, less its step without a
+  fresh process's costs) against the measured part: the least-squares factor.
 """
 
 from __future__ import annotations
@@ -36,6 +50,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simulator.model.kernel_first import band_of  # noqa: E402
+
+#: the calls read by the fits: this experiment's two, and routerdiag's second (``a``
+#: processes with learned, replay and the counts logged)
+CALLS = (ROOT / "data/measured/firstseen-h100x4/call1",
+         ROOT / "data/measured/firstseen-h100x4/call2",
+         ROOT / "data/measured/routerdiag-h100x4/call2")
 
 
 def workload_path(case: str) -> Path:
@@ -141,6 +161,170 @@ def sim_figures(case: str) -> tuple[float, float, float, float]:
     return full, warm, share * calls * loc.local_experts, bands
 
 
+def runs(calls=CALLS) -> list[dict]:
+    """Every case of ``calls`` with a learned step and its counts: ``case``, the step times
+    ``learned``, ``replay`` (a), ``prewarm``, ``replay_b`` (b; nan without), and the events a
+    step in the timed steps, ranks' mean (``counts``, ``bands``) and coupled (``counts_max``,
+    ``bands_max``)."""
+    out = []
+    for where in calls:
+        times, logs = load(Path(where))
+        for case in sorted(times):
+            if (case, "a") not in logs:
+                continue
+            t = times[case]
+            e = events(logs[(case, "a")])
+            w = slice(e["warmup"], e["steps"])
+            out.append({"case": case, "call": f"{Path(where).parent.name}/{Path(where).name}",
+                        "learned": step_s(t, "a", "learned"), "replay": step_s(t, "a", "replay"),
+                        "prewarm": step_s(t, "b", "prewarm"), "replay_b": step_s(t, "b", "replay"),
+                        "counts": float(e["counts"][w].mean()),
+                        "bands": float(e["bands"][w].mean()),
+                        "counts_max": float(e["counts_max"][w].mean()),
+                        "bands_max": float(e["bands_max"][w].mean()),
+                        "calls": e["calls"], "prewarm_logs": logs.get((case, "b"))})
+    return out
+
+
+def _lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    return coef, y - x @ coef
+
+
+def _stderr(x: np.ndarray, res: np.ndarray) -> np.ndarray:
+    """Standard errors of a least-squares fit's coefficients."""
+    dof = max(1, len(res) - x.shape[1])
+    return np.sqrt(np.diag(np.linalg.inv(x.T @ x)) * float(res @ res) / dof)
+
+
+def fit_steps(coupled: bool = True, calls=CALLS) -> tuple[float, float, np.ndarray]:
+    """(s a new row count, s a new kernel band, residuals s): ``learned - replay`` of every
+    run against its events a step (coupled: each MoE call's largest over the EP ranks)."""
+    rs = runs(calls)
+    c, b = ("counts_max", "bands_max") if coupled else ("counts", "bands")
+    x = np.array([[r[c], r[b]] for r in rs])
+    y = np.array([r["learned"] - r["replay"] for r in rs])
+    coef, res = _lstsq(x, y)
+    return float(coef[0]), float(coef[1]), res
+
+
+def prewarm_ranks(calls=CALLS) -> list[tuple[str, int, int, float]]:
+    """Per rank of every prewarm: (case, distinct row counts, distinct kernel bands beyond the
+    first call's, host s beyond the repeats), the process's first call left out."""
+    out = []
+    for r in runs(calls):
+        for d in r["prewarm_logs"] or []:
+            pw = [p for p in d.get("prewarm", []) if p[1] > 0]
+            if len(pw) < 2:
+                continue
+            seen = {int(band_of(np.array([pw[0][1]]))[0])}
+            new_b, extra = 0, 0.0
+            for _layer, m, t1, t2 in pw[1:]:
+                b = int(band_of(np.array([m]))[0])
+                if b not in seen:
+                    seen.add(b)
+                    new_b += 1
+                extra += t1 - t2
+            out.append((r["case"], len(pw) - 1, new_b, extra))
+    return out
+
+
+def fit_prewarm(calls=CALLS) -> tuple[float, float, np.ndarray]:
+    """(s a new row count, s a new kernel band, residuals s) of :func:`prewarm_ranks`."""
+    pr = prewarm_ranks(calls)
+    coef, res = _lstsq(np.array([[c, b] for _, c, b, _ in pr], dtype=float),
+                       np.array([e for *_, e in pr]))
+    return float(coef[0]), float(coef[1]), res
+
+
+def sim_counted(case: str, share: float, bands: float) -> float:
+    """The simulator's step (s) for the case's workload with its new-count share and new
+    kernel bands a rank-step replaced by ``share`` and ``bands``."""
+    from simulator.config.load import load_workload
+    from simulator.engine import build
+    from simulator.run import simulate
+
+    saved = build.new_shape_share, build.first_launch_drains
+    build.new_shape_share = lambda *a, **k: share
+    build.first_launch_drains = lambda *a, **k: bands
+    try:
+        return simulate(load_workload(workload_path(case))).summary["step_time_s"]
+    finally:
+        build.new_shape_share, build.first_launch_drains = saved
+
+
+def engine_prices(calls=CALLS) -> list[tuple[str, float, float, float]]:
+    """Per run: (case, measured ``learned - replay``, the engine's price of the counted events,
+    the engine's price of its own expected events), s."""
+    from simulator.config.load import load_workload
+    from simulator.run import simulate
+
+    out = []
+    for r in runs(calls):
+        case = r["case"]
+        warm = simulate(load_workload(workload_path(case), {"training.measured_steps": None})
+                        ).summary["step_time_s"]
+        own = simulate(load_workload(workload_path(case))).summary["step_time_s"]
+        counted = sim_counted(case, r["counts"] / r["calls"], r["bands"])
+        out.append((case, r["learned"] - r["replay"], counted - warm, own - warm))
+    return out
+
+
+def engine_scale(calls=CALLS) -> tuple[float, np.ndarray]:
+    """The least-squares factor on the engine's price of the counted events that gives the
+    measured parts, and the residuals (s)."""
+    p = engine_prices(calls)
+    m = np.array([x[1] for x in p])
+    e = np.array([x[2] for x in p])
+    k = float(np.sum(m * e) / np.sum(e * e))
+    return k, m - k * e
+
+
+def fits() -> str:
+    from simulator.model import kernel_first
+
+    out = []
+    rs = runs()
+    for coupled in (True, False):
+        a, b, res = fit_steps(coupled)
+        c, bb = ("counts_max", "bands_max") if coupled else ("counts", "bands")
+        se = _stderr(np.array([[r[c], r[bb]] for r in rs]), res)
+        out.append(f"steps ({'coupled' if coupled else 'ranks mean'} events): {a * 1e3:.2f} "
+                   f"+- {se[0] * 1e3:.2f} ms a new count, {b * 1e3:.2f} +- {se[1] * 1e3:.2f} ms a "
+                   "new band; residuals ms "
+                   + " ".join(f"{x * 1e3:.0f}" for x in res)
+                   + f" (rms {np.sqrt(np.mean(res ** 2)) * 1e3:.0f})")
+    a, b, res = fit_prewarm()
+    pr = prewarm_ranks()
+    se = _stderr(np.array([[c, n] for _, c, n, _ in pr], dtype=float), res)
+    out.append(f"prewarm (per rank, {len(res)}): {a * 1e3:.2f} +- {se[0] * 1e3:.2f} ms a new count,"
+               f" {b * 1e3:.2f} +- {se[1] * 1e3:.2f} ms a new band; residual rms "
+               f"{np.sqrt(np.mean(res ** 2)) * 1e3:.0f} ms")
+    m = [r for r in rs if r["prewarm"] == r["prewarm"]]
+    out.append("prewarm: sum of (learned - prewarm) / sum of (learned - replay of the prewarm's "
+               f"process) {sum(r['learned'] - r['prewarm'] for r in m) / sum(r['learned'] - r['replay_b'] for r in m):.3f}, "
+               f"/ sum of (learned - replay) {sum(r['learned'] - r['prewarm'] for r in m) / sum(r['learned'] - r['replay'] for r in m):.3f}")
+    k, res = engine_scale()
+    out.append(f"engine's price of the counted events x {k:.3f} = measured; residuals ms "
+               + " ".join(f"{x * 1e3:.0f}" for x in res))
+    out.append(f"shipped: {shipped_count_s() * 1e3:.2f} ms a new count (six GEMMs' heuristic "
+               f"queries), {2 * kernel_first.FIRST_LAUNCH_S * kernel_first.KERNELS_PER_PASS * 1e3:.2f}"
+               " ms a new band (two passes' first launches)")
+    out.append("runs: " + " ".join(f"{r['case']}({r['call']})" for r in runs()))
+    return "\n".join(out)
+
+
+def shipped_count_s(gpu: str = "H100-SXM-80GB") -> float:
+    """The host time the engine charges an expert at a new row count: each of its forward,
+    data-gradient and weight-gradient GEMM pairs' heuristic query (gpus.yaml
+    ``host_gemm_new_shape_*``; SwiGLU's third GEMM shares the first one's entries)."""
+    from simulator.hardware.catalog import load_gpu
+
+    g = load_gpu(gpu)
+    return 2 * (g.host_gemm_new_shape_fwd_s + g.host_gemm_new_shape_dgrad_s
+                + g.host_gemm_new_shape_wgrad_s)
+
+
 def report(where: Path, with_sim: bool = False) -> str:
     times, logs = load(where)
     out = ["| case | learned | replay a | prewarm | replay b | replay_cold | L-R ms | L-P ms | "
@@ -171,6 +355,9 @@ def report(where: Path, with_sim: bool = False) -> str:
 
 
 def main() -> int:
+    if sys.argv[1] == "--fit":
+        print(fits())
+        return 0
     print(report(Path(sys.argv[1]), "--sim" in sys.argv[2:]))
     return 0
 
