@@ -104,8 +104,26 @@ def cp_window_refusal(model: ModelConfig, cp: int, cp_comm: str) -> tuple[str, s
     if cp_comm == "p2p":
         return ("parallelism.cp_comm",
                 f"p2p with a sliding model.attention_window={model.attention_window} and "
-                f"cp={cp}: Transformer Engine's ring refuses sliding windows (use all_gather)")
+                f"cp={cp}: Transformer Engine's ring refuses sliding windows (use all_gather or a2a)")
     return None
+
+
+def cp_a2a_refusal(model: ModelConfig, tp: int, cp: int) -> tuple[str, str] | None:
+    """(field, message) where ``cp_comm: a2a`` (Ulysses) cannot split a TP rank's heads over
+    the CP group: Transformer Engine's ``AttnFuncWithCPAndQKVOA2A`` asserts that the query
+    and the key/value heads of Q, K and V (per TP rank; KV heads replicated when ``tp`` is a
+    multiple of them, Megatron-LM's GQA rule) divide by ``cp``; None where they do."""
+    if cp == 1:
+        return None
+    hq = model.heads // tp if model.heads % tp == 0 else 0
+    kv = model.n_kv_heads
+    hkv = kv // tp if kv % tp == 0 else 1
+    if hq and hq % cp == 0 and hkv % cp == 0:
+        return None
+    return ("parallelism.cp_comm",
+            f"a2a with cp={cp}: the heads per TP rank (query {hq}, key/value {hkv} at tp={tp}) "
+            "must divide by cp, as Transformer Engine's all-to-all attention asserts (use p2p "
+            "or all_gather)")
 
 
 def _check_cp(work: WorkloadConfig, cp: int, tp: int, fail) -> None:
@@ -127,6 +145,10 @@ def _check_cp(work: WorkloadConfig, cp: int, tp: int, fail) -> None:
         )
     if any(m.is_local_layer(i) for i in range(m.layers)):
         refusal = cp_window_refusal(m, cp, par.cp_comm)
+        if refusal is not None:
+            raise fail(*refusal)
+    if par.cp_comm == "a2a" and m.heads % tp == 0:
+        refusal = cp_a2a_refusal(m, tp, cp)
         if refusal is not None:
             raise fail(*refusal)
     if t.kernels != "fused" or not t.flash_attention:

@@ -825,10 +825,12 @@ class ParallelismConfig(Frozen):
         description="context parallel degree: each sequence split over cp GPUs in 2*cp chunks",
         le=MAX_GPUS,
     )
-    cp_comm: Literal["p2p", "all_gather"] = Field(
+    cp_comm: Literal["p2p", "all_gather", "a2a"] = Field(
         "p2p",
         description="p2p: ring attention, K/V blocks passed around the CP ring beside the "
-        "blockwise attention kernels; all_gather: K/V all-gathered before attention (Llama 3)",
+        "blockwise attention kernels; all_gather: K/V all-gathered before attention (Llama 3); "
+        "a2a: Ulysses, Q/K/V all-to-all to full sequences of heads/cp heads and the output back "
+        "(Transformer Engine's cp_comm_type a2a)",
     )
     pp: PositiveInt = Field(1, le=MAX_GPUS)
     dp: PositiveInt | None = Field(

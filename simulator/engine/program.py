@@ -328,8 +328,13 @@ def price(ops: Sequence[Op], pr: Pricer, comm_cost: CommCost | None) -> Program:
 
 
 #: Kernels that selective recomputation runs again before a layer's backward (Korthikanti et
-#: al. 2022: the core attention, QK^T, softmax, AV; with context parallelism its blocks).
-SELECTIVE = ("attn", "attn_scores", "softmax", "attn_dropout", "attn_context", "attn_merge")
+#: al. 2022: the core attention, QK^T, softmax, AV; with context parallelism its blocks, and
+#: with ``cp_comm: a2a`` the layout copies and all-to-alls inside Transformer Engine's
+#: attention, which Megatron-Core's checkpointed core attention runs again).
+SELECTIVE = ("attn", "attn_scores", "softmax", "attn_dropout", "attn_context", "attn_merge",
+             "cp_a2a_copy")
+#: Collectives the checkpointed core attention issues again (``cp_comm: a2a``'s Q, K, V, O).
+SELECTIVE_COMM = ("cp_a2a_q", "cp_a2a_k", "cp_a2a_v", "cp_a2a_o")
 
 
 #: Kernels each selective recompute module (Megatron-Core's ``--recompute-modules``) runs again
@@ -384,11 +389,15 @@ def _recompute(fwd_ops: Sequence[Op], layer_fwd: Program, recompute: str, pr: Pr
         return _rerun(layer_fwd)
     if recompute == "selective":
         mlp = _dense_mlp(layer_fwd) if "mlp" in modules else ()
+        comm = {p.name: p for p in layer_fwd if p.kind == "comm" and p.name in SELECTIVE_COMM}
         return tuple(
+            _rerun([comm[op.name]])[0] if op.name in comm and "core_attn" in modules else
             Part(f"re_{op.name}", "compute", pr.time(op), op.flops, block=op.block)
             for op in fwd_ops
-            if _reruns(op, modules) and not (mlp and op.name.startswith("norm2"))
-        ) + _rerun(mlp)
+            if (op.name in comm and "core_attn" in modules)
+            or (op.kind != "comm" and _reruns(op, modules)
+                and not (mlp and op.name.startswith("norm2")))
+        ) + _rerun(mlp)  # fmt: skip
     return ()
 
 

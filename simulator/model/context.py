@@ -45,18 +45,40 @@ window's pairs (:func:`chunk_pairs`) and skips the tiles outside it. The split s
 load-balanced one, which a window unbalances: the first chunk's queries see fewer than ``w``
 keys, so rank 0 does the least; the busiest rank (:func:`window_rank`) is priced, since
 every rank waits for it at the next collective. ``p2p`` with a sliding window and a chunked
-window under any CP are refused (:func:`simulator.config.checks.cp_window_refusal`); ``a2a``
-(Ulysses) is not modelled.
+window under any CP are refused (:func:`simulator.config.checks.cp_window_refusal`).
+
+**a2a** (Ulysses; Jacobs et al. 2023, arXiv:2309.14509; Transformer Engine's
+``AttnFuncWithCPAndQKVOA2A``): before attention one ``all_to_all_single`` each for Q, K and V
+over the CP group turns the rank's ``s/cp`` tokens of all its heads into the whole sequence of
+``heads/cp`` of them (a buffer of ``b s/cp h hd`` elements per rank, ``(cp-1)/cp`` of it on
+the wire); the rank's two load-balanced chunks arrive in rank order and are put back in
+sequence order (``reorder_seq_chunks_for_a2a_before_attn``), so the kernel is the non-CP
+causal kernel, any sliding window included, on the full sequence with ``heads/cp`` query and
+``kv_heads/cp`` key/value heads: every rank does exactly ``1/cp`` of the work, window or not.
+One all-to-all brings the output back (chunks reordered first). Backward: one all-to-all of
+dO, the kernel's backward, one each of dQ, dK, dV. The all-to-alls run on the CP stream
+while the next tensor's layout copy runs, not beside the attention kernel: none is
+overlapped. Each tensor is copied twice on each side in Megatron's ``sbhd`` layout (heads
+moved to the front before, chunks index-selected after; the output's chunks index-selected
+before, heads moved back after) (:func:`a2a_copy_bytes`). TE saves the post-all-to-all Q, K,
+V and O for the backward, the same bytes as the pre-all-to-all ones, so the saved activations
+do not change; selective recomputation of the core attention runs the kernel, the copies and
+the four forward all-to-alls again (:data:`simulator.engine.program.SELECTIVE_COMM`). The
+query and key/value heads per TP rank must divide by ``cp``
+(:func:`simulator.config.checks.cp_a2a_refusal`); a chunked window is refused as under the
+other modes.
 """
 
 from __future__ import annotations
 
-from simulator.config.checks import cp_window_refusal
+from dataclasses import replace
+
+from simulator.config.checks import cp_a2a_refusal, cp_window_refusal
 from simulator.config.schema import ModelConfig
 from simulator.errors import ConfigError
-from simulator.model.ops import FP32, Op, local_dims, mem_op
+from simulator.model.ops import FP32, Op, flash_attention_op, local_dims, mem_op
 
-CP_COMM = ("p2p", "all_gather")
+CP_COMM = ("p2p", "all_gather", "a2a")
 #: FlashAttention-2's backward FLOPs relative to its forward (see ``ops.flash_attention_op``).
 BWD_FLOPS = 2.5
 
@@ -125,6 +147,41 @@ def ring_bytes(model: ModelConfig, micro_batch: int, tp: int, cp: int, d: int = 
     return (cp - 1) * kv, 2 * (cp - 1) * kv
 
 
+def a2a_bytes(model: ModelConfig, micro_batch: int, tp: int, cp: int, d: int = 2):
+    """(query-sized, key/value-sized) buffer of one ``cp_comm: a2a`` all-to-all per rank:
+    ``b s/cp`` tokens of the TP rank's query (Q, O, dO, dQ) or key/value (K, V, dK, dV) heads;
+    each rank keeps ``1/cp`` of it and sends ``1/cp`` to each of the ``cp - 1`` others."""
+    L = local_dims(model, micro_batch, tp, False)
+    tokens = micro_batch * (model.seq_len // cp)
+    return float(tokens * L.heads * L.head_dim * d), float(tokens * L.kv_heads * L.head_dim * d)
+
+
+def a2a_copy_bytes(model: ModelConfig, micro_batch: int, tp: int, cp: int, backward: bool,
+                   d: int = 2) -> float:
+    """HBM bytes of the layout copies around one pass's all-to-alls (module docstring): two
+    copies (read and write) of each of Q, K, V and O forward, of dO, dQ, dK, dV backward."""
+    q, kv = a2a_bytes(model, micro_batch, tp, cp, d)
+    return 2 * 2 * (2 * q + 2 * kv)
+
+
+def _a2a_ops(model: ModelConfig, b: int, tp: int, cp: int, backward: bool, d: int) -> list[Op]:
+    refusal = cp_a2a_refusal(model, tp, cp)
+    if refusal is not None:
+        raise ConfigError(refusal[1], field=refusal[0])
+    L = local_dims(model, b, tp, False)
+    L = replace(L, heads=L.heads // cp, kv_heads=L.kv_heads // cp,
+                window=model.attention_window or 0, chunked=False)
+    kern = flash_attention_op(L, d, backward)
+    q, kv = a2a_bytes(model, b, tp, cp, d)
+    copies = mem_op("cp_a2a_copy", "attn", a2a_copy_bytes(model, b, tp, cp, backward, d), backward)
+    a2a = "all_to_all"
+    if backward:
+        return [_comm("cp_a2a_do", a2a, q, False), kern, _comm("cp_a2a_dq", a2a, q, False),
+                _comm("cp_a2a_dk", a2a, kv, False), _comm("cp_a2a_dv", a2a, kv, False), copies]
+    return [_comm("cp_a2a_q", a2a, q, False), _comm("cp_a2a_k", a2a, kv, False),
+            _comm("cp_a2a_v", a2a, kv, False), kern, _comm("cp_a2a_o", a2a, q, False), copies]
+
+
 def _attn(model, b, tp, q: int, kv: int, causal: bool, backward: bool, d: int, name: str,
           pairs: float | None = None, window: int = 0) -> Op:
     L = local_dims(model, b, tp, False)
@@ -165,12 +222,15 @@ def attention_ops(
 ) -> list[Op]:
     """The attention of one CP rank (module docstring), in place of the single flash kernel:
     blockwise kernels and the CP communication, for the full model's ``seq_len``. A sliding
-    window (``model.attention_window``) runs with ``all_gather``: the busiest rank's chunks
-    against the keys their window reaches (the rest is refused:
+    window (``model.attention_window``) runs with ``all_gather`` (the busiest rank's chunks
+    against the keys their window reaches) and ``a2a`` (the whole sequence's window on
+    ``heads/cp`` heads); the rest is refused (
     :func:`~simulator.config.checks.cp_window_refusal`)."""
     refusal = cp_window_refusal(model, cp, mode)
     if refusal is not None:
         raise ConfigError(refusal[1], field=refusal[0])
+    if mode == "a2a":
+        return _a2a_ops(model, b, tp, cp, backward, d)
     c = model.seq_len // (2 * cp)
     kv = kv_block_bytes(model, b, tp, cp, d)
     w = model.attention_window
