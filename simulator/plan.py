@@ -28,8 +28,10 @@ for N GPUs.
    (see :mod:`simulator.plan_estimate` for the formulas and how close they come).
 
 4. **Knobs** (:data:`KNOBS`): the best estimates are tried again with the parameter
-   all-gather overlapped with the next step's forward (``overlap_param_gather``, ZeRO-1/2) and
-   with gradients reduced in bf16 (``grad_reduce_dtype``), and re-ranked.
+   all-gather overlapped with the next step's forward (``overlap_param_gather``, ZeRO-1/2),
+   with gradients reduced in bf16 (``grad_reduce_dtype``), and with ``cp > 1`` with each other
+   ``parallelism.cp_comm`` Transformer Engine runs for the model (``p2p``, ``all_gather``,
+   ``a2a``), and re-ranked.
 
 The best ``2 * top`` estimates (and the workload's own layout, scaled to N GPUs, as a
 reference) are then simulated in full by :func:`simulator.run.simulate`, and the fitting ones
@@ -46,7 +48,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from simulator.config.checks import Resolved, resolve
+from simulator.config.checks import Resolved, cp_a2a_refusal, cp_window_refusal, resolve
 from simulator.config.load import LoadedWorkload
 from simulator.config.schema import (
     MAX_GPUS,
@@ -57,6 +59,7 @@ from simulator.config.schema import (
 )
 from simulator.engine.build import Machine
 from simulator.errors import ConfigError, SimulatorError
+from simulator.model.context import CP_COMM
 from simulator.plan_estimate import Estimate, Estimator
 from simulator.sweep import process_pool
 
@@ -96,6 +99,7 @@ class Candidate:
     grad_reduce_dtype: str | None = None  # None: the workload's
     ep: int | None = None  # expert parallelism (None: a dense model)
     etp: int | None = None  # tensor parallelism inside the experts (None: a dense model)
+    cp_comm: str | None = None  # None: the workload's
 
     def overrides(self) -> dict[str, Any]:
         """The ``--set`` overrides that give this layout (``stage_layers`` always: a
@@ -109,6 +113,7 @@ class Candidate:
         return {
             "parallelism.tp": self.tp,
             "parallelism.cp": self.cp,
+            **({} if self.cp_comm is None else {"parallelism.cp_comm": self.cp_comm}),
             **moe,
             "parallelism.pp": self.pp,
             "parallelism.dp": self.dp,
@@ -135,6 +140,7 @@ class Candidate:
         split = f" layers {_runs(self.stage_layers)}" if self.stage_layers else ""
         knobs = " overlap-gather" if self.overlap_param_gather else ""
         knobs += f" grad:{self.grad_reduce_dtype}" if self.grad_reduce_dtype else ""
+        knobs += f" cp:{self.cp_comm}" if self.cp_comm else ""
         moe = "" if self.ep is None else f" EP{self.ep}" + (f" ETP{self.etp}" if self.etp > 1 else "")
         return (
             f"TP{self.tp}{f' CP{self.cp}' if self.cp > 1 else ''} PP{self.pp} DP{self.dp}{moe} mb{self.micro_batch} ZeRO-{self.zero} "
@@ -151,6 +157,8 @@ class Candidate:
         )  # fmt: skip
         if self.ep is not None:
             par.update(ep=self.ep, etp=self.etp)
+        if self.cp_comm is not None:
+            par["cp_comm"] = self.cp_comm
         tr = work.training.model_dump()
         tr.update(micro_batch=self.micro_batch, recompute=self.recompute)
         tr.update({k: getattr(self, k) for k, _ in KNOBS if getattr(self, k) is not None})
@@ -328,10 +336,18 @@ def plan_topology(topo: TopologyConfig, n_gpus: int, *, file: str = "--gpus") ->
 def knob_variants(cand: Candidate, work: WorkloadConfig) -> list[Candidate]:
     """``cand`` with each training knob of :data:`KNOBS` changed from the workload's value
     where it matters: parameter all-gather overlap with ZeRO-1/2 over more than one rank,
-    the gradient reduction's dtype over more than one rank."""
-    t = work.training
+    the gradient reduction's dtype over more than one rank, and with ``cp > 1`` the other
+    context-parallel communications (:data:`simulator.model.context.CP_COMM`) that
+    Transformer Engine runs for the model (``a2a``: heads per TP rank dividing by cp; a sliding
+    window: not ``p2p``)."""
+    t, m = work.training, work.model
     sharded = cand.dp * cand.cp > 1
-    out = []
+    out = [
+        replace(cand, cp_comm=mode) for mode in CP_COMM
+        if cand.cp > 1 and mode != work.parallelism.cp_comm
+        and cp_window_refusal(m, cand.cp, mode) is None
+        and (mode != "a2a" or cp_a2a_refusal(m, cand.tp, cand.cp) is None)
+    ]  # fmt: skip
     if sharded and cand.zero in (1, 2):
         out.append(replace(cand, overlap_param_gather=not t.overlap_param_gather))
     if sharded:

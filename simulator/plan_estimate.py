@@ -323,9 +323,10 @@ class Estimator:
         casts = weight_cast_share(self.work.parallelism, t, self.work.model, cand.pp,
                                   res.microbatches)
         wquant = weight_quant_share(t, res.microbatches)
+        cp_comm = cand.cp_comm or self.work.parallelism.cp_comm
         key = (cand.tp, cand.cp, cand.sequence_parallel, cand.micro_batch, cand.recompute,
                cand.ep, cand.etp, res.sizes if cand.ep is not None else None,
-               cand.pp == 1, casts, wquant)  # fmt: skip
+               cand.pp == 1, casts, wquant, cp_comm)  # fmt: skip
         hit = self._progs.get(key)
         if hit is None:
             moe_kw = None
@@ -340,7 +341,7 @@ class Estimator:
                 sp=cand.sequence_parallel, recompute=cand.recompute, dtype=pricing_dtype(t),
                 cm=self.machine.compute, comm_cost=comm_cost, flash_attention=t.flash_attention,
                 kernels=t.kernels, param_dtype=t.param_dtype, cp=cand.cp,
-                cp_comm=self.work.parallelism.cp_comm, moe_kw=moe_kw,
+                cp_comm=cp_comm, moe_kw=moe_kw,
                 recompute_modules=moe_sizes.recompute_modules(
                     t.model_copy(update={"recompute": cand.recompute})),
                 tp_input_dtype=self.work.parallelism.tp_input_dtype,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -15,7 +16,7 @@ from simulator.config.load import load_workload
 from simulator.config.schema import ModelConfig
 from simulator.errors import ConfigError
 from simulator.model import context as cx
-from simulator.plan import plan
+from simulator.plan import Candidate, knob_variants, plan
 from simulator.run import simulate
 from tests.conftest import small_topology, write_case
 from tests.test_bad_input import BASE_WORK, expect, fails, write
@@ -150,18 +151,33 @@ def test_engine_runs_a2a_and_prices_it_as_cp_comm(tmp_path):
     assert win["step_time_s"] < s["step_time_s"]
 
 
-def test_plan_keeps_a2a_and_skips_the_cp_it_refuses(tmp_path):
-    """plan runs the workload's cp_comm: with a2a and 2 KV heads it keeps cp 2 (at tp 1) and
-    drops every layout whose KV heads per TP rank do not divide by cp."""
+def test_plan_tries_each_cp_comm_transformer_engine_runs(tmp_path):
+    """plan's knob variants of a cp > 1 layout: each other cp_comm, a2a only where the KV heads
+    per TP rank divide by cp (2 KV heads: cp 2 at tp 1), p2p not with a sliding window; no
+    variant at cp 1. Every simulated layout's effective mode is one that runs."""
     w = copy.deepcopy(WORK)
     w["model"] = {**DENSE, "layers": 2, "kv_heads": 2}
-    w["parallelism"] = {"tp": 1, "cp": 1, "cp_comm": "a2a"}
+    w["parallelism"] = {"tp": 1, "cp": 1, "cp_comm": "p2p"}
+    work = load_workload(write_case(tmp_path, w, small_topology(1, 8))).workload
+    base = Candidate(1, 1, 4, 1, 1, "none", "1f1b", 1, False, cp=2)
+    modes = lambda c: sorted(v.cp_comm for v in knob_variants(c, work) if v.cp_comm)  # noqa: E731
+    assert modes(base) == ["a2a", "all_gather"]
+    assert modes(replace(base, cp=4, dp=2)) == ["all_gather"]
+    assert modes(replace(base, tp=2, dp=2)) == ["all_gather"]  # 1 KV head a TP rank
+    assert modes(replace(base, cp=1, dp=8)) == []
+    win = work.model_copy(update={
+        "model": work.model.model_copy(update={"attention_window": 1024}),
+        "parallelism": work.parallelism.model_copy(update={"cp_comm": "all_gather"})})
+    assert sorted(v.cp_comm for v in knob_variants(base, win) if v.cp_comm) == ["a2a"]
+    assert replace(base, cp_comm="a2a").apply(work).parallelism.cp_comm == "a2a"
+    assert replace(base, cp_comm="a2a").overrides()["parallelism.cp_comm"] == "a2a"
     res = plan(load_workload(write_case(tmp_path, w, small_topology(1, 8))), 8, top=1000,
                workers=1)  # fmt: skip
-    cps = {(p.candidate.tp, p.candidate.cp) for p in res.top}
-    assert (1, 2) in cps
-    for tp, cp in cps:
-        assert cp == 1 or (tp == 1 and cp == 2)
+    for p in res.top:
+        c = p.candidate
+        if c.cp_comm == "a2a":
+            assert (c.tp, c.cp) == (1, 2)
+        assert p.summary["layout"]["cp"] == c.cp
 
 
 def test_selective_recompute_reruns_the_all_to_alls(tmp_path):
