@@ -139,3 +139,17 @@ def test_timeline_draws_each_coalesced_collective_in_its_recorded_dimension():
     # ~: beside the next kernel (fc1), so it takes no time of its own in the row
     assert got == [("etp", "etp_comm", 1.001, 1.003), ("tp", "tp_comm", 1.003, 1.004),
                    ("ep", "ep_comm", 1.007, 1.009)]  # fmt: skip
+
+
+def test_timeline_names_a_row_by_the_dimensions_its_collectives_ran_over(tmp_path):
+    """ZeRO-3 over cp x dp: the gradient reduction's row is labelled CP+DP and the gathers'
+    ZeRO CP+DP, read from the recorded dimensions; a plain dp row keeps its name."""
+    loaded = _loaded(tmp_path, "zero3_cp")
+    ev = simulate(loaded).events
+    dp_rows = ev[ev["stream"] == "dp"]
+    assert set(dp_rows["dim"]) == {"cp+dp"}
+    assert timeline.stream_label("dp", dp_rows) == "CP+DP"
+    gathers = ev[ev["stream"] == "gather"]
+    assert timeline.stream_label("gather", gathers) == "ZeRO CP+DP"
+    assert timeline.stream_label("dp", dp_rows.assign(dim="dp")) == "DP"
+    assert timeline.stream_label("tp", ev[ev["stream"] == "tp"]) == "TP"

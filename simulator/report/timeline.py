@@ -43,6 +43,21 @@ STREAM_LABELS = {
 COMM_KINDS = (*(f"{d}_comm" for d in COMM_DIMS), "zero_gather")
 
 
+def stream_label(stream: str, rows: pd.DataFrame) -> str:
+    """The name of a communication row: the stream's own (``TP``, ``DP``, ``ZeRO``...), or, when
+    the engine recorded its collectives over a group of several layout dimensions (the gradient
+    reduction and ZeRO gathers over ``cp+dp`` with context parallelism), those dimensions:
+    ``CP+DP``, ``ZeRO CP+DP``."""
+    base = STREAM_LABELS.get(stream, stream)
+    if "dim" not in rows.columns:
+        return base
+    dims = sorted({d for d in rows["dim"] if isinstance(d, str) and "+" in d})
+    if len(dims) != 1:
+        return base
+    joined = dims[0].upper()
+    return joined if stream in COMM_DIMS else f"{base} {joined}"
+
+
 def comm_rows_from_parts(events: pd.DataFrame) -> pd.DataFrame:
     """Rows of the communication streams (``tp``, ``cp``, ``ep``, ``etp``) for collectives
     that a folded run coalesced into its compute rows, placed at their offsets in the row, so
@@ -305,6 +320,7 @@ def plot_timeline(
                 [(0, t_end * scale)], (yc + 0.02, h_comm - 0.04), facecolors="#FAFAFA", zorder=0
             )
             sg = g[g["stream"] == stream]
+            label = stream_label(stream, sg)
             if stream in ("tp", "cp", "ep", "etp") and len(sg) > ax_px / 4:
                 # Many collectives narrower than a pixel: draw the share of each 2-pixel column
                 # they occupy (a solid row would claim the whole time).
@@ -325,7 +341,7 @@ def plot_timeline(
                 present.add(kind)
             if n <= 8:
                 minor_ticks.append(yc + h_comm / 2)
-                minor_labels.append(STREAM_LABELS.get(stream, stream))
+                minor_labels.append(label)
     if seps:
         ax.add_collection(LineCollection(seps, colors="white", linewidths=0.7, zorder=3))
 
