@@ -72,7 +72,8 @@ def test_a_window_unbalances_the_load_balanced_split():
 def test_all_gather_ops_of_a_sliding_window():
     """The busiest rank's two chunk kernels: c queries against min((q+1) c, c + w - 1) keys
     (TE's kv range for window_size (w-1, 0)), 4 b h_q hd FLOPs a pair (2.5x backward), the
-    window on the op; K/V gathered and dK/dV reduce-scattered whole, as without a window."""
+    window on the op; K/V gathered (again in backward) and dK/dV reduce-scattered whole, as
+    without a window."""
     s, cp, w, b, tp = 16384, 4, 512, 2, 2
     c = s // (2 * cp)
     m = _model(seq_len=s, attention_window=w)
@@ -87,8 +88,9 @@ def test_all_gather_ops_of_a_sliding_window():
             assert op.flops == f * 4.0 * b * hq * hd * c * w
         comm = [(op.name, op.collective, op.bytes) for op in ops if op.kind == "comm"]
         kv = 2 * b * s * (8 // tp) * hd * 2  # the whole sequence's K and V, bf16
-        assert comm == [("cp_reduce_scatter" if bwd else "cp_all_gather",
-                         "reduce_scatter" if bwd else "all_gather", kv)]  # fmt: skip
+        gather = ("cp_all_gather", "all_gather", kv)  # backward: K/V gathered again (TE)
+        assert comm == ([gather, ("cp_reduce_scatter", "reduce_scatter", kv)] if bwd
+                        else [gather])  # fmt: skip
     assert [op.bytes for op in full if op.kind == "comm"] == [kv]
 
 

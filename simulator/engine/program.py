@@ -333,8 +333,12 @@ def price(ops: Sequence[Op], pr: Pricer, comm_cost: CommCost | None) -> Program:
 #: attention, which Megatron-Core's checkpointed core attention runs again).
 SELECTIVE = ("attn", "attn_scores", "softmax", "attn_dropout", "attn_context", "attn_merge",
              "cp_a2a_copy")
-#: Collectives the checkpointed core attention issues again (``cp_comm: a2a``'s Q, K, V, O).
-SELECTIVE_COMM = ("cp_a2a_q", "cp_a2a_k", "cp_a2a_v", "cp_a2a_o")
+#: Collectives the checkpointed core attention issues again: Megatron-Core's
+#: ``_checkpointed_attention_forward`` wraps Transformer Engine's whole attention, CP
+#: communication included, in ``tensor_parallel.checkpoint``, whose backward runs the forward
+#: again (``cp_comm: a2a``'s Q, K, V, O all-to-alls; ``p2p``'s ring hops of K/V, each beside
+#: its block's kernel as in the forward; ``all_gather``'s gather of K/V).
+SELECTIVE_COMM = ("cp_a2a_q", "cp_a2a_k", "cp_a2a_v", "cp_a2a_o", "cp_send_recv", "cp_all_gather")
 
 
 #: Kernels each selective recompute module (Megatron-Core's ``--recompute-modules``) runs again
@@ -356,10 +360,12 @@ def _reruns(op: Op, modules: frozenset[str]) -> bool:
 
 
 def _rerun(parts: Sequence[Part]) -> Program:
-    """Parts run again as recomputation (``re_`` names; collectives as they ran; the weights'
-    quantisation not: the recomputed forward reuses the cached copies)."""
+    """Parts run again as recomputation (``re_`` names; collectives as they ran, a ring hop
+    beside the kernel it ran beside; the weights' quantisation not: the recomputed forward
+    reuses the cached copies)."""
     return tuple(
-        Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes, dim=p.dim, block=p.block)
+        Part(f"re_{p.name}", p.kind, p.dur, p.flops, p.op, p.nbytes, p.overlap_next, p.dim,
+             p.block)
         for p in parts if not p.name.endswith(WQUANT)
     )
 

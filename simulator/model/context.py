@@ -21,12 +21,18 @@ the last dK/dV hop, beside the diagonal block, delivers every block's gradient t
 (Transformer Engine's ``AttnFuncWithCP.backward``, v1.4, and
 ``AttnFuncWithCPAndKVP2P.backward`` in ``attention/dot_product_attention/context_parallel.py``
 today): no hop is left exposed after the last kernel. After every step but the first the
-partial results are folded into the running ones (:func:`merge_bytes`).
+partial results are folded into the running ones (:func:`merge_bytes`). Selective
+recomputation of the core attention runs the forward ring again, its ``cp-1`` K/V hops each
+beside its block's kernel, before the backward's own ring
+(:data:`simulator.engine.program.SELECTIVE_COMM`).
 
 **all_gather** (Llama 3, Dubey et al. 2024, arXiv:2407.21783, Section 3.3.2): K and V are
 all-gathered over the CP group before attention (small with GQA), each local query chunk
-attends to its causal prefix, and backward reduce-scatters dK/dV; neither collective is
-overlapped.
+attends to its causal prefix, and backward gathers K and V again (Transformer Engine's
+``AttnFuncWithCPAndKVAllGather`` saves the rank's own K and V, not the gathered ones, and its
+backward calls ``gather_along_first_dim`` on them, since TE 1.10) and reduce-scatters dK/dV;
+no collective is overlapped. Selective recomputation of the core attention runs the forward's
+gather a third time.
 
 Rank ``i`` runs ``i`` blocks of the ``2c x c`` shape and ``cp-1-i`` of the ``c x 2c`` one;
 both have the same FLOPs and the same keys summed over row tiles, so every step is priced with
@@ -241,9 +247,10 @@ def attention_ops(
                        pairs=chunk_pairs(q, c, w), window=w)
             for q in chunks_of(0 if w is None else window_rank(cp, c, w), cp)
         ]  # fmt: skip
+        gather = _comm("cp_all_gather", "all_gather", cp * kv, False)
         if backward:
-            return [*out, _comm("cp_reduce_scatter", "reduce_scatter", cp * kv, False)]
-        return [_comm("cp_all_gather", "all_gather", cp * kv, False), *out]
+            return [gather, *out, _comm("cp_reduce_scatter", "reduce_scatter", cp * kv, False)]
+        return [gather, *out]
     diag = _attn(model, b, tp, 2 * c, 2 * c, True, backward, d, "attn_blk0")
     block = _attn(model, b, tp, 2 * c, c, False, backward, d, "attn_blk")
     merge = mem_op("attn_merge", "attn", merge_bytes(model, b, tp, 2 * c, c, backward, d), backward)
