@@ -137,3 +137,21 @@ def test_bad_windows(tmp_path, capsys, model, field, words):
     w["model"].update(model)
     p = write(tmp_path, w)
     expect(fails(capsys, tmp_path, "run", str(p)), p, field, *words)
+
+
+@pytest.mark.parametrize(
+    "model,field",
+    [({"attention_window": 128, "attention_window_pattern": 0}, "model.attention_window_pattern"),
+     ({"attention_window": 128, "attention_window_pattern": [1, 2]},
+      "model.attention_window_pattern"),
+     ({"moe": {"experts": 4, "top_k": 1, "ffn_hidden": 256, "layer_freq": -2}},
+      "model.moe.layer_freq")],
+)  # fmt: skip
+def test_bad_pattern_says_got_once(tmp_path, capsys, model, field):
+    # the loader appends ", got VALUE" to a validator's message: the pattern's must not too
+    w = copy.deepcopy(BASE_WORK)
+    w["model"].update(model)
+    p = write(tmp_path, w)
+    line = fails(capsys, tmp_path, "run", str(p))
+    expect(line, p, field)
+    assert line.count(", got ") == 1, line

@@ -45,13 +45,11 @@ def _layer_pattern(v: Any) -> Any:
         return v
     if isinstance(v, int) and not isinstance(v, bool):
         if v < 1:
-            raise ValueError(f"an int pattern must be >= 1 (every N-th layer), got {v}")
+            raise ValueError("an int pattern must be >= 1 (every N-th layer)")
         return v
     if isinstance(v, (list, tuple)) and all(x in (0, 1) and not isinstance(x, bool) for x in v):
         return tuple(v)
-    raise ValueError(
-        f"expected an int N >= 1 or a list of 0/1 (one per layer), got {_short_list(v)}"
-    )
+    raise ValueError("expected an int N >= 1 or a list of 0/1 (one per layer)")
 
 
 def _short_list(v: Any) -> str:
