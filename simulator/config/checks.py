@@ -100,7 +100,7 @@ def cp_window_refusal(model: ModelConfig, cp: int, cp_comm: str) -> tuple[str, s
     if model.attention_window_kind == "chunked":
         return ("model.attention_window_kind",
                 f"chunked with cp={cp}: Transformer Engine's context parallelism has no chunked "
-                "mask (it runs sliding windows, with parallelism.cp_comm: all_gather)")
+                "mask (it runs sliding windows, with parallelism.cp_comm: all_gather or a2a)")
     if cp_comm == "p2p":
         return ("parallelism.cp_comm",
                 f"p2p with a sliding model.attention_window={model.attention_window} and "
