@@ -31,7 +31,9 @@ for N GPUs.
    all-gather overlapped with the next step's forward (``overlap_param_gather``, ZeRO-1/2),
    with gradients reduced in bf16 (``grad_reduce_dtype``), and with ``cp > 1`` with each other
    ``parallelism.cp_comm`` Transformer Engine runs for the model (``p2p``, ``all_gather``,
-   ``a2a``), and re-ranked.
+   ``a2a``), and re-ranked. A ``cp > 1`` layout where TE refuses the workload's own mode (the
+   default ``p2p`` under a sliding window, ``a2a`` where the heads do not divide) is searched
+   with the first mode it runs (:func:`base_cp_comm`).
 
 The best ``2 * top`` estimates (and the workload's own layout, scaled to N GPUs, as a
 reference) are then simulated in full by :func:`simulator.run.simulate`, and the fitting ones
@@ -241,7 +243,29 @@ def enumerate_layouts(work: WorkloadConfig, n_gpus: int, gpus_per_node: int) -> 
             break
         cps = [c for c in divisors(n_gpus // tp) if c & (c - 1) == 0]
         for cp in [c for c in cps if c == 1 or m.seq_len // c >= MIN_CP_TOKENS]:
-            yield from _layouts_of(work, n_gpus, tp, cp)
+            mode = base_cp_comm(work, tp, cp)
+            for cand in _layouts_of(work, n_gpus, tp, cp):
+                yield cand if mode is None else replace(cand, cp_comm=mode)
+
+
+def _cp_comm_runs(m, tp: int, cp: int, mode: str) -> bool:
+    """Whether Transformer Engine runs ``mode`` for the model at ``tp`` x ``cp``: a local
+    layer's window on it (:func:`cp_window_refusal`), a2a's heads per TP rank dividing."""
+    local = any(m.is_local_layer(i) for i in range(m.layers))
+    return (not local or cp_window_refusal(m, cp, mode) is None) and (
+        mode != "a2a" or m.heads % tp or cp_a2a_refusal(m, tp, cp) is None)
+
+
+def base_cp_comm(work: WorkloadConfig, tp: int, cp: int) -> str | None:
+    """The ``cp_comm`` a ``cp > 1`` layout is searched with: None (the workload's) where
+    Transformer Engine runs the workload's mode for the model, else the first of
+    :data:`CP_COMM` it runs (a sliding window with the default ``p2p``; ``a2a`` where the heads
+    per TP rank do not divide by ``cp``), so such layouts are searched, not all refused; None
+    where no mode runs (a chunked window: refused with its reason)."""
+    m, own = work.model, work.parallelism.cp_comm
+    if cp == 1 or _cp_comm_runs(m, tp, cp, own):
+        return None
+    return next((mode for mode in CP_COMM if _cp_comm_runs(m, tp, cp, mode)), None)
 
 
 def _layouts_of(work: WorkloadConfig, n_gpus: int, tp: int, cp: int) -> Iterator[Candidate]:
@@ -342,11 +366,11 @@ def knob_variants(cand: Candidate, work: WorkloadConfig) -> list[Candidate]:
     window: not ``p2p``)."""
     t, m = work.training, work.model
     sharded = cand.dp * cand.cp > 1
+    own = work.parallelism.cp_comm
     out = [
-        replace(cand, cp_comm=mode) for mode in CP_COMM
-        if cand.cp > 1 and mode != work.parallelism.cp_comm
-        and cp_window_refusal(m, cand.cp, mode) is None
-        and (mode != "a2a" or cp_a2a_refusal(m, cand.tp, cand.cp) is None)
+        replace(cand, cp_comm=None if mode == own else mode) for mode in CP_COMM
+        if cand.cp > 1 and mode != (cand.cp_comm or own)
+        and _cp_comm_runs(m, cand.tp, cand.cp, mode)
     ]  # fmt: skip
     if sharded and cand.zero in (1, 2):
         out.append(replace(cand, overlap_param_gather=not t.overlap_param_gather))

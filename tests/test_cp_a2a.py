@@ -16,7 +16,7 @@ from simulator.config.load import load_workload
 from simulator.config.schema import ModelConfig
 from simulator.errors import ConfigError
 from simulator.model import context as cx
-from simulator.plan import Candidate, knob_variants, plan
+from simulator.plan import Candidate, enumerate_layouts, knob_variants, plan
 from simulator.run import simulate
 from tests.conftest import small_topology, write_case
 from tests.test_bad_input import BASE_WORK, expect, fails, write
@@ -196,3 +196,31 @@ def test_selective_recompute_reruns_the_all_to_alls(tmp_path):
     plain = simulate(load_workload(write_case(tmp_path, w, small_topology(1, 8))),
                      detail="full").events  # fmt: skip
     assert not any(n.startswith("re_cp") for n in set(plain.name))
+
+
+def test_plan_searches_cp_when_the_workloads_cp_comm_cannot_run(tmp_path):
+    """A sliding-window model whose workload keeps the default p2p (TE refuses the window on
+    the ring), or asks for a2a where the heads do not divide: plan still searches cp > 1, each
+    layout with the first mode TE runs for it (not every cp > 1 layout dropped as refused),
+    and tries the others as knobs."""
+    w = copy.deepcopy(WORK)
+    w["model"] = {**DENSE, "layers": 2, "kv_heads": 2, "attention_window": 1024}
+    w["parallelism"] = {"tp": 1, "cp": 1}  # cp_comm: the default p2p
+    loaded = load_workload(write_case(tmp_path, w, small_topology(1, 8)))
+    work = loaded.workload
+    cps = {c.cp: c.cp_comm for c in enumerate_layouts(work, 8, 8) if c.tp == 1}
+    assert cps == {1: None, 2: "all_gather"}  # seq_len 8192: cp 4 leaves under 4096 tokens
+    base = Candidate(1, 1, 4, 1, 1, "none", "1f1b", 1, False, cp=2, cp_comm="all_gather")
+    assert [v.cp_comm for v in knob_variants(base, work) if v.cp_comm != "all_gather"] == ["a2a"]
+    res = plan(loaded, 8, top=1000, workers=1)
+    assert res.counts["invalid"] == 0
+    assert {p.candidate.cp_comm for p in res.top if p.candidate.cp > 1} == {"all_gather", "a2a"}
+    for p in res.top:
+        assert p.summary["layout"]["cp"] == p.candidate.cp
+    # a2a in the workload, 2 KV heads: cp 4 runs with p2p (the first mode TE runs there)
+    w["model"].pop("attention_window")
+    w["model"]["seq_len"] = 16384
+    w["parallelism"]["cp_comm"] = "a2a"
+    work = load_workload(write_case(tmp_path, w, small_topology(1, 8))).workload
+    cps = {c.cp: c.cp_comm for c in enumerate_layouts(work, 8, 8) if c.tp == 1}
+    assert cps[2] is None and cps[4] == "p2p"
