@@ -167,6 +167,8 @@ def test_engine_runs_sliding_windows_under_cp(tmp_path, capsys):
           "attention_window_pattern": 2},
          {"cp": 2, "dp": 1, "cp_comm": "all_gather"}, "model.attention_window_kind",
          ["no chunked mask", "whole sequence is full causal attention"]),  # Llama 4's files
+        ({"attention_window": 1024}, {"cp": 2, "dp": 1}, "parallelism.cp_comm",
+         ["refuses sliding windows", "whole sequence is full causal attention"]),
     ],
 )  # fmt: skip
 def test_windows_that_transformer_engine_refuses_under_cp(tmp_path, capsys, model, par, field,

@@ -97,16 +97,17 @@ def cp_window_refusal(model: ModelConfig, cp: int, cp_comm: str) -> tuple[str, s
     (:mod:`simulator.model.context`)."""
     if cp == 1 or model.attention_window is None:
         return None
+    whole = ("; a window of the whole sequence is full causal attention: leave the window out"
+             if model.attention_window >= model.seq_len else "")
     if model.attention_window_kind == "chunked":
-        whole = ("; a chunk of the whole sequence is full causal attention: leave the window "
-                 "out" if model.attention_window >= model.seq_len else "")
         return ("model.attention_window_kind",
                 f"chunked with cp={cp}: Transformer Engine's context parallelism has no chunked "
                 f"mask (it runs sliding windows, with parallelism.cp_comm: all_gather or a2a){whole}")
     if cp_comm == "p2p":
         return ("parallelism.cp_comm",
                 f"p2p with a sliding model.attention_window={model.attention_window} and "
-                f"cp={cp}: Transformer Engine's ring refuses sliding windows (use all_gather or a2a)")
+                f"cp={cp}: Transformer Engine's ring refuses sliding windows (use all_gather or "
+                f"a2a){whole}")
     return None
 
 
