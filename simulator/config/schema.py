@@ -828,7 +828,9 @@ class ParallelismConfig(Frozen):
         description="p2p: ring attention, K/V blocks passed around the CP ring beside the "
         "blockwise attention kernels; all_gather: K/V all-gathered before attention (Llama 3); "
         "a2a: Ulysses, Q/K/V all-to-all to full sequences of heads/cp heads and the output back "
-        "(Transformer Engine's cp_comm_type a2a)",
+        "(Transformer Engine's cp_comm_type a2a; the query and key/value heads per TP rank must "
+        "divide by cp). A sliding model.attention_window runs with all_gather or a2a only, a "
+        "chunked one under no mode (as Transformer Engine runs them); with cp 1 no effect",
     )
     pp: PositiveInt = Field(1, le=MAX_GPUS)
     dp: PositiveInt | None = Field(
