@@ -140,7 +140,10 @@ class Candidate:
                      "dualpipev": " DualPipeV"}.get(
                 self.pp_schedule, f" interleaved v{self.virtual_stages}")
         split = f" layers {_runs(self.stage_layers)}" if self.stage_layers else ""
-        knobs = " overlap-gather" if self.overlap_param_gather else ""
+        # a knob shows where the candidate sets it (None: the workload's own value, unlabelled),
+        # both ways, so that two rows differing only in it never read alike
+        knobs = {True: " overlap-gather", False: " no-overlap-gather"}.get(
+            self.overlap_param_gather, "")
         knobs += f" grad:{self.grad_reduce_dtype}" if self.grad_reduce_dtype else ""
         knobs += f" cp:{self.cp_comm}" if self.cp_comm else ""
         moe = "" if self.ep is None else f" EP{self.ep}" + (f" ETP{self.etp}" if self.etp > 1 else "")

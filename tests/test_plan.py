@@ -297,3 +297,17 @@ def test_estimate_computes_at_the_groups_expected_slowest_gpu(tmp_path):
     assert b.step_time_s - a.step_time_s == pytest.approx(
         (factor - 1.0) * a.breakdown_s["compute"], rel=1e-6)
     assert b.breakdown_s["compute"] == pytest.approx(factor * a.breakdown_s["compute"], rel=1e-9)
+
+
+def test_a_knob_set_either_way_shows_in_the_label():
+    """A candidate that turns the parameter gather's overlap off reads differently from one
+    that keeps the workload's value (gpt-oss-120b's plan listed two such rows under one label);
+    one that turns it on says so; the workload's own value stays unlabelled."""
+    from dataclasses import replace
+
+    base = Candidate(4, 2, 2, 1, 1, "none", "1f1b", 1, True)
+    labels = {replace(base, overlap_param_gather=v).label() for v in (None, False, True)}
+    assert len(labels) == 3
+    assert replace(base, overlap_param_gather=False).label().endswith(" no-overlap-gather")
+    assert replace(base, overlap_param_gather=True).label().endswith(" overlap-gather")
+    assert "overlap" not in base.label()
