@@ -31,6 +31,19 @@ def write_case(tmp_path: Path, workload: dict, topology: dict) -> Path:
     return path
 
 
+def run_summary(tmp_path: Path, capsys, workload: dict, topology: dict) -> dict:
+    """``simulator run --json --no-files`` of ``workload`` on ``topology`` (written into
+    tmp_path): its summary, without the wall time of the simulation (it varies run to run)."""
+    import json
+
+    from simulator.cli import main
+
+    assert main(["run", str(write_case(tmp_path, workload, topology)), "--json", "--no-files"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    out.pop("sim_wall_s", None)
+    return out
+
+
 SMALL_MODEL = {
     "layers": 8,
     "hidden": 1024,

@@ -7,17 +7,15 @@ per-key rule, no window equal to today's model, and bad input as one line naming
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 
-from simulator.cli import main
 from simulator.config.schema import ModelConfig
 from simulator.hardware.catalog import load_gpu
 from simulator.hardware.compute import ComputeModel
 from simulator.model import transformer as tf
 from simulator.model.ops import flash_attention_op, local_dims
-from tests.conftest import small_topology, write_case
+from tests.conftest import run_summary, small_topology
 from tests.test_bad_input import BASE_WORK, expect, fails, write
 
 DENSE = {
@@ -101,11 +99,7 @@ WORK = {
 
 
 def _run(tmp_path, capsys, work) -> dict:
-    p = write_case(tmp_path, work, small_topology(1, 8))
-    assert main(["run", str(p), "--json", "--no-files"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    out.pop("sim_wall_s", None)
-    return out
+    return run_summary(tmp_path, capsys, work, small_topology(1, 8))
 
 
 def test_engine_runs_local_layers(tmp_path, capsys):

@@ -6,19 +6,17 @@ full sequence, heads/cp), the heads that must divide by cp, cp=1 unchanged."""
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import replace
 
 import pytest
 
-from simulator.cli import main
 from simulator.config.load import load_workload
 from simulator.config.schema import ModelConfig
 from simulator.errors import ConfigError
 from simulator.model import context as cx
 from simulator.plan import Candidate, enumerate_layouts, knob_variants, plan
 from simulator.run import simulate
-from tests.conftest import small_topology, write_case
+from tests.conftest import run_summary, small_topology, write_case
 from tests.test_bad_input import BASE_WORK, expect, fails, write
 
 # Llama-3-8B shapes (32 heads, 8 KV heads, head_dim 128) at 32K tokens.
@@ -115,11 +113,7 @@ WORK = {
 
 
 def _run(tmp_path, capsys, work) -> dict:
-    p = write_case(tmp_path, work, small_topology(1, 8))
-    assert main(["run", str(p), "--json", "--no-files"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    out.pop("sim_wall_s", None)
-    return out
+    return run_summary(tmp_path, capsys, work, small_topology(1, 8))
 
 
 def test_cp1_is_unchanged_by_a2a(tmp_path, capsys):

@@ -7,18 +7,16 @@ a one-line error naming file and field."""
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 
-from simulator.cli import main
 from simulator.config.load import LoadedWorkload, load_workload
 from simulator.config.schema import ModelConfig
 from simulator.model import transformer as tf
 from simulator.plan import enumerate_layouts, plan_topology
 from simulator.plan_estimate import Estimator
 from simulator.run import make_machine, simulate
-from tests.conftest import ROOT, small_topology, write_case
+from tests.conftest import ROOT, run_summary, small_topology
 from tests.test_bad_input import expect, fails, write
 from tests.test_moe_config import moe_work
 from tests.test_moe_engine import WORK
@@ -33,11 +31,7 @@ def _model(**moe) -> ModelConfig:
 def _run(tmp_path, capsys, **moe) -> dict:
     w = copy.deepcopy(WORK)
     w["model"]["moe"] = {**w["model"]["moe"], "dense_layers": 0, **moe}
-    p = write_case(tmp_path, w, small_topology(2, 8))
-    assert main(["run", str(p), "--json", "--no-files"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    out.pop("sim_wall_s", None)
-    return out
+    return run_summary(tmp_path, capsys, w, small_topology(2, 8))
 
 
 def test_every_second_layer_is_moe_as_llama4_counts_it():
