@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from simulator.config.checks import Resolved, cp_a2a_refusal, cp_window_refusal, resolve
+from simulator.config.checks import Resolved, cp_comm_refusal, resolve
 from simulator.config.load import LoadedWorkload
 from simulator.config.schema import (
     MAX_GPUS,
@@ -252,11 +252,9 @@ def enumerate_layouts(work: WorkloadConfig, n_gpus: int, gpus_per_node: int) -> 
 
 
 def _cp_comm_runs(m, tp: int, cp: int, mode: str) -> bool:
-    """Whether Transformer Engine runs ``mode`` for the model at ``tp`` x ``cp``: a local
-    layer's window on it (:func:`cp_window_refusal`), a2a's heads per TP rank dividing."""
-    local = any(m.is_local_layer(i) for i in range(m.layers))
-    return (not local or cp_window_refusal(m, cp, mode) is None) and (
-        mode != "a2a" or m.heads % tp or cp_a2a_refusal(m, tp, cp) is None)
+    """Whether Transformer Engine runs ``mode`` for the model at ``tp`` x ``cp``
+    (:func:`cp_comm_refusal`, the check a workload passes)."""
+    return cp_comm_refusal(m, tp, cp, mode) is None
 
 
 def base_cp_comm(work: WorkloadConfig, tp: int, cp: int) -> str | None:

@@ -129,6 +129,20 @@ def cp_a2a_refusal(model: ModelConfig, tp: int, cp: int) -> tuple[str, str] | No
             "or all_gather)")
 
 
+def cp_comm_refusal(model: ModelConfig, tp: int, cp: int, cp_comm: str) -> tuple[str, str] | None:
+    """(field, message) of the first reason Transformer Engine refuses ``cp_comm`` for the model
+    at ``tp`` x ``cp``: a local layer's window on it (:func:`cp_window_refusal`), ``a2a``'s heads
+    per TP rank (:func:`cp_a2a_refusal`; heads that do not divide by ``tp`` are the layout's
+    own refusal); None where it runs."""
+    if any(model.is_local_layer(i) for i in range(model.layers)):
+        refusal = cp_window_refusal(model, cp, cp_comm)
+        if refusal is not None:
+            return refusal
+    if cp_comm == "a2a" and model.heads % tp == 0:
+        return cp_a2a_refusal(model, tp, cp)
+    return None
+
+
 def _check_cp(work: WorkloadConfig, cp: int, tp: int, fail) -> None:
     """Context parallelism: 2*cp load-balanced chunks per sequence (Megatron-LM), fused
     flash-attention kernels (Transformer Engine implements it only there)."""
@@ -146,14 +160,9 @@ def _check_cp(work: WorkloadConfig, cp: int, tp: int, fail) -> None:
             "parallelism.sequence_parallel",
             f"seq_len/cp = {m.seq_len // cp} is not divisible by tp={tp}",
         )
-    if any(m.is_local_layer(i) for i in range(m.layers)):
-        refusal = cp_window_refusal(m, cp, par.cp_comm)
-        if refusal is not None:
-            raise fail(*refusal)
-    if par.cp_comm == "a2a" and m.heads % tp == 0:
-        refusal = cp_a2a_refusal(m, tp, cp)
-        if refusal is not None:
-            raise fail(*refusal)
+    refusal = cp_comm_refusal(m, tp, cp, par.cp_comm)
+    if refusal is not None:
+        raise fail(*refusal)
     if t.kernels != "fused" or not t.flash_attention:
         raise fail(
             "parallelism.cp",
